@@ -1,0 +1,107 @@
+"""GEMM schedules: correctness against numpy over shapes/epilogues, tensorization, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpp_tvm.errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
+from tpp_tvm.schedules.gemm import build_gemm, pack_b_numpy, plan_gemm
+
+ACT_REF = {
+    None: lambda x: x,
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "tanh": np.tanh,
+}
+
+
+def _reference(a, b, bias, activation, b_layout="kn"):
+    out = a @ (b if b_layout == "kn" else np.swapaxes(b, -1, -2))
+    if bias is not None:
+        out = out + bias
+    return ACT_REF[activation](out)
+
+
+def _check(m, n, k, *, batch=None, bias=False, activation=None, b_layout="kn", seed=0):
+    rng = np.random.default_rng(seed)
+    lead = (batch,) if batch else ()
+    a = rng.standard_normal((*lead, m, k), dtype="float32")
+    b_shape = (*lead, k, n) if b_layout == "kn" else (*lead, n, k)
+    b = rng.standard_normal(b_shape, dtype="float32")
+    bv = rng.standard_normal(n, dtype="float32") if bias else None
+    kernel = build_gemm(m, n, k, batch=batch, bias=bias, activation=activation,
+                        b_layout=b_layout)
+    got = kernel(a, b, bv)
+    want = _reference(a, b, bv, activation, b_layout)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    return kernel
+
+
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(64, 128, 64), (127, 771, 513), (33, 1000, 257), (1, 1, 1), (7, 17, 3), (2, 300, 5)],
+)
+def test_gemm_matches_numpy(m, n, k):
+    _check(m, n, k)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "sigmoid", "tanh"])
+def test_gemm_bias_activation_epilogue(activation):
+    _check(48, 96, 40, bias=True, activation=activation)
+
+
+def test_gemm_epilogue_with_tails():
+    _check(13, 70, 9, bias=True, activation="relu")
+
+
+def test_batched_and_transposed_b():
+    _check(20, 50, 30, batch=3)
+    _check(50, 40, 30, b_layout="nk")
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(m=st.integers(1, 40), n=st.integers(1, 140), k=st.integers(1, 70))
+def test_gemm_random_shapes(m, n, k):
+    _check(m, n, k, seed=m * 10007 + n * 101 + k)
+
+
+def test_microkernel_is_tensorized():
+    """The C tile goes through the BRGEMM TPP and the epilogue through add/relu TPPs."""
+    kernel = build_gemm(48, 128, 32, bias=True, activation="relu")
+    trace = str(kernel.schedule.trace)
+    plan = kernel.plan
+    assert f"tpp.gemm.f32.avx512.m{plan.mr}n{plan.nr}k32.beta0" in trace
+    assert f"tpp.add.f32.avx512.m{plan.mr}n{plan.nr}.bcast_row" in trace
+    assert f"tpp.relu.f32.avx512.m{plan.mr}n{plan.nr}" in trace
+
+
+def test_plan_pads_little():
+    for m, n in [(127, 771), (33, 1000), (128, 768)]:
+        plan = plan_gemm(m, n, 64)
+        assert plan.mp * plan.np_ <= 1.15 * m * n, plan
+        assert plan.mr * -(-plan.nr // 16) <= 28  # accumulators fit the register file
+
+
+def test_pack_b_layouts():
+    b = np.arange(12, dtype="float32").reshape(3, 4)  # K=3, N=4
+    packed = pack_b_numpy(b, nr=3)
+    assert packed.shape == (2, 3, 3)
+    np.testing.assert_array_equal(packed[0], b[:, :3])
+    np.testing.assert_array_equal(packed[1][:, 0], b[:, 3])
+    assert not packed[1][:, 1:].any()  # zero padding
+    np.testing.assert_array_equal(pack_b_numpy(b.T.copy(), 3, "nk"), packed)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(UnsupportedDTypeError, match="bfloat16"):
+        build_gemm(8, 8, 8, dtype="bfloat16")
+    with pytest.raises(UnsupportedShapeError, match="activation 'swish'"):
+        build_gemm(8, 8, 8, activation="swish")
+    with pytest.raises(UnsupportedShapeError, match="must be >= 1"):
+        build_gemm(0, 8, 8)
+    kernel = build_gemm(8, 8, 8)
+    with pytest.raises(TPPError, match="A has shape"):
+        kernel(np.zeros((8, 9), "float32"), np.zeros((9, 8), "float32"))

@@ -1,0 +1,24 @@
+"""AVX-512 implementations of the TPP set (fp32): 16 lanes, 32 zmm registers, k-masks for tails.
+
+Nothing here is op-specific: the templates generate every primitive from its spec; this
+module only says what AVX-512 is.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from .brgemm_template import brgemm_impl
+from .spec import TPPSpec
+from .vector_isa import VectorISA
+
+AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32)
+
+
+def implement(spec: TPPSpec) -> tirx.PrimFunc:
+    """The AVX-512 implementation PrimFunc of ``spec``."""
+    if spec.kind == "brgemm":
+        return brgemm_impl(spec, AVX512)
+    from .eltwise_template import eltwise_impl
+
+    return eltwise_impl(spec, AVX512)

@@ -1,0 +1,92 @@
+"""Registry of TPP tensor intrinsics: names, lookup by TPP + dtype + ISA, lazy registration.
+
+An intrinsic is registered with TVM (``TensorIntrin.register``) the first time a schedule or
+user asks for it, because TPPs are generated per tile shape and the shape set is open. The
+catalogue (every primitive at a representative shape) is registered on the first call of
+:func:`registered`, so listing shows the whole TPP set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+from tvm import tirx
+from tvm.s_tir import TensorIntrin
+
+from ..errors import UnsupportedISAError
+from .spec import BCASTS, DTYPE_SHORT, OPS, TPPSpec, describe
+
+#: ISAs with a TPP implementation module in this package.
+ISAS = ("avx512", "amx", "sve")
+
+_lock = threading.RLock()
+_names: dict[str, tuple[TPPSpec, str]] = {}
+
+
+def _implementer(isa: str):
+    if isa not in ISAS:
+        raise UnsupportedISAError(f"unknown TPP ISA {isa!r}; supported: {', '.join(ISAS)}")
+    try:
+        module = importlib.import_module(f"{__package__}.{isa}")
+    except ModuleNotFoundError as err:
+        raise UnsupportedISAError(f"no {isa} implementation of the TPPs is available") from err
+    return module.implement
+
+
+def implementation(spec: TPPSpec, isa: str = "avx512") -> tirx.PrimFunc:
+    """The ISA implementation PrimFunc of ``spec`` (not registered)."""
+    return _implementer(isa)(spec)
+
+
+def intrinsic(spec: TPPSpec, isa: str = "avx512") -> str:
+    """Register (once) and return the tensor intrinsic name implementing ``spec`` on ``isa``."""
+    name = spec.name(isa)
+    with _lock:
+        if name not in _names:
+            TensorIntrin.register(name, describe(spec), implementation(spec, isa), override=True)
+            _names[name] = (spec, isa)
+    return name
+
+
+def spec_of(name: str) -> TPPSpec:
+    """The spec of a registered intrinsic name."""
+    return _names[name][0]
+
+
+def catalogue(dtype: str = "float32") -> list[TPPSpec]:
+    """Every primitive of the TPP set at a representative tile (with tails: N=37)."""
+    specs = []
+    for op, d in OPS.items():
+        if d.kind == "brgemm":
+            specs.append(TPPSpec(op, dtype, m=6, n=64, k=64, batch=1 if op == "gemm" else 4))
+            specs.append(TPPSpec(op, dtype, m=6, n=64, k=64, beta=0,
+                                 batch=1 if op == "gemm" else 4))
+        elif d.kind in ("binary", "muladd"):
+            specs.extend(TPPSpec(op, dtype, m=8, n=37, bcast=b) for b in BCASTS)
+        else:
+            specs.append(TPPSpec(op, dtype, m=8, n=37))
+    return specs
+
+
+_CATALOGUE_ISAS = ("avx512",)
+
+
+def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
+    """Names of the registered TPP intrinsics, optionally filtered by ISA and dtype.
+
+    ``dtype`` may be given long (``float32``) or short (``f32``).
+    """
+    for cat_isa in _CATALOGUE_ISAS if isa is None else (isa,):
+        if cat_isa in _CATALOGUE_ISAS:
+            for spec in catalogue():
+                intrinsic(spec, cat_isa)
+    short = DTYPE_SHORT.get(dtype, dtype) if dtype else None
+    out = []
+    for name, (spec, spec_isa) in _names.items():
+        if isa is not None and spec_isa != isa:
+            continue
+        if short is not None and DTYPE_SHORT[spec.dtype] != short:
+            continue
+        out.append(name)
+    return sorted(out)

@@ -1,0 +1,537 @@
+"""The TPP specification: what each primitive computes, independent of any ISA.
+
+A TPP is a 2D tensor operator on a tile of M rows by N columns (row-major, each
+operand with its own leading dimension). This module is the datasheet: for every
+primitive it states the math, the operand shapes, the dtypes and the flags, and it
+generates the TIR *description* that TVM's ``tensorize`` matches against a block.
+ISA implementations (``avx512.py``, ``amx.py``, ``sve.py``) provide the other half of
+each tensor intrinsic and never change what a TPP means.
+
+Conventions, as in LIBXSMM's TPP spec:
+
+* Tiles are row-major ``(M, N)``; the leading dimension (row stride) of every 2D
+  operand is free (symbolic in the description), so a TPP applies to any sub-tile
+  of a larger tensor. Elements within a row are contiguous.
+* ``beta`` (BRGEMM/GEMM): 0 overwrites C, 1 accumulates into C.
+* ``bcast`` (binary ops, second operand ``Y``): ``"none"`` – Y is ``(M, N)``;
+  ``"row"`` – Y is one row ``(N,)`` repeated for every row (a bias);
+  ``"col"`` – Y is one column ``(M,)`` repeated across the columns;
+  ``"scalar"`` – Y is ``(1,)``.
+* Reductions ``*_rows`` reduce over the M rows (output ``(N,)``, LIBXSMM's
+  REDUCE_ROWS); ``*_cols`` reduce over the N columns (output ``(M,)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+
+#: Short dtype names used in intrinsic names (``tpp.<op>.<dtype>.<isa>...``).
+DTYPE_SHORT = {
+    "float32": "f32",
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "int8": "i8",
+    "uint8": "u8",
+    "int32": "i32",
+}
+
+Fn = Callable[..., tirx.Expr]
+
+
+def dtype_of(x: tirx.Expr) -> str:
+    """The dtype string of a TIR expression (``float32``, ``float32x16``, ...)."""
+    ty = getattr(x, "ty", None)
+    return str(ty.dtype if ty is not None and hasattr(ty, "dtype") else x.dtype)
+
+
+def _elem(x: tirx.Expr) -> str:
+    return dtype_of(x).split("x")[0]
+
+
+def const(x: tirx.Expr, value: float) -> tirx.Expr:
+    """``value`` as a constant of ``x``'s scalar dtype; TIR broadcasts it to vectors."""
+    return tirx.const(value, _elem(x))
+
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _gelu(x):
+    return const(x, 0.5) * x * (const(x, 1.0) + tirx.erf(x * const(x, _SQRT1_2)))
+
+
+def _gelu_tanh(x):
+    inner = const(x, _SQRT_2_PI) * (x + const(x, 0.044715) * x * x * x)
+    return const(x, 0.5) * x * (const(x, 1.0) + tirx.tanh(inner))
+
+
+def _gelu_inv(dy, x):
+    cdf = const(x, 0.5) * (const(x, 1.0) + tirx.erf(x * const(x, _SQRT1_2)))
+    pdf = const(x, _INV_SQRT_2PI) * tirx.exp(const(x, -0.5) * x * x)
+    return dy * (cdf + x * pdf)
+
+
+def _sigmoid(x):
+    return const(x, 1.0) / (const(x, 1.0) + tirx.exp(-x))
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One primitive of the set: its operand structure (``kind``) and its math.
+
+    ``fn`` is the exact scalar math used by the description; implementations may use
+    faster approximations with fp32-level accuracy (see ``vector_math.py``).
+    """
+
+    kind: str
+    fn: Fn | None
+    doc: str
+
+
+#: The TPP set. Kinds: unary ``Y = f(X)``; unary_bwd ``dX = f(dY, S)`` where S is the
+#: saved forward input or output (see doc); binary ``Z = f(X, Y)``; muladd
+#: ``Z = X * Y + Z``; reduce (``*_rows`` / ``*_cols``); transform (layout changes);
+#: brgemm/gemm.
+OPS: dict[str, OpDef] = {
+    # unary
+    "zero": OpDef("zero", None, "Y = 0"),
+    "copy": OpDef("unary", lambda x: x, "Y = X, converting to out_dtype when given"),
+    "relu": OpDef("unary", lambda x: tirx.max(x, const(x, 0.0)), "Y = max(X, 0)"),
+    "gelu": OpDef("unary", _gelu, "Y = X/2 * (1 + erf(X/sqrt 2))"),
+    "gelu_tanh": OpDef("unary", _gelu_tanh, "Y = X/2 * (1 + tanh(sqrt(2/pi)(X + 0.044715 X^3)))"),
+    "tanh": OpDef("unary", tirx.tanh, "Y = tanh(X)"),
+    "sigmoid": OpDef("unary", _sigmoid, "Y = 1 / (1 + exp(-X))"),
+    "exp": OpDef("unary", tirx.exp, "Y = exp(X)"),
+    "reciprocal": OpDef("unary", lambda x: const(x, 1.0) / x, "Y = 1 / X"),
+    "sqrt": OpDef("unary", tirx.sqrt, "Y = sqrt(X)"),
+    "rsqrt": OpDef("unary", tirx.rsqrt, "Y = 1 / sqrt(X)"),
+    "negate": OpDef("unary", lambda x: -x, "Y = -X"),
+    "square": OpDef("unary", lambda x: x * x, "Y = X * X"),
+    # backward forms
+    "relu_inv": OpDef(
+        "unary_bwd",
+        lambda dy, x: tirx.Select(x > const(x, 0.0), dy, const(x, 0.0)),
+        "dX = dY where X > 0 else 0 (S = forward input X)",
+    ),
+    "gelu_inv": OpDef("unary_bwd", _gelu_inv, "dX = dY * gelu'(X) (S = forward input X)"),
+    "tanh_inv": OpDef(
+        "unary_bwd", lambda dy, y: dy * (const(y, 1.0) - y * y), "dX = dY * (1 - Y^2) (S = Y)"
+    ),
+    "sigmoid_inv": OpDef(
+        "unary_bwd", lambda dy, y: dy * y * (const(y, 1.0) - y), "dX = dY * Y * (1 - Y) (S = Y)"
+    ),
+    # binary
+    "add": OpDef("binary", lambda x, y: x + y, "Z = X + Y"),
+    "sub": OpDef("binary", lambda x, y: x - y, "Z = X - Y"),
+    "mul": OpDef("binary", lambda x, y: x * y, "Z = X * Y"),
+    "div": OpDef("binary", lambda x, y: x / y, "Z = X / Y"),
+    "max": OpDef("binary", tirx.max, "Z = max(X, Y)"),
+    "min": OpDef("binary", tirx.min, "Z = min(X, Y)"),
+    "muladd": OpDef("muladd", lambda x, y, z: x * y + z, "Z = X * Y + Z"),
+    # reductions
+    "reduce_add_rows": OpDef("reduce", lambda x: x, "Y[j] = sum_i X[i, j]"),
+    "reduce_max_rows": OpDef("reduce", lambda x: x, "Y[j] = max_i X[i, j]"),
+    "reduce_sumsq_rows": OpDef("reduce", lambda x: x * x, "Y[j] = sum_i X[i, j]^2"),
+    "reduce_add_cols": OpDef("reduce", lambda x: x, "Y[i] = sum_j X[i, j]"),
+    "reduce_max_cols": OpDef("reduce", lambda x: x, "Y[i] = max_j X[i, j]"),
+    "reduce_sumsq_cols": OpDef("reduce", lambda x: x * x, "Y[i] = sum_j X[i, j]^2"),
+    # transforms
+    "transpose": OpDef("transform", None, "Y[j, i] = X[i, j]; Y is (N, M)"),
+    "vnni2": OpDef(
+        "transform", None, "Y[i//2, j, i%2] = X[i, j]; Y is (ceil(M/2), N, 2), zero padded"
+    ),
+    "vnni4": OpDef(
+        "transform", None, "Y[i//4, j, i%4] = X[i, j]; Y is (ceil(M/4), N, 4), zero padded"
+    ),
+    # contractions
+    "gemm": OpDef("brgemm", None, "C (+)= A @ B; A (M, K), B (K, N)"),
+    "brgemm": OpDef(
+        "brgemm", None, "C (+)= sum_r A[r] @ B[r]; A (batch, M, K), B (batch, K, N), stride-based"
+    ),
+}
+
+BCASTS = ("none", "row", "col", "scalar")
+
+
+@dataclass(frozen=True)
+class TPPSpec:
+    """One concrete primitive: op, dtype, tile shape and flags.
+
+    ``m``/``n`` are the tile's rows/columns (for GEMM/BRGEMM, C's); ``k`` and ``batch``
+    only for contractions. ``out_dtype`` for converting copies and for contractions'
+    accumulator (defaults to ``dtype``, int32 for int8 inputs).
+    """
+
+    op: str
+    dtype: str = "float32"
+    m: int = 1
+    n: int = 1
+    k: int = 0
+    batch: int = 1
+    beta: int = 1
+    bcast: str = "none"
+    out_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise UnsupportedShapeError(
+                f"unknown TPP {self.op!r}; the set is: {', '.join(sorted(OPS))}"
+            )
+        if self.dtype not in DTYPE_SHORT:
+            raise UnsupportedDTypeError(
+                f"TPP {self.op}: dtype {self.dtype!r} is not one of {sorted(DTYPE_SHORT)}"
+            )
+        if self.m < 1 or self.n < 1:
+            raise UnsupportedShapeError(f"TPP {self.op}: tile {self.m}x{self.n} must be >= 1x1")
+        if self.kind == "brgemm" and (self.k < 1 or self.batch < 1 or self.beta not in (0, 1)):
+            raise UnsupportedShapeError(
+                f"TPP {self.op}: needs k >= 1, batch >= 1, beta in (0, 1); got "
+                f"k={self.k} batch={self.batch} beta={self.beta}"
+            )
+        if self.op == "gemm" and self.batch != 1:
+            raise UnsupportedShapeError("TPP gemm has batch 1; use brgemm for batch-reduce")
+        if self.bcast not in BCASTS:
+            raise UnsupportedShapeError(f"TPP {self.op}: bcast {self.bcast!r} not in {BCASTS}")
+        if self.bcast != "none" and self.kind not in ("binary", "muladd"):
+            raise UnsupportedShapeError(f"TPP {self.op}: only binary TPPs take a broadcast flag")
+
+    @property
+    def kind(self) -> str:
+        return OPS[self.op].kind
+
+    @property
+    def acc_dtype(self) -> str:
+        """Output dtype: ``out_dtype`` or, for contractions, the accumulator type."""
+        if self.out_dtype:
+            return self.out_dtype
+        if self.kind == "brgemm":
+            return "int32" if self.dtype in ("int8", "uint8") else "float32"
+        return self.dtype
+
+    def name(self, isa: str) -> str:
+        """``tpp.<op>.<dtype>.<isa>.m<M>n<N>[k<K>b<batch>][.beta0][.bcast_<b>][.to_<dt>]``."""
+        parts = ["tpp", self.op, DTYPE_SHORT[self.dtype], isa, f"m{self.m}n{self.n}"]
+        if self.kind == "brgemm":
+            parts[-1] += f"k{self.k}" + (f"b{self.batch}" if self.op == "brgemm" else "")
+            if self.beta == 0:
+                parts.append("beta0")
+        if self.bcast != "none":
+            parts.append(f"bcast_{self.bcast}")
+        if self.out_dtype and self.out_dtype != self.dtype and self.kind != "brgemm":
+            parts.append(f"to_{DTYPE_SHORT[self.out_dtype]}")
+        return ".".join(parts)
+
+    def with_shape(self, m: int, n: int) -> TPPSpec:
+        return replace(self, m=m, n=n)
+
+
+# ---------------------------------------------------------------------------
+# Descriptions. One TVMScript template per kind; the op's math is plugged in.
+# Every 2D operand has a symbolic leading dimension so the TPP matches sub-tiles.
+# ---------------------------------------------------------------------------
+
+
+def whole(buf: tirx.Buffer):
+    """The region covering all of ``buf`` (for ``T.reads``/``T.writes``)."""
+    return buf[tuple(slice(0, e) for e in buf.shape)]
+
+
+def bcast_shape(spec: TPPSpec) -> tuple[int, ...]:
+    """Shape of the second operand of a binary TPP for its broadcast flag."""
+    return {"none": (spec.m, spec.n), "row": (spec.n,), "col": (spec.m,), "scalar": (1,)}[
+        spec.bcast
+    ]
+
+
+def bcast_index(bcast: str, i, j) -> tuple:
+    """Index of the second operand for element (i, j) under ``bcast``."""
+    return {"none": (i, j), "row": (j,), "col": (i,), "scalar": (0,)}[bcast]
+
+
+def _describe_unary(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, odt = spec.m, spec.n, spec.dtype, spec.acc_dtype
+    fn = OPS[spec.op].fn
+    convert = odt != dt
+
+    def body(x):
+        y = fn(x)
+        return tirx.Cast(odt, y) if convert else y
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        Y = T.match_buffer(y, (M, N), odt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Y[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Y[vi, vj] = body(X[vi, vj])
+
+    return desc
+
+
+def _describe_zero(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt = spec.m, spec.n, spec.dtype
+
+    @T.prim_func(s_tir=True)
+    def desc(y: T.handle):
+        Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads()
+            T.writes(Y[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Y[vi, vj] = tirx.const(0, dt)
+
+    return desc
+
+
+def _describe_unary_bwd(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt = spec.m, spec.n, spec.dtype
+    fn = OPS[spec.op].fn
+
+    @T.prim_func(s_tir=True)
+    def desc(dy: T.handle, s: T.handle, dx: T.handle):
+        DY = T.match_buffer(dy, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        S = T.match_buffer(s, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        DX = T.match_buffer(dx, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(DY[0:M, 0:N], S[0:M, 0:N])
+            T.writes(DX[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    DX[vi, vj] = fn(DY[vi, vj], S[vi, vj])
+
+    return desc
+
+
+def _describe_binary(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, bc = spec.m, spec.n, spec.dtype, spec.bcast
+    fn = OPS[spec.op].fn
+    yshape = bcast_shape(spec)
+    y_strides = [T.int32(), 1] if bc == "none" else [1]
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, y: T.handle, z: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        Y = T.match_buffer(y, yshape, dt, offset_factor=1, strides=y_strides)
+        Z = T.match_buffer(z, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N], whole(Y))
+            T.writes(Z[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Z[vi, vj] = fn(X[vi, vj], Y[bcast_index(bc, vi, vj)])
+
+    return desc
+
+
+def _describe_muladd(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, bc = spec.m, spec.n, spec.dtype, spec.bcast
+    yshape = bcast_shape(spec)
+    y_strides = [T.int32(), 1] if bc == "none" else [1]
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, y: T.handle, z: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        Y = T.match_buffer(y, yshape, dt, offset_factor=1, strides=y_strides)
+        Z = T.match_buffer(z, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(
+                X[0:M, 0:N], whole(Y), Z[0:M, 0:N]
+            )
+            T.writes(Z[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Z[vi, vj] = X[vi, vj] * Y[bcast_index(bc, vi, vj)] + Z[vi, vj]
+
+    return desc
+
+
+def reduce_identity(op: str, dtype: str) -> tirx.Expr:
+    """Initial value of a reduction TPP (0, or the dtype's lowest value for max)."""
+    return tirx.min_value(dtype) if "_max_" in op else tirx.const(0, dtype)
+
+
+def reduce_combine(op: str, acc, val):
+    """How a reduction TPP folds one mapped element into its accumulator."""
+    return tirx.max(acc, val) if "_max_" in op else acc + val
+
+
+def _describe_reduce(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, op = spec.m, spec.n, spec.dtype, spec.op
+    fn = OPS[op].fn
+    over_rows = op.endswith("_rows")
+    L = N if over_rows else M
+    init = reduce_identity(op, dt)
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        Y = T.match_buffer(y, (L,), dt, offset_factor=1)
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Y[0:L])
+            if over_rows:
+                for j, i in T.grid(N, M):
+                    with T.sblock("tpp"):
+                        vj, vi = T.axis.remap("SR", [j, i])
+                        T.reads(Y[vj], X[vi, vj])
+                        T.writes(Y[vj])
+                        with T.init():
+                            Y[vj] = init
+                        Y[vj] = reduce_combine(op, Y[vj], fn(X[vi, vj]))
+            else:
+                for i, j in T.grid(M, N):
+                    with T.sblock("tpp"):
+                        vi, vj = T.axis.remap("SR", [i, j])
+                        T.reads(Y[vi], X[vi, vj])
+                        T.writes(Y[vi])
+                        with T.init():
+                            Y[vi] = init
+                        Y[vi] = reduce_combine(op, Y[vi], fn(X[vi, vj]))
+
+    return desc
+
+
+def transform_out_shape(spec: TPPSpec) -> tuple[int, ...]:
+    """Output shape of a transform TPP."""
+    if spec.op == "transpose":
+        return (spec.n, spec.m)
+    v = 2 if spec.op == "vnni2" else 4
+    return (-(-spec.m // v), spec.n, v)
+
+
+def _describe_transform(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt = spec.m, spec.n, spec.dtype
+    oshape = transform_out_shape(spec)
+    zero = tirx.const(0, dt)
+
+    if spec.op == "transpose":
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+            Y = T.match_buffer(y, (N, M), dt, offset_factor=1, strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(X[0:M, 0:N])
+                T.writes(Y[0:N, 0:M])
+                for j, i in T.grid(N, M):
+                    with T.sblock("tpp"):
+                        vj, vi = T.axis.remap("SS", [j, i])
+                        Y[vj, vi] = X[vi, vj]
+
+        return desc
+
+    KO, _, V = oshape
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        Y = T.match_buffer(y, (KO, N, V), dt, offset_factor=1, strides=[T.int32(), V, 1])
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Y[0:KO, 0:N, 0:V])
+            for ko, j, v in T.grid(KO, N, V):
+                with T.sblock("tpp"):
+                    vko, vj, vv = T.axis.remap("SSS", [ko, j, v])
+                    T.reads(X[vko * V + vv, vj])
+                    Y[vko, vj, vv] = T.if_then_else(
+                        vko * V + vv < M, X[T.min(vko * V + vv, M - 1), vj], zero
+                    )
+
+    return desc
+
+
+def operand_reads(beta0: bool, C, A, B) -> list:
+    """Regions a contraction reads: C too unless beta is 0 (C is only written)."""
+    return [whole(A), whole(B)] if beta0 else [whole(C), whole(A), whole(B)]
+
+
+def _describe_gemm(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, K, dt, acc = spec.m, spec.n, spec.k, spec.dtype, spec.acc_dtype
+    beta0 = spec.beta == 0
+
+    def mac(a, b):
+        return tirx.Cast(acc, a) * tirx.Cast(acc, b) if acc != dt else a * b
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, (M, K), dt, offset_factor=1, strides=[T.int32(), 1])
+        B = T.match_buffer(b, (K, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        C = T.match_buffer(c, (M, N), acc, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(*operand_reads(beta0, C, A, B))
+            T.writes(C[0:M, 0:N])
+            for i, j, k in T.grid(M, N, K):
+                with T.sblock("tpp"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    T.reads(C[vi, vj], A[vi, vk], B[vk, vj])
+                    T.writes(C[vi, vj])
+                    if beta0:
+                        with T.init():
+                            C[vi, vj] = tirx.const(0, acc)
+                    C[vi, vj] = C[vi, vj] + mac(A[vi, vk], B[vk, vj])
+
+    return desc
+
+
+def _describe_brgemm(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, K, R, dt, acc = spec.m, spec.n, spec.k, spec.batch, spec.dtype, spec.acc_dtype
+    beta0 = spec.beta == 0
+
+    def mac(a, b):
+        return tirx.Cast(acc, a) * tirx.Cast(acc, b) if acc != dt else a * b
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, (R, M, K), dt, offset_factor=1, strides=[T.int32(), T.int32(), 1])
+        B = T.match_buffer(b, (R, K, N), dt, offset_factor=1, strides=[T.int32(), T.int32(), 1])
+        C = T.match_buffer(c, (M, N), acc, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(*operand_reads(beta0, C, A, B))
+            T.writes(C[0:M, 0:N])
+            for i, j, r, k in T.grid(M, N, R, K):
+                with T.sblock("tpp"):
+                    vi, vj, vr, vk = T.axis.remap("SSRR", [i, j, r, k])
+                    T.reads(C[vi, vj], A[vr, vi, vk], B[vr, vk, vj])
+                    T.writes(C[vi, vj])
+                    if beta0:
+                        with T.init():
+                            C[vi, vj] = tirx.const(0, acc)
+                    C[vi, vj] = C[vi, vj] + mac(A[vr, vi, vk], B[vr, vk, vj])
+
+    return desc
+
+
+_DESCRIBERS = {
+    "unary": _describe_unary,
+    "zero": _describe_zero,
+    "unary_bwd": _describe_unary_bwd,
+    "binary": _describe_binary,
+    "muladd": _describe_muladd,
+    "reduce": _describe_reduce,
+    "transform": _describe_transform,
+}
+
+
+def describe(spec: TPPSpec) -> tirx.PrimFunc:
+    """The TIR description (the math) of ``spec``, for ``TensorIntrin.register``."""
+    if spec.kind == "brgemm":
+        return _describe_gemm(spec) if spec.op == "gemm" else _describe_brgemm(spec)
+    return _DESCRIBERS[spec.kind](spec)

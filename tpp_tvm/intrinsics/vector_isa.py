@@ -1,0 +1,86 @@
+"""What a TPP implementation template needs to know about an ISA's vector unit.
+
+Templates (``brgemm_template.py``, ``eltwise_template.py``) are written once against this
+interface; ``avx512.py`` and ``sve.py`` each provide one instance. That is how one template
+serves every ISA: the only differences are the vector length (fixed or scalable), how a
+partial vector is loaded/stored (an AVX-512 mask register or an SVE predicate) and how many
+vector registers the register-blocking may use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+
+@dataclass(frozen=True)
+class VectorISA:
+    """A SIMD unit: ``vector_bits`` wide (None when scalable, e.g. SVE), ``num_vregs`` registers.
+
+    ``min_vector_bits`` is the width used to size register blocking for a scalable ISA.
+    """
+
+    name: str
+    vector_bits: int | None
+    num_vregs: int
+    min_vector_bits: int = 128
+
+    @property
+    def scalable(self) -> bool:
+        return self.vector_bits is None
+
+    def lanes(self, dtype: str) -> int | tirx.Expr:
+        """Elements of ``dtype`` per vector register (a ``vscale`` expression if scalable)."""
+        bits = _bits(dtype)
+        if self.scalable:
+            return (self.min_vector_bits // bits) * T.vscale()
+        return self.vector_bits // bits
+
+    def static_lanes(self, dtype: str) -> int:
+        """Lanes at the (minimum) vector length, for sizing register blocks."""
+        return (self.vector_bits or self.min_vector_bits) // _bits(dtype)
+
+    def vtype(self, dtype: str) -> str:
+        """The TIR vector dtype string (``float32x16``, ``float32xvscalex4``)."""
+        if self.scalable:
+            return f"{dtype}xvscalex{self.min_vector_bits // _bits(dtype)}"
+        return f"{dtype}x{self.vector_bits // _bits(dtype)}"
+
+    def ramp(self, base: tirx.Expr | int, dtype: str) -> tirx.Expr:
+        """Index ramp ``base, base+1, ...`` covering one vector of ``dtype``."""
+        return T.ramp(base, 1, self.lanes(dtype))
+
+    def broadcast(self, value: tirx.Expr, dtype: str) -> tirx.Expr:
+        return T.broadcast(value, self.lanes(dtype))
+
+    def tail_mask(self, start: tirx.Expr | int, limit: tirx.Expr | int, dtype: str) -> tirx.Expr:
+        """Predicate selecting lanes ``start + l < limit`` of one vector of ``dtype``."""
+        if self.scalable:
+            return T.get_active_lane_mask(f"boolxvscalex{self.min_vector_bits // _bits(dtype)}",
+                                          start, limit)
+        n = self.lanes(dtype)
+        return T.ramp(start, 1, n) < T.broadcast(limit, n)
+
+    def masked_load(self, load: tirx.Expr, mask: tirx.Expr, dtype: str) -> tirx.Expr:
+        """Load one vector of ``dtype`` starting at the scalar element ``load`` under ``mask``.
+
+        Masked-off lanes read as zero and touch no memory, so tails never read past a tile.
+        """
+        return T.call_llvm_pure_intrin(
+            self.vtype(dtype),
+            "llvm.masked.load",
+            T.address_of(load),
+            mask,
+            T.broadcast(tirx.const(0, dtype), self.lanes(dtype)),
+        )
+
+    def masked_store(self, value: tirx.Expr, load: tirx.Expr, mask: tirx.Expr) -> tirx.Expr:
+        """Store the lanes of ``value`` selected by ``mask`` at the scalar element ``load``."""
+        return T.call_llvm_intrin("void", "llvm.masked.store", value, T.address_of(load), mask)
+
+
+def _bits(dtype: str) -> int:
+    digits = "".join(c for c in dtype.split("x")[0] if c.isdigit())
+    return int(digits) if digits else 8

@@ -1,0 +1,320 @@
+"""GEMM on TPPs: C = A @ B (+ bias) (+ activation), plain or batched, with B packed.
+
+The kernel is a loop nest over C tiles of ``mr x nr`` around one BRGEMM microkernel
+call per tile (the whole K reduced with C kept in registers, beta = 0), followed by the
+epilogue TPPs (bias add with a row broadcast, then the activation) on the tile while it
+is still in L1. B is stored packed as ``(ceil(N / nr), K, nr)`` panels, zero padded, so
+the microkernel streams one contiguous panel; packing is done once for constant weights
+(``GemmKernel.pack_b``). Tile sizes come from the register file and cache sizes, so no
+tuning is needed; output tiles are distributed over threads as one flat parallel loop.
+
+Shapes that are not multiples of the tile are padded internally (A rows only when M has
+no good tile divisor, C through a per-tile copy fused into the epilogue), never read or
+written out of bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import te, tirx
+from tvm import s_tir
+
+from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..intrinsics import OPS, TPPSpec, intrinsic
+from ..target import host_isa, isa_of
+from ..target import target as tpp_target
+
+log = logging.getLogger(__name__)
+
+#: Activations a GEMM epilogue accepts: every unary TPP except zero/copy.
+ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Blocking of one GEMM: the register tile (mr x nr) and the padded extents."""
+
+    m: int
+    n: int
+    k: int
+    mr: int
+    nr: int
+
+    @property
+    def mp(self) -> int:
+        return -(-self.m // self.mr) * self.mr
+
+    @property
+    def np_(self) -> int:
+        return -(-self.n // self.nr) * self.nr
+
+    @property
+    def kp(self) -> int:
+        """K, padded to 2: a unit reduction loop cannot be tensorized (TVM drops it)."""
+        return max(self.k, 2)
+
+
+#: Register tiles (mr, nr) that keep mr * ceil(nr/16) accumulators plus one row of B in
+#: the 32 zmm registers with enough independent FMAs to hide latency on 2 FMA pipes.
+_TILES = [(6, 64), (5, 64), (4, 64), (8, 48), (9, 48), (12, 32), (14, 32), (11, 32),
+          (10, 32), (3, 64), (2, 64)]
+
+
+def _tile_efficiency(mr: int, nr: int) -> float:
+    """Rough fraction of FMA peak a tile sustains: loads per FMA and latency hiding."""
+    nv = -(-nr // 16)
+    fmas = mr * nv
+    loads = mr + nv
+    eff = min(1.0, 2.0 * fmas / (2.0 * fmas + 0.5 * loads))
+    if fmas < 8:  # not enough independent chains for 2 pipes x 4 cycles latency
+        eff *= fmas / 8
+    return eff * min(nr, nv * 16) / (nv * 16)
+
+
+def plan_gemm(m: int, n: int, k: int) -> GemmPlan:
+    """Choose the register tile minimising padded work / tile efficiency."""
+    best = None
+    for mr, nr in _TILES:
+        if mr > max(m, 2) and mr > 2:
+            continue
+        plan = GemmPlan(m, n, k, mr, nr)
+        cost = plan.mp * plan.np_ / _tile_efficiency(mr, nr)
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+    return best[1]
+
+
+def _check(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
+    if dtype != "float32":
+        raise UnsupportedDTypeError(f"GEMM: dtype {dtype!r} unsupported; fp32 is (bf16/int8 later)")
+    if min(m, n, k) < 1:
+        raise UnsupportedShapeError(f"GEMM: M, N, K must be >= 1, got {m}x{n}x{k}")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise UnsupportedShapeError(
+            f"GEMM: activation {activation!r} unsupported; one of {', '.join(ACTIVATIONS)}"
+        )
+
+
+def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None):
+    """TE stages of the GEMM over packed B; returns (inputs, output, stage names)."""
+    m, n, k, mr, nr = plan.m, plan.n, plan.k, plan.mr, plan.nr
+    mp, np_, kp = plan.mp, plan.np_, plan.kp
+    lead = (batch,) if batch else ()
+    A = te.placeholder((*lead, m, k), "float32", name="A")
+    Bp = te.placeholder((*lead, np_ // nr, kp, nr), "float32", name="B_packed")
+    inputs = [A, Bp]
+    if (mp, kp) != (m, k):
+        A_in = te.compute(
+            (*lead, mp, kp),
+            lambda *ix: tirx.if_then_else(
+                tirx.all(ix[-2] < m, ix[-1] < k),
+                A[(*ix[:-2], tirx.min(ix[-2], m - 1), tirx.min(ix[-1], k - 1))],
+                tirx.const(0, "float32"),
+            ),
+            name="A_pad",
+        )
+    else:
+        A_in = A
+    r = te.reduce_axis((0, kp), name="k")
+    C = te.compute(
+        (*lead, mp, np_),
+        lambda *ix: te.sum(
+            A_in[(*ix[:-2], ix[-2], r)] * Bp[(*ix[:-2], ix[-1] // nr, r, ix[-1] % nr)], axis=r
+        ),
+        name="C",
+    )
+    out = C
+    if bias:
+        # Padded to the packed width like B: bias is a constant operand packed once.
+        b = te.placeholder((np_,), "float32", name="bias_packed")
+        inputs.append(b)
+        out = te.compute(out.shape, lambda *ix: out[ix] + b[ix[-1]], name="bias_add")
+    if activation:
+        fn = OPS[activation].fn
+        src = out
+        out = te.compute(src.shape, lambda *ix: fn(src[ix]), name=activation)
+    if (mp, np_) != (m, n):
+        src = out
+        out = te.compute((*lead, m, n), lambda *ix: src[ix], name="out")
+    return inputs, out
+
+
+def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
+    try:
+        sch.tensorize(loop, intrinsic(spec, isa))
+        return True
+    except Exception as err:  # noqa: BLE001 - TVM raises many types; we log and fall back
+        log.debug("GEMM: %s not tensorized with %s: %s", what, spec.op, str(err).splitlines()[-1])
+        return False
+
+
+def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) -> s_tir.Schedule:
+    """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
+    sch = s_tir.Schedule(func)
+    mr, nr, k = plan.mr, plan.nr, plan.kp
+    blk = sch.get_sblock("C")
+    loops = sch.get_loops(blk)
+    if batched:
+        b, i, j, kk = loops
+    else:
+        i, j, kk = loops
+    io, ii = sch.split(i, [None, mr])
+    jo, ji = sch.split(j, [None, nr])
+    sch.reorder(jo, io, ii, ji, kk)
+    outer = [b, jo, io] if batched else [jo, io]
+    tile_loop = sch.fuse(*outer)
+    sch.parallel(tile_loop)
+    for name in ("A_pad",):
+        try:
+            pad = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - the stage does not exist for this shape
+            continue
+        ploops = sch.get_loops(pad)
+        if len(ploops) > 1:
+            sch.parallel(sch.fuse(*ploops[:-1]))
+        sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
+    # Epilogue stages, fused per tile in producer order, then tensorized.
+    epilogue = []
+    for name, spec in (
+        ("bias_add", TPPSpec("add", m=mr, n=nr, bcast="row")),
+        *[(act, TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
+        ("out", TPPSpec("copy", m=mr, n=nr)),
+    ):
+        try:
+            eb = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - this GEMM has no such stage
+            continue
+        sch.reverse_compute_at(eb, tile_loop)
+        epilogue.append((name, spec))
+    gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
+    if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
+        raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
+    for name, spec in epilogue:
+        eloops = sch.get_loops(sch.get_sblock(name))[1:]
+        if len(eloops) >= 2 and _try_tensorize(sch, eloops[-2], spec, isa, name):
+            continue
+        try:
+            sch.vectorize(eloops[-1])
+        except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
+            log.debug("GEMM: %s left to LLVM (%s)", name, str(err).splitlines()[-1])
+    return sch
+
+
+def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = None
+                 ) -> np.ndarray:
+    """Pack B ((..., K, N) or, for ``nk``, (..., N, K)) into zero-padded (…, N/nr, kp, nr) panels."""
+    if b_layout == "nk":
+        b = np.swapaxes(b, -1, -2)
+    *lead, k, n = b.shape
+    kp = kp or k
+    np_ = -(-n // nr) * nr
+    padded = np.zeros((*lead, kp, np_), dtype=b.dtype)
+    padded[..., :k, :n] = b
+    return np.ascontiguousarray(
+        np.moveaxis(padded.reshape(*lead, kp, np_ // nr, nr), -2, -3)
+    )
+
+
+class GemmKernel:
+    """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``)."""
+
+    def __init__(self, plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
+                 b_layout: str, rt_mod: tvm.runtime.Module, sch: s_tir.Schedule,
+                 compile_seconds: float) -> None:
+        self.plan = plan
+        self.batch = batch
+        self.bias = bias
+        self.activation = activation
+        self.b_layout = b_layout
+        self.module = rt_mod
+        self.schedule = sch
+        self.compile_seconds = compile_seconds
+        self._dev = tvm.cpu()
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.plan.m * self.plan.n * self.plan.k * (self.batch or 1)
+
+    def pack_b(self, b: np.ndarray) -> np.ndarray:
+        """B in the kernel's packed panel layout (do this once for constant weights)."""
+        p = self.plan
+        lead = (self.batch,) if self.batch else ()
+        want = (*lead, p.k, p.n) if self.b_layout == "kn" else (*lead, p.n, p.k)
+        if np.shape(b) != want:
+            raise UnsupportedShapeError(
+                f"GEMM: B has shape {np.shape(b)}, expected {want} ({self.b_layout} layout)"
+            )
+        return pack_b_numpy(np.asarray(b, dtype="float32"), self.plan.nr, self.b_layout,
+                            self.plan.kp)
+
+    def _check_a(self, a: np.ndarray) -> None:
+        p = self.plan
+        lead = (self.batch,) if self.batch else ()
+        if np.shape(a) != (*lead, p.m, p.k):
+            raise UnsupportedShapeError(
+                f"GEMM: A has shape {np.shape(a)}, expected {(*lead, p.m, p.k)}"
+            )
+
+    def _args(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None):
+        p = self.plan
+        lead = (self.batch,) if self.batch else ()
+        self._check_a(a)
+        args = [a, b_packed]
+        if self.bias:
+            if bias is None or bias.shape != (p.n,):
+                raise UnsupportedShapeError(f"GEMM: bias must have shape ({p.n},)")
+            args.append(np.pad(bias, (0, p.np_ - p.n)))
+        out = np.empty((*lead, p.m, p.n), dtype="float32")
+        return [tvm.runtime.tensor(np.ascontiguousarray(x, dtype="float32"), self._dev)
+                for x in (*args, out)]
+
+    def run_packed(self, a: np.ndarray, b_packed: np.ndarray,
+                   bias: np.ndarray | None = None) -> np.ndarray:
+        args = self._args(a, b_packed, bias)
+        self.module(*args)
+        return args[-1].numpy()
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        self._check_a(a)
+        return self.run_packed(a, self.pack_b(b), bias)
+
+    def time(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None = None,
+             number: int = 10, repeat: int = 7) -> float:
+        """Median seconds per call (operands already packed and resident)."""
+        args = self._args(a, b_packed, bias)
+        ev = self.module.time_evaluator("main", self._dev, number=number, repeat=repeat)
+        return float(np.median(ev(*args).results))
+
+
+def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
+               batch: int | None = None, bias: bool = False, activation: str | None = None,
+               b_layout: str = "kn") -> GemmKernel:
+    """Compile C = A @ B (+ bias) (+ activation) onto TPPs for ``target`` (default: host).
+
+    ``batch`` makes it a batched matmul (A (batch, M, K), B (batch, K, N)); ``b_layout``
+    says how unpacked B is given to ``__call__``/``pack_b``: ``"kn"`` (K, N) or ``"nk"``
+    (N, K, a linear layer's weight).
+    """
+    _check(m, n, k, dtype, activation)
+    if b_layout not in ("kn", "nk"):
+        raise UnsupportedShapeError(f"GEMM: b_layout {b_layout!r} must be 'kn' or 'nk'")
+    tgt = target if target is not None else tpp_target()
+    tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
+    isa = isa_of(tgt)
+    if isa != "avx512":
+        raise UnsupportedDTypeError(f"GEMM: fp32 kernels exist for avx512 only so far, not {isa}")
+    t0 = time.perf_counter()
+    plan = plan_gemm(m, n, k)
+    inputs, out = gemm_te(plan, batch, bias, activation)
+    func = te.create_prim_func([*inputs, out])
+    sch = schedule_gemm(func, plan, isa, batched=batch is not None)
+    rt = tvm.compile(sch.mod, target=tgt).jit()
+    return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch, time.perf_counter() - t0)
+
+
+__all__ = ["ACTIVATIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm", "host_isa"]
