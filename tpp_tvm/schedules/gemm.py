@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
-from tvm import te, tirx
-from tvm import s_tir
+from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec, intrinsic
+from ..runtime import configure_threads, target_threads
 from ..target import host_isa, isa_of
 from ..target import target as tpp_target
 
@@ -101,8 +101,8 @@ def _check(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
 
 
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None):
-    """TE stages of the GEMM over packed B; returns (inputs, output, stage names)."""
-    m, n, k, mr, nr = plan.m, plan.n, plan.k, plan.mr, plan.nr
+    """TE stages of the GEMM over packed B; returns (inputs, output)."""
+    m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
     lead = (batch,) if batch else ()
     A = te.placeholder((*lead, m, k), "float32", name="A")
@@ -207,7 +207,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) 
 
 def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = None
                  ) -> np.ndarray:
-    """Pack B ((..., K, N) or, for ``nk``, (..., N, K)) into zero-padded (…, N/nr, kp, nr) panels."""
+    """Pack B ((..., K, N), or (..., N, K) for ``nk``) into zero-padded (..., N/nr, kp, nr)."""
     if b_layout == "nk":
         b = np.swapaxes(b, -1, -2)
     *lead, k, n = b.shape
@@ -225,7 +225,7 @@ class GemmKernel:
 
     def __init__(self, plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
                  b_layout: str, rt_mod: tvm.runtime.Module, sch: s_tir.Schedule,
-                 compile_seconds: float) -> None:
+                 compile_seconds: float, threads: int = 1) -> None:
         self.plan = plan
         self.batch = batch
         self.bias = bias
@@ -235,6 +235,7 @@ class GemmKernel:
         self.schedule = sch
         self.compile_seconds = compile_seconds
         self._dev = tvm.cpu()
+        self.threads = configure_threads(threads)
 
     @property
     def flops(self) -> int:
@@ -314,7 +315,8 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     func = te.create_prim_func([*inputs, out])
     sch = schedule_gemm(func, plan, isa, batched=batch is not None)
     rt = tvm.compile(sch.mod, target=tgt).jit()
-    return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch, time.perf_counter() - t0)
+    return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
+                      time.perf_counter() - t0, threads=target_threads(tgt))
 
 
 __all__ = ["ACTIVATIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm", "host_isa"]

@@ -1,0 +1,39 @@
+"""Errors a tpp_tvm user can hit.
+
+Everything a user can trigger by asking for something tpp_tvm does not support derives from
+:class:`TPPError`, so callers (and the CLI) can catch one type and print one line. Messages name
+the operator, shape or dtype involved and what is supported instead.
+"""
+
+from __future__ import annotations
+
+
+class TPPError(Exception):
+    """Base class of the errors tpp_tvm raises on purpose (not bugs)."""
+
+
+class UnsupportedISAError(TPPError):
+    """Raised when the host CPU or a requested ISA has no TPP implementation.
+
+    For example: asking for ``target("neon")``, or building for the host on a CPU with
+    neither AVX-512, AMX nor SVE.
+    """
+
+
+class UnsupportedDTypeError(TPPError):
+    """Raised when a TPP or schedule is asked for a dtype it has no kernel for.
+
+    For example: an fp16 GEMM on an ISA that only has fp32/bf16/int8 microkernels.
+    """
+
+
+class UnsupportedShapeError(TPPError):
+    """Raised when a shape or layout cannot be mapped onto a TPP.
+
+    For example: a GEMM whose reduction axis is not the innermost loop of its block, or a
+    dynamic shape where a static extent is required.
+    """
+
+
+class UnsupportedOperatorError(TPPError):
+    """Raised when an operator has no TPP mapping and the caller asked for no fallback."""
