@@ -100,34 +100,51 @@ def _check(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
         )
 
 
-def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None):
-    """TE stages of the GEMM over packed B; returns (inputs, output)."""
+def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
+    """``src`` zero-padded to ``shape`` (its trailing dims ``valid`` are the real extents)."""
+    nd = len(valid)
+
+    def at(*ix):
+        inside = tirx.all(*[ix[-nd + d] < valid[d] for d in range(nd)])
+        clamped = [tirx.min(ix[-nd + d], valid[d] - 1) for d in range(nd)]
+        return tirx.if_then_else(inside, src[(*ix[:-nd], *clamped)], tirx.const(0, src.dtype))
+
+    return te.compute(shape, at, name=name)
+
+
+def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
+            residual: bool = False, b_packed: bool = True):
+    """TE stages of the GEMM; returns (inputs, output).
+
+    Inputs in order: A, B (packed panels, or plain (K, N) when ``b_packed`` is False, as
+    for an activation operand), bias (padded to the packed width), residual (M, N).
+    """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
     lead = (batch,) if batch else ()
     A = te.placeholder((*lead, m, k), "float32", name="A")
-    Bp = te.placeholder((*lead, np_ // nr, kp, nr), "float32", name="B_packed")
-    inputs = [A, Bp]
-    if (mp, kp) != (m, k):
-        A_in = te.compute(
-            (*lead, mp, kp),
-            lambda *ix: tirx.if_then_else(
-                tirx.all(ix[-2] < m, ix[-1] < k),
-                A[(*ix[:-2], tirx.min(ix[-2], m - 1), tirx.min(ix[-1], k - 1))],
-                tirx.const(0, "float32"),
+    if b_packed:
+        B = te.placeholder((*lead, np_ // nr, kp, nr), "float32", name="B_packed")
+    else:
+        B = te.placeholder((*lead, k, n), "float32", name="B")
+    inputs = [A, B]
+    A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if (mp, kp) != (m, k) else A
+    r = te.reduce_axis((0, kp), name="k")
+    if b_packed:
+        C = te.compute(
+            (*lead, mp, np_),
+            lambda *ix: te.sum(
+                A_in[(*ix[:-2], ix[-2], r)] * B[(*ix[:-2], ix[-1] // nr, r, ix[-1] % nr)], axis=r
             ),
-            name="A_pad",
+            name="C",
         )
     else:
-        A_in = A
-    r = te.reduce_axis((0, kp), name="k")
-    C = te.compute(
-        (*lead, mp, np_),
-        lambda *ix: te.sum(
-            A_in[(*ix[:-2], ix[-2], r)] * Bp[(*ix[:-2], ix[-1] // nr, r, ix[-1] % nr)], axis=r
-        ),
-        name="C",
-    )
+        B_in = _padded(B, (*lead, kp, np_), (k, n), "B_pad") if (kp, np_) != (k, n) else B
+        C = te.compute(
+            (*lead, mp, np_),
+            lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
+            name="C",
+        )
     out = C
     if bias:
         # Padded to the packed width like B: bias is a constant operand packed once.
@@ -141,6 +158,11 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     if (mp, np_) != (m, n):
         src = out
         out = te.compute((*lead, m, n), lambda *ix: src[ix], name="out")
+    if residual:
+        res = te.placeholder((*lead, m, n), "float32", name="residual")
+        inputs.append(res)
+        src = out
+        out = te.compute((*lead, m, n), lambda *ix: src[ix] + res[ix], name="residual_add")
     return inputs, out
 
 
@@ -169,7 +191,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) 
     outer = [b, jo, io] if batched else [jo, io]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
-    for name in ("A_pad",):
+    for name in ("A_pad", "B_pad"):
         try:
             pad = sch.get_sblock(name)
         except Exception:  # noqa: BLE001 - the stage does not exist for this shape
@@ -184,6 +206,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) 
         ("bias_add", TPPSpec("add", m=mr, n=nr, bcast="row")),
         *[(act, TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
         ("out", TPPSpec("copy", m=mr, n=nr)),
+        ("residual_add", TPPSpec("add", m=mr, n=nr)),
     ):
         try:
             eb = sch.get_sblock(name)
@@ -292,6 +315,17 @@ class GemmKernel:
         return float(np.median(ev(*args).results))
 
 
+def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
+                  bias: bool = False, activation: str | None = None, residual: bool = False,
+                  b_packed: bool = True) -> tuple[s_tir.Schedule, GemmPlan]:
+    """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking."""
+    _check(m, n, k, "float32", activation)
+    plan = plan_gemm(m, n, k)
+    inputs, out = gemm_te(plan, batch, bias, activation, residual, b_packed)
+    func = te.create_prim_func([*inputs, out])
+    return schedule_gemm(func, plan, isa, batched=batch is not None), plan
+
+
 def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
                batch: int | None = None, bias: bool = False, activation: str | None = None,
                b_layout: str = "kn") -> GemmKernel:
@@ -310,10 +344,7 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     if isa != "avx512":
         raise UnsupportedDTypeError(f"GEMM: fp32 kernels exist for avx512 only so far, not {isa}")
     t0 = time.perf_counter()
-    plan = plan_gemm(m, n, k)
-    inputs, out = gemm_te(plan, batch, bias, activation)
-    func = te.create_prim_func([*inputs, out])
-    sch = schedule_gemm(func, plan, isa, batched=batch is not None)
+    sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation)
     rt = tvm.compile(sch.mod, target=tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
                       time.perf_counter() - t0, threads=target_threads(tgt))

@@ -1,0 +1,162 @@
+"""Lower TPP composite functions to ``call_tir`` of TPP-scheduled PrimFuncs.
+
+``FuseOpsByPattern`` groups each matched subgraph into a private function tagged
+``Composite="tpp.<pattern>"``. This pass replaces every call of such a function with a
+call of a PrimFunc scheduled onto TPPs (BRGEMM microkernel + epilogue TPPs), packing
+constant weights into the kernel's layout once, at compile time. A composite whose
+lowering declines (shape or dtype it has no kernel for) is inlined back as plain Relax
+ops, so TVM's default path computes it: never a wrong result, and the report says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.analysis import get_var2val
+
+from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from .patterns import TPPPattern, pattern_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoweringReport:
+    """What the graph pass did: kernels per pattern, and fallbacks with their reasons."""
+
+    lowered: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        lines = [f"  {k}: {v}" for k, v in sorted(self.lowered.items())]
+        lines += [f"  fallback {k}: {v}" for k, v in sorted(self.fallbacks.items())]
+        return "\n".join(lines) if lines else "  (no TPP subgraphs)"
+
+
+def _kernel_attrs(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """Attributes a hand-scheduled kernel needs inside a Relax module (see DESIGN.md)."""
+    func = func.without_attr("global_symbol")
+    return func.with_attrs(
+        {"op_pattern": 8, "tirx.is_scheduled": True, "tirx.noalias": True}
+    )
+
+
+def _shape(expr: relax.Expr) -> list[int]:
+    return [int(d) for d in expr.ty.shape.values]
+
+
+def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                 isa: str) -> relax.Expr:
+    """Dense (+bias)(+act)(+residual): flatten to 2D, one GEMM kernel, reshape back."""
+    x, weight = matched["lhs"], matched["weight"]
+    xs = _shape(x)
+    k, n = _shape(weight)
+    m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
+    activation = matched.get("activation")
+    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched, activation=activation,
+                              residual="residual" in matched)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    w = weight.value.numpy()
+    args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x,
+            relax.const(pack_b_numpy(w, plan.nr, "kn", plan.kp))]
+    if "bias" in matched:
+        bias = matched["bias"].value.numpy().reshape(-1)
+        args.append(relax.const(np.pad(bias, (0, plan.np_ - n)).astype("float32")))
+    if "residual" in matched:
+        res = matched["residual"]
+        args.append(bb.emit(relax.op.reshape(res, (m, n))) if len(xs) != 2 else res)
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
+    out_shape = [*xs[:-1], n]
+    return relax.op.reshape(out, out_shape) if len(xs) != 2 else out
+
+
+_LOWERINGS = {"tpp.dense": _lower_dense}
+
+
+def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
+           ) -> dict[str, relax.Expr] | None:
+    """Annotated expressions of ``pattern`` in a composite ``func``, in the caller's terms."""
+    body = func.body
+    out = body.body
+    var2val = get_var2val(func)
+    while isinstance(out, relax.Var) and out in var2val and not isinstance(
+        var2val[out], relax.Call
+    ):
+        out = var2val[out]
+    found = pattern.pattern.extract_matched_expr(out, var2val)
+    if found is None:
+        return None
+    params = {p: a for p, a in zip(func.params, args)}
+    matched = {}
+    for key, pat in pattern.annotations.items():
+        expr = found.get(pat)
+        if expr is None:
+            continue
+        matched[key] = params.get(expr, expr)
+    if pattern.activation:
+        matched["activation"] = pattern.activation
+    return matched
+
+
+@relax.expr_functor.mutator
+class _Lowerer(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, isa: str, report: LoweringReport) -> None:
+        super().__init__(mod)
+        self.mod_ = mod
+        self.isa = isa
+        self.report = report
+        self.patterns = {p.name: p for p in pattern_table()}
+
+    def transform(self) -> tvm.IRModule:
+        for gv, func in self.mod_.functions.items():
+            if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not isinstance(call.op, relax.GlobalVar):
+            return call
+        func = self.mod_[call.op]
+        comp = str(func.attrs["Composite"]) if func.attrs and "Composite" in func.attrs else None
+        if comp is None or not comp.startswith("tpp."):
+            return call
+        kind = next(k for k in _LOWERINGS if comp == k or comp.startswith(k + "_"))
+        matched = _match(self.patterns[comp], func, list(call.args))
+        try:
+            if matched is None:
+                raise ValueError("pattern no longer matches its composite function")
+            out = _LOWERINGS[kind](self.builder_, matched, comp, self.isa)
+        except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            log.info("TPP lowering of %s fell back to TVM: %s", comp, reason)
+            self.report.fallbacks[f"{comp} ({reason})"] += 1
+            return call
+        self.report.lowered[comp] += 1
+        return out
+
+
+def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
+    """Replace calls of ``tpp.*`` composites with TPP kernels; inline the rest back."""
+    mod = _Lowerer(mod, isa, report).transform()
+    mod = relax.transform.DeadCodeElimination()(mod)
+    # Composites that fell back are still calls of private functions: inline them so the
+    # normal legalize/fuse path compiles their ops.
+    return inline_composites(mod)
+
+
+def inline_composites(mod: tvm.IRModule) -> tvm.IRModule:
+    """Inline the remaining (fallen-back) composite functions into their callers."""
+    comps = [gv for gv, f in mod.functions.items()
+             if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs]
+    if not comps:
+        return mod
+    for gv in comps:
+        func = mod[gv]
+        mod[gv] = func.without_attr("Composite").without_attr("Primitive")
+    return relax.transform.DeadCodeElimination()(relax.transform.InlinePrivateFunctions()(mod))

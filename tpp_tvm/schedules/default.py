@@ -1,0 +1,120 @@
+"""Default CPU schedules for operators no TPP pattern claimed, so nothing is left slow.
+
+TVM's CPU build schedules nothing: every legalized operator runs as a scalar, single-thread
+loop nest. These dlight-style rules (one class, one ``apply`` that returns None when it does
+not match) give the leftovers parallel outer loops and vectorized inner loops:
+
+* :class:`Injective` – element-wise / broadcast / layout ops (after inlining chains);
+* TVM's own ``dlight.cpu.Reduction`` (softmax, layer norm) and ``dlight.cpu.GEMV``;
+* :class:`ParallelFallback` – anything else: the outermost spatial loops in parallel.
+
+They are applied by :func:`default_schedule_pass` in the ``tpp`` pipeline after TVM's
+legalization and fusion.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base.common_schedules import try_inline
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.target import Target
+
+log = logging.getLogger(__name__)
+
+#: Elements per vector for fp32 on AVX-512; inner loops are split to this width.
+VECTOR = 16
+#: Below this many elements a kernel stays single-threaded (fork/join costs more).
+MIN_PARALLEL_WORK = 4096
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tirx.IntImm) else None
+
+
+def _parallel_vectorize(sch: s_tir.Schedule, block) -> None:
+    """Fuse a spatial block's loops, parallelize the outer part, vectorize the inner."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    extents = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in extents):
+        return
+    inner = loops[-1]
+    if extents[-1] % VECTOR == 0 and extents[-1] >= VECTOR:
+        _, inner = sch.split(inner, [None, VECTOR])
+        sch.vectorize(inner)
+        loops = sch.get_loops(block)[:-1]
+    elif len(loops) > 1:
+        loops = loops[:-1]  # LLVM vectorizes the unsplit innermost loop itself
+    else:
+        loops = []
+    total = 1
+    for e in extents:
+        total *= e
+    if loops and total >= MIN_PARALLEL_WORK:
+        sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+
+
+class Injective(CPUScheduleRule):
+    """Element-wise and broadcast chains: inline into one loop nest, parallel + vectorized."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None or not all(info.is_injective() for info in infos):
+            return None
+        for info in try_inline(sch, infos):
+            _parallel_vectorize(sch, info.block_rv)
+        return sch
+
+
+class ParallelFallback(CPUScheduleRule):
+    """Anything else: the leading spatial loops of each top-level block run in parallel."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        changed = False
+        for info in infos:
+            lead = []
+            for it in info.iters:
+                if it.kind != "S" or not isinstance(it.dom, tirx.IntImm):
+                    break
+                lead.append(it)
+            loops = sch.get_loops(info.block_rv)
+            if not lead or len(loops) < len(lead):
+                continue
+            work = 1
+            for it in lead:
+                work *= int(it.dom)
+            if work < 2:
+                continue
+            try:
+                outer = loops[: len(lead)]
+                sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+                changed = True
+            except Exception as err:  # noqa: BLE001 - leave this block serial
+                log.debug("fallback: %s not parallelized: %s", info.name, err)
+        return sch if changed else None
+
+
+def default_rules() -> list:
+    """The fallback rules in priority order."""
+    return [dlight.cpu.GEMV(), dlight.cpu.Reduction(), Injective(), ParallelFallback()]
+
+
+def default_schedule_pass() -> tvm.transform.Pass:
+    """Apply :func:`default_rules` to every unscheduled PrimFunc of a module."""
+    return dlight.ApplyDefaultSchedule(*default_rules())
