@@ -75,7 +75,22 @@ def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: s
     return relax.op.reshape(out, out_shape) if len(xs) != 2 else out
 
 
-_LOWERINGS = {"tpp.dense": _lower_dense}
+def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+               isa: str) -> relax.Expr:
+    """Batched matmul of activations: batch dims flattened, B used in place (not packed)."""
+    x, y = matched["lhs"], matched["rhs"]
+    xs, ys = _shape(x), _shape(y)
+    batch = int(np.prod(xs[:-2]))
+    m, k, n = xs[-2], xs[-1], ys[-1]
+    sch, _ = gemm_schedule(m, n, k, isa, batch=batch, b_packed=False)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    a3 = bb.emit(relax.op.reshape(x, (batch, m, k))) if len(xs) != 3 else x
+    b3 = bb.emit(relax.op.reshape(y, (batch, k, n))) if len(ys) != 3 else y
+    out = bb.emit(relax.call_tir(gv, [a3, b3], relax.TensorType((batch, m, n), "float32")))
+    return relax.op.reshape(out, [*xs[:-2], m, n]) if len(xs) != 3 else out
+
+
+_LOWERINGS = {"tpp.dense": _lower_dense, "tpp.bmm": _lower_bmm}
 
 
 def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]

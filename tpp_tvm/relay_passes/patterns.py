@@ -91,6 +91,25 @@ def dense_pattern(bias: bool, activation: str | None, residual: bool) -> TPPPatt
     return TPPPattern(name, out, ann, _dense_check, ACTIVATIONS.get(activation))
 
 
+def _bmm_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """A batched matmul of two activations with the same static batch dims (attention)."""
+    a = ctx.annotated_expr
+    lhs, rhs = a["lhs"], a["rhs"]
+    if not (_static_f32(lhs) and _static_f32(rhs)):
+        return False
+    ls, rs = lhs.ty.shape.values, rhs.ty.shape.values
+    if len(ls) < 3 or len(ls) != len(rs):
+        return False
+    return [int(d) for d in ls[:-2]] == [int(d) for d in rs[:-2]]
+
+
+def bmm_pattern() -> TPPPattern:
+    """``matmul(x, y)`` of two activations: one BRGEMM-based kernel per batch entry."""
+    lhs, rhs = wildcard(), wildcard()
+    out = is_op("relax.matmul")(lhs, rhs)
+    return TPPPattern("tpp.bmm", out, {"lhs": lhs, "rhs": rhs, "root": out}, _bmm_check)
+
+
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
     table = []
@@ -98,4 +117,5 @@ def pattern_table() -> list[TPPPattern]:
         for activation in (*ACTIVATIONS, None):
             for bias in (True, False):
                 table.append(dense_pattern(bias, activation, residual))
+    table.append(bmm_pattern())
     return table

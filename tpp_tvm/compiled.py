@@ -1,0 +1,160 @@
+"""The user-facing compiled model: call it with numpy arrays, ask what went to TPPs, cache it.
+
+``compile_onnx`` imports an ONNX model, compiles it with the ``tpp`` pipeline and returns a
+:class:`CompiledModel`. ``export`` writes the shared library plus a small JSON sidecar
+(input names, shapes, dtypes, the lowering report) so :func:`load` restores an identical
+model without compiling again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .errors import ModelLoadError, UnsupportedShapeError
+from .relay_passes.lower import LoweringReport
+from .relay_passes.pipeline import build
+from .runtime import configure_threads, target_threads
+from .target import target as tpp_target
+
+_SIDECAR = ".tpp.json"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _inputs_of(mod: tvm.IRModule) -> list[InputSpec]:
+    specs = []
+    for p in mod["main"].params:
+        ty = p.ty
+        shape = tuple(int(d) for d in ty.shape.values)
+        specs.append(InputSpec(str(p.name), shape, str(ty.dtype)))
+    return specs
+
+
+class CompiledModel:
+    """A model compiled onto TPPs. ``model(x, ...)`` or ``model(input_name=x)`` → outputs."""
+
+    def __init__(self, module: tvm.runtime.Module | relax.VMExecutable,
+                 inputs: list[InputSpec], report: dict, threads: int = 1) -> None:
+        self._module = module
+        self.inputs = inputs
+        self._report = report
+        self.threads = configure_threads(threads)
+        self._vm = relax.VirtualMachine(module, tvm.cpu())
+
+    def _convert(self, args: tuple, kwargs: dict) -> list[tvm.runtime.Tensor]:
+        if len(args) + len(kwargs) != len(self.inputs):
+            names = ", ".join(i.name for i in self.inputs)
+            raise UnsupportedShapeError(
+                f"model takes {len(self.inputs)} inputs ({names}), got {len(args) + len(kwargs)}"
+            )
+        values = list(args)
+        for spec in self.inputs[len(args):]:
+            if spec.name not in kwargs:
+                raise UnsupportedShapeError(f"missing input {spec.name!r}")
+            values.append(kwargs.pop(spec.name))
+        if kwargs:
+            raise UnsupportedShapeError(f"unknown inputs: {', '.join(kwargs)}")
+        out = []
+        for spec, value in zip(self.inputs, values):
+            arr = np.asarray(value)
+            if arr.shape != spec.shape:
+                raise UnsupportedShapeError(
+                    f"input {spec.name!r}: shape {arr.shape}, the model was compiled for "
+                    f"{spec.shape}"
+                )
+            if arr.dtype != np.dtype(spec.dtype):
+                if not np.can_cast(arr.dtype, spec.dtype, "same_kind"):
+                    raise UnsupportedShapeError(
+                        f"input {spec.name!r}: dtype {arr.dtype}, expected {spec.dtype}"
+                    )
+                arr = arr.astype(spec.dtype)
+            out.append(tvm.runtime.tensor(np.ascontiguousarray(arr), tvm.cpu()))
+        return out
+
+    def __call__(self, *args, **kwargs) -> list[np.ndarray]:
+        result = self._vm["main"](*self._convert(args, dict(kwargs)))
+        if isinstance(result, tvm.runtime.Tensor):
+            return [result.numpy()]
+        return [r.numpy() for r in result]
+
+    def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
+        """Median seconds per call with inputs already converted."""
+        tensors = self._convert(args, dict(kwargs))
+        fn = self._vm["main"]
+        fn(*tensors)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn(*tensors)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def report(self) -> str:
+        """Which subgraphs went to TPP kernels and which fell back, counted by pattern."""
+        lines = ["TPP kernels:"]
+        lines += [f"  {k}: {v}" for k, v in sorted(self._report.get("lowered", {}).items())]
+        falls = self._report.get("fallbacks", {})
+        lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
+        lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
+        if "compile_seconds" in self._report:
+            lines.append(f"compile time: {self._report['compile_seconds']:.1f} s")
+        return "\n".join(lines)
+
+    @property
+    def report_data(self) -> dict:
+        return dict(self._report)
+
+    def export(self, path: str | Path) -> Path:
+        """Write the compiled library (and its sidecar) so :func:`load` can skip compiling."""
+        path = Path(path)
+        if not hasattr(self._module, "export_library"):
+            raise ModelLoadError("this model was loaded from a library; export the original")
+        self._module.export_library(str(path))
+        meta = {"inputs": [vars(i) | {"shape": list(i.shape)} for i in self.inputs],
+                "report": self._report, "threads": self.threads}
+        Path(str(path) + _SIDECAR).write_text(json.dumps(meta, indent=1))
+        return path
+
+
+def load(path: str | Path) -> CompiledModel:
+    """Load a model written by :meth:`CompiledModel.export`."""
+    path = Path(path)
+    side = Path(str(path) + _SIDECAR)
+    if not path.exists():
+        raise ModelLoadError(f"no compiled model at {path}")
+    if not side.exists():
+        raise ModelLoadError(f"{path} has no {_SIDECAR} sidecar: was it written by export()?")
+    meta = json.loads(side.read_text())
+    module = tvm.runtime.load_module(str(path))
+    inputs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in meta["inputs"]]
+    return CompiledModel(module, inputs, meta["report"], meta.get("threads", 1))
+
+
+def compile_relax(mod: tvm.IRModule, target=None) -> CompiledModel:
+    """Compile a Relax module (static input shapes) into a :class:`CompiledModel`."""
+    tgt = target if target is not None else tpp_target()
+    tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
+    report = LoweringReport()
+    exe = build(mod, tgt, report=report)
+    data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
+            "compile_seconds": getattr(report, "compile_seconds", 0.0)}
+    return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt))
+
+
+def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None) -> CompiledModel:
+    """Import an ONNX model (proto, path or bytes) and compile it onto TPPs."""
+    from .frontend import from_onnx
+
+    return compile_relax(from_onnx(model_or_path, shape_dict), target)
