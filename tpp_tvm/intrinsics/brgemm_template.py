@@ -14,39 +14,44 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .spec import TPPSpec, operand_reads
+from .spec import TPPSpec, contraction_geometry, free_strides, operand_reads
 from .vector_isa import VectorISA
 
 
+def _loop_vars(ivs) -> tuple:
+    """Loop vars of a ``T.grid`` as a tuple, whether it has one extent or several."""
+    return (ivs,) if isinstance(ivs, tirx.Var) else tuple(ivs)
+
+
 def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """Implementation of ``gemm``/``brgemm`` fp32 for ``isa`` (fused multiply-add form)."""
-    M, N, K, R = spec.m, spec.n, spec.k, spec.batch
+    """Implementation of ``gemm``/``brgemm``/``conv_brgemm`` fp32 for ``isa`` (FMA form)."""
+    M, N, K = spec.m, spec.n, spec.k
     dt = spec.dtype
     if dt != "float32":
         raise NotImplementedError(f"{isa.name} FMA BRGEMM template is fp32-only, got {dt}")
+    geo = contraction_geometry(spec)
     lanes = isa.static_lanes(dt)
     vt = isa.vtype(dt)
     NV = -(-N // lanes)
     full = N // lanes  # vectors without a tail
     tail = N - full * lanes
     beta0 = spec.beta == 0
-    batched = spec.op == "brgemm"
-    a_shape = (R, M, K) if batched else (M, K)
-    b_shape = (R, K, N) if batched else (K, N)
-    a_strides = [T.int32(), T.int32(), 1] if batched else [T.int32(), 1]
-    b_strides = [T.int32(), T.int32(), 1] if batched else [T.int32(), 1]
+    reduction = (*geo.batch, K)
 
-    def a_at(r, i, k):
-        return (r, i, k) if batched else (i, k)
+    def a_el(A, ivs, i):
+        lv = _loop_vars(ivs)
+        return A[geo.a_index(lv[:-1], i, lv[-1])]
 
-    def b_at(r, k, j):
-        return (r, k, j) if batched else (k, j)
+    def b_vec(B, ivs, v):
+        lv = _loop_vars(ivs)
+        return B[geo.b_index(lv[:-1], lv[-1], isa.ramp(v * lanes, dt))]
+
+    def b_tail(B, ivs):
+        lv = _loop_vars(ivs)
+        return isa.masked_load(B[geo.b_index(lv[:-1], lv[-1], full * lanes)], tail_mask(), dt)
 
     def tail_mask():
         return isa.tail_mask(full * lanes, N, dt)
-
-    def b_tail(B, r, k):
-        return isa.masked_load(B[b_at(r, k, full * lanes)], tail_mask(), dt)
 
     def c_init(C, i, v):
         return isa.broadcast(tirx.const(0, dt), dt) if beta0 else C[i, isa.ramp(v * lanes, dt)]
@@ -61,8 +66,10 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, a_shape, dt, offset_factor=1, strides=a_strides)
-        B = T.match_buffer(b, b_shape, dt, offset_factor=1, strides=b_strides)
+        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.a_shape)))
+        B = T.match_buffer(b, geo.b_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.b_shape)))
         C = T.match_buffer(c, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
         with T.sblock("root"):
             T.reads(*operand_reads(beta0, C, A, B))
@@ -73,14 +80,12 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                     acc[i, v] = c_init(C, i, v)
                 if tail > 0:
                     acc[i, full] = c_init_tail(C, i)
-            for r in T.serial(R):
-                for k in T.serial(K):
-                    for i in T.unroll(M):
-                        for v in T.unroll(full):
-                            acc[i, v] = fma(A[a_at(r, i, k)],
-                                            B[b_at(r, k, isa.ramp(v * lanes, dt))], acc[i, v])
-                        if tail > 0:
-                            acc[i, full] = fma(A[a_at(r, i, k)], b_tail(B, r, k), acc[i, full])
+            for ivs in T.grid(*reduction):
+                for i in T.unroll(M):
+                    for v in T.unroll(full):
+                        acc[i, v] = fma(a_el(A, ivs, i), b_vec(B, ivs, v), acc[i, v])
+                    if tail > 0:
+                        acc[i, full] = fma(a_el(A, ivs, i), b_tail(B, ivs), acc[i, full])
             for i in T.unroll(M):
                 for v in T.unroll(full):
                     C[i, isa.ramp(v * lanes, dt)] = acc[i, v]

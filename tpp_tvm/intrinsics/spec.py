@@ -157,6 +157,12 @@ OPS: dict[str, OpDef] = {
     "brgemm": OpDef(
         "brgemm", None, "C (+)= sum_r A[r] @ B[r]; A (batch, M, K), B (batch, K, N), stride-based"
     ),
+    "conv_brgemm": OpDef(
+        "brgemm",
+        None,
+        "C (+)= sum_{r,s} A[r, i*stride + s, :] @ B[r, s]; A (R, (M-1)*stride + S, K) input "
+        "rows, B (R, S, K, N) filter taps: BRGEMM over a convolution's R x S taps",
+    ),
 }
 
 BCASTS = ("none", "row", "col", "scalar")
@@ -180,6 +186,8 @@ class TPPSpec:
     beta: int = 1
     bcast: str = "none"
     out_dtype: str | None = None
+    taps: tuple[int, int] = (1, 1)
+    stride: int = 1
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -197,6 +205,8 @@ class TPPSpec:
                 f"TPP {self.op}: needs k >= 1, batch >= 1, beta in (0, 1); got "
                 f"k={self.k} batch={self.batch} beta={self.beta}"
             )
+        if self.op != "conv_brgemm" and (self.taps != (1, 1) or self.stride != 1):
+            raise UnsupportedShapeError(f"TPP {self.op}: only conv_brgemm takes taps/stride")
         if self.op == "gemm" and self.batch != 1:
             raise UnsupportedShapeError("TPP gemm has batch 1; use brgemm for batch-reduce")
         if self.bcast not in BCASTS:
@@ -222,6 +232,8 @@ class TPPSpec:
         parts = ["tpp", self.op, DTYPE_SHORT[self.dtype], isa, f"m{self.m}n{self.n}"]
         if self.kind == "brgemm":
             parts[-1] += f"k{self.k}" + (f"b{self.batch}" if self.op == "brgemm" else "")
+            if self.op == "conv_brgemm":
+                parts[-1] += f"r{self.taps[0]}x{self.taps[1]}s{self.stride}"
             if self.beta == 0:
                 parts.append("beta0")
         if self.bcast != "none":
@@ -463,58 +475,79 @@ def operand_reads(beta0: bool, C, A, B) -> list:
     return [whole(A), whole(B)] if beta0 else [whole(C), whole(A), whole(B)]
 
 
-def _describe_gemm(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, K, dt, acc = spec.m, spec.n, spec.k, spec.dtype, spec.acc_dtype
+@dataclass(frozen=True)
+class ContractionGeometry:
+    """Operand shapes and addressing of a GEMM-family TPP, shared by description and impls.
+
+    ``batch`` are the reduction dims besides k (none for GEMM, the batch for BRGEMM, the
+    filter taps for a convolution's BRGEMM); ``a_index(rs, i, k)`` / ``b_index(rs, k, j)``
+    give the element of A / B that row i / column j meets at reduction point (rs, k).
+    """
+
+    batch: tuple[int, ...]
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    a_index: Callable[..., tuple]
+    b_index: Callable[..., tuple]
+
+
+def contraction_geometry(spec: TPPSpec) -> ContractionGeometry:
+    """The geometry of ``spec`` (a gemm, brgemm or conv_brgemm)."""
+    M, N, K = spec.m, spec.n, spec.k
+    if spec.op == "gemm":
+        return ContractionGeometry((), (M, K), (K, N), lambda rs, i, k: (i, k),
+                                   lambda rs, k, j: (k, j))
+    if spec.op == "brgemm":
+        R = spec.batch
+        return ContractionGeometry((R,), (R, M, K), (R, K, N), lambda rs, i, k: (rs[0], i, k),
+                                   lambda rs, k, j: (rs[0], k, j))
+    (R, S), st = spec.taps, spec.stride
+    return ContractionGeometry(
+        (R, S), (R, (M - 1) * st + S, K), (R, S, K, N),
+        lambda rs, i, k: (rs[0], i * st + rs[1], k), lambda rs, k, j: (rs[0], rs[1], k, j),
+    )
+
+
+def free_strides(ndim: int) -> list:
+    """Symbolic strides for all but the innermost (unit-stride) dimension."""
+    return [T.int32() for _ in range(ndim - 1)] + [1]
+
+
+def _describe_contraction(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, acc = spec.m, spec.n, spec.dtype, spec.acc_dtype
+    geo = contraction_geometry(spec)
     beta0 = spec.beta == 0
+    dims = (M, N, *geo.batch, spec.k)
+    kinds = "SS" + "R" * (len(geo.batch) + 1)
 
     def mac(a, b):
         return tirx.Cast(acc, a) * tirx.Cast(acc, b) if acc != dt else a * b
 
+    def a_at(vs):
+        return geo.a_index(vs[2:-1], vs[0], vs[-1])
+
+    def b_at(vs):
+        return geo.b_index(vs[2:-1], vs[-1], vs[1])
+
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (M, K), dt, offset_factor=1, strides=[T.int32(), 1])
-        B = T.match_buffer(b, (K, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.a_shape)))
+        B = T.match_buffer(b, geo.b_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.b_shape)))
         C = T.match_buffer(c, (M, N), acc, offset_factor=1, strides=[T.int32(), 1])
         with T.sblock("root"):
             T.reads(*operand_reads(beta0, C, A, B))
             T.writes(C[0:M, 0:N])
-            for i, j, k in T.grid(M, N, K):
+            for ivs in T.grid(*dims):
                 with T.sblock("tpp"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    T.reads(C[vi, vj], A[vi, vk], B[vk, vj])
-                    T.writes(C[vi, vj])
+                    vs = T.meta_var(T.axis.remap(kinds, ivs))
+                    T.reads(C[vs[0], vs[1]], A[a_at(vs)], B[b_at(vs)])
+                    T.writes(C[vs[0], vs[1]])
                     if beta0:
                         with T.init():
-                            C[vi, vj] = tirx.const(0, acc)
-                    C[vi, vj] = C[vi, vj] + mac(A[vi, vk], B[vk, vj])
-
-    return desc
-
-
-def _describe_brgemm(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, K, R, dt, acc = spec.m, spec.n, spec.k, spec.batch, spec.dtype, spec.acc_dtype
-    beta0 = spec.beta == 0
-
-    def mac(a, b):
-        return tirx.Cast(acc, a) * tirx.Cast(acc, b) if acc != dt else a * b
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (R, M, K), dt, offset_factor=1, strides=[T.int32(), T.int32(), 1])
-        B = T.match_buffer(b, (R, K, N), dt, offset_factor=1, strides=[T.int32(), T.int32(), 1])
-        C = T.match_buffer(c, (M, N), acc, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(*operand_reads(beta0, C, A, B))
-            T.writes(C[0:M, 0:N])
-            for i, j, r, k in T.grid(M, N, R, K):
-                with T.sblock("tpp"):
-                    vi, vj, vr, vk = T.axis.remap("SSRR", [i, j, r, k])
-                    T.reads(C[vi, vj], A[vr, vi, vk], B[vr, vk, vj])
-                    T.writes(C[vi, vj])
-                    if beta0:
-                        with T.init():
-                            C[vi, vj] = tirx.const(0, acc)
-                    C[vi, vj] = C[vi, vj] + mac(A[vr, vi, vk], B[vr, vk, vj])
+                            C[vs[0], vs[1]] = tirx.const(0, acc)
+                    C[vs[0], vs[1]] = C[vs[0], vs[1]] + mac(A[a_at(vs)], B[b_at(vs)])
 
     return desc
 
@@ -533,5 +566,5 @@ _DESCRIBERS = {
 def describe(spec: TPPSpec) -> tirx.PrimFunc:
     """The TIR description (the math) of ``spec``, for ``TensorIntrin.register``."""
     if spec.kind == "brgemm":
-        return _describe_gemm(spec) if spec.op == "gemm" else _describe_brgemm(spec)
+        return _describe_contraction(spec)
     return _DESCRIBERS[spec.kind](spec)

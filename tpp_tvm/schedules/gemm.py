@@ -112,6 +112,79 @@ def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
     return te.compute(shape, at, name=name)
 
 
+def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
+                residual: bool) -> tuple[list[te.Tensor], te.Tensor]:
+    """The fused epilogue stages after a contraction C (padded in its last two dims).
+
+    Stages (each one TPP on a register tile): ``bias_add`` (row broadcast over the last
+    dim; the bias is padded like the packed weight), the activation, ``out`` (drop the
+    padding) and ``residual_add``. Returns (extra inputs, output tensor).
+    """
+    inputs = []
+    out = C
+    if bias:
+        b = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed")
+        inputs.append(b)
+        src = out
+        out = te.compute(src.shape, lambda *ix: src[ix] + b[ix[-1]], name="bias_add")
+    if activation:
+        fn = OPS[activation].fn
+        src = out
+        out = te.compute(src.shape, lambda *ix: fn(src[ix]), name=activation)
+    if tuple(int(d) for d in C.shape) != tuple(valid):
+        src = out
+        out = te.compute(valid, lambda *ix: src[ix], name="out")
+    if residual:
+        res = te.placeholder(valid, "float32", name="residual")
+        inputs.append(res)
+        src = out
+        out = te.compute(valid, lambda *ix: src[ix] + res[ix], name="residual_add")
+    return inputs, out
+
+
+def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
+    """Padding copies run parallel over rows and vectorized along the contiguous dim."""
+    for name in names:
+        try:
+            pad = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - the stage does not exist for this shape
+            continue
+        ploops = sch.get_loops(pad)
+        if len(ploops) > 1:
+            sch.parallel(sch.fuse(*ploops[:-1]))
+        sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
+
+
+def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int) -> list[tuple[str, TPPSpec]]:
+    """Move the epilogue stages under the tile loop (before the tile is tensorized)."""
+    epilogue = []
+    for name, spec in (
+        ("bias_add", TPPSpec("add", m=mr, n=nr, bcast="row")),
+        *[(act, TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
+        ("out", TPPSpec("copy", m=mr, n=nr)),
+        ("residual_add", TPPSpec("add", m=mr, n=nr)),
+    ):
+        try:
+            eb = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - this kernel has no such stage
+            continue
+        sch.reverse_compute_at(eb, tile_loop)
+        epilogue.append((name, spec))
+    return epilogue
+
+
+def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]], isa: str) -> None:
+    """Each fused epilogue stage becomes its TPP; a tail tile is vectorized instead."""
+    for name, spec in epilogue:
+        eloops = sch.get_loops(sch.get_sblock(name))[1:]
+        if len(eloops) >= 2 and _try_tensorize(sch, eloops[-2], spec, isa, name):
+            continue
+        try:
+            sch.vectorize(eloops[-1])
+        except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
+            log.debug("epilogue %s left to LLVM (%s)", name, str(err).splitlines()[-1])
+
+
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True):
     """TE stages of the GEMM; returns (inputs, output).
@@ -145,25 +218,8 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
             name="C",
         )
-    out = C
-    if bias:
-        # Padded to the packed width like B: bias is a constant operand packed once.
-        b = te.placeholder((np_,), "float32", name="bias_packed")
-        inputs.append(b)
-        out = te.compute(out.shape, lambda *ix: out[ix] + b[ix[-1]], name="bias_add")
-    if activation:
-        fn = OPS[activation].fn
-        src = out
-        out = te.compute(src.shape, lambda *ix: fn(src[ix]), name=activation)
-    if (mp, np_) != (m, n):
-        src = out
-        out = te.compute((*lead, m, n), lambda *ix: src[ix], name="out")
-    if residual:
-        res = te.placeholder((*lead, m, n), "float32", name="residual")
-        inputs.append(res)
-        src = out
-        out = te.compute((*lead, m, n), lambda *ix: src[ix] + res[ix], name="residual_add")
-    return inputs, out
+    epilogue_inputs, out = epilogue_te(C, (*lead, m, n), bias, activation, residual)
+    return inputs + epilogue_inputs, out
 
 
 def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
@@ -191,40 +247,12 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) 
     outer = [b, jo, io] if batched else [jo, io]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
-    for name in ("A_pad", "B_pad"):
-        try:
-            pad = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - the stage does not exist for this shape
-            continue
-        ploops = sch.get_loops(pad)
-        if len(ploops) > 1:
-            sch.parallel(sch.fuse(*ploops[:-1]))
-        sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
-    # Epilogue stages, fused per tile in producer order, then tensorized.
-    epilogue = []
-    for name, spec in (
-        ("bias_add", TPPSpec("add", m=mr, n=nr, bcast="row")),
-        *[(act, TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
-        ("out", TPPSpec("copy", m=mr, n=nr)),
-        ("residual_add", TPPSpec("add", m=mr, n=nr)),
-    ):
-        try:
-            eb = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - this GEMM has no such stage
-            continue
-        sch.reverse_compute_at(eb, tile_loop)
-        epilogue.append((name, spec))
+    schedule_pads(sch, ("A_pad", "B_pad"))
+    epilogue = fuse_epilogue(sch, tile_loop, mr, nr)
     gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
-    for name, spec in epilogue:
-        eloops = sch.get_loops(sch.get_sblock(name))[1:]
-        if len(eloops) >= 2 and _try_tensorize(sch, eloops[-2], spec, isa, name):
-            continue
-        try:
-            sch.vectorize(eloops[-1])
-        except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
-            log.debug("GEMM: %s left to LLVM (%s)", name, str(err).splitlines()[-1])
+    tensorize_epilogue(sch, epilogue, isa)
     return sch
 
 
