@@ -1,14 +1,39 @@
 """tpp_tvm: LIBXSMM's Tensor Processing Primitives as TVM tensor intrinsics, for fast CPU DL.
 
-The public API is small: :func:`target` (the TPP target for this host or a named ISA),
-:func:`build_gemm` (a GEMM with optional bias/activation compiled onto TPPs),
-:func:`registered` (the TPP intrinsics) and the :class:`TPPError` family.
+The public API is small:
+
+* :func:`target` – the TPP target for this host (or a named ISA);
+* :func:`compile_onnx` / :func:`load` – an ONNX model compiled onto TPPs, callable with numpy;
+* :func:`build` – a Relax module through the ``tpp`` pipeline (``relay.build``'s successor);
+* :func:`from_onnx` – robust ONNX import into Relax;
+* :func:`build_gemm` – one GEMM (+bias, +activation) compiled onto TPPs;
+* :func:`registered` – the TPP tensor intrinsics; :class:`TPPError` – errors users can hit.
+
+Importing the module does not import the ``target`` submodule name over the function:
+use ``tpp_tvm.target()`` for the target and ``tpp_tvm.target_info`` for host detection.
 """
 
+from . import target as target_info
+from .compiled import CompiledModel, compile_onnx, compile_relax, load
 from .errors import TPPError
+from .frontend import from_onnx
 from .intrinsics import registered
+from .relay_passes import build
 from .schedules.gemm import build_gemm
 from .target import host_isa, target
 
-__all__ = ["TPPError", "build_gemm", "host_isa", "registered", "target"]
+__all__ = [
+    "CompiledModel",
+    "TPPError",
+    "build",
+    "build_gemm",
+    "compile_onnx",
+    "compile_relax",
+    "from_onnx",
+    "host_isa",
+    "load",
+    "registered",
+    "target",
+    "target_info",
+]
 __version__ = "0.1.0"

@@ -36,4 +36,16 @@ class UnsupportedShapeError(TPPError):
 
 
 class UnsupportedOperatorError(TPPError):
-    """Raised when an operator has no TPP mapping and the caller asked for no fallback."""
+    """Raised when an operator has no TPP mapping and the caller asked for no fallback.
+
+    Also raised on import when a model contains an ONNX operator (or operator domain) that
+    TVM's ONNX converter cannot convert; the message names the op type and the node.
+    """
+
+
+class ModelLoadError(TPPError):
+    """Raised when a model cannot be read or converted.
+
+    For example: a path that does not exist, a file that is not an ONNX model, or a node that
+    TVM's ONNX converter fails on (the message names the node).
+    """

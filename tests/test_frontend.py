@@ -1,0 +1,305 @@
+"""Tests of ONNX import (tpp_tvm.frontend) over the local model generators (tpp_tvm.models).
+
+Every generator exports at tiny size and imports; the MLP and BERT modules also build with
+plain TVM and match ONNX Runtime. The error cases check the message names the problem.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+from tvm.target import codegen
+
+from tpp_tvm import frontend, models
+from tpp_tvm import onnxruntime_ref as ort_ref
+from tpp_tvm.errors import (
+    ModelLoadError,
+    TPPError,
+    UnsupportedOperatorError,
+    UnsupportedShapeError,
+)
+
+pytest.importorskip("torch", reason="the model generators export from torch")
+pytest.importorskip("onnxruntime", reason="ONNX Runtime is the reference")
+
+TINY_BERT = models.TINY_ARGS["bert"]
+TINY = {
+    name: (lambda name=name: models.GENERATORS[name](**models.TINY_ARGS[name]))
+    for name in models.GENERATORS
+}
+
+
+def _host_target() -> tvm.target.Target:
+    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+
+
+def _ops(mod: tvm.IRModule) -> set[str]:
+    """Names of the Relax ops called in ``main``."""
+    ops: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            ops.add(expr.op.name)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return ops
+
+
+def _run_tvm(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    executable = tvm.compile(mod, target=_host_target())
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()])
+    return out.numpy()
+
+
+def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+# ------------------------------------------------------------------------------- generators
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_generator_imports_with_constant_weights(name: str) -> None:
+    model = TINY[name]()
+    inputs = models.example_inputs(model)
+    mod = frontend.from_onnx(model)
+    params = mod["main"].params
+    assert [p.name for p in params] == list(inputs)  # weights are not parameters
+    for param, array in zip(params, inputs.values(), strict=True):
+        assert tuple(int(d) for d in param.ty.shape) == array.shape
+    relax.analysis.well_formed(mod)  # raises on the first violation
+    assert "relax.matmul" in _ops(mod)
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnet50"])
+def test_cnn_imports_as_conv2d(name: str) -> None:
+    ops = _ops(frontend.from_onnx(TINY[name]()))
+    assert {"relax.nn.conv2d", "relax.nn.relu", "relax.nn.max_pool2d"} <= ops
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert"])
+def test_import_matches_onnxruntime(name: str) -> None:
+    model = TINY[name]()
+    inputs = models.example_inputs(model)
+    expected = ort_ref.run_onnxruntime(model, inputs)[0]
+    got = _run_tvm(frontend.from_onnx(model), inputs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_generators_are_deterministic_and_cached(tmp_path) -> None:
+    first = models.mlp(batch=2, dims=(8, 8), cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.onnx"))) == 1
+    again = models.mlp(batch=2, dims=(8, 8), cache_dir=tmp_path)
+    fresh = models.mlp(batch=2, dims=(8, 8))
+    for a, b in [(first, again), (first, fresh)]:
+        for x, y in zip(a.graph.initializer, b.graph.initializer, strict=True):
+            np.testing.assert_array_equal(numpy_helper.to_array(x), numpy_helper.to_array(y))
+    ins_a, ins_b = models.example_inputs(first), models.example_inputs(fresh)
+    np.testing.assert_array_equal(ins_a["input"], ins_b["input"])
+
+
+def test_bert_mask_input_masks_the_tail() -> None:
+    mask = models.example_inputs(models.bert_encoder(**TINY_BERT))["attention_mask"]
+    assert mask.shape == (1, 1, 1, 16)
+    assert (mask[..., :12] == 0).all() and (mask[..., 12:] == -10000).all()
+
+
+# ------------------------------------------------------------------------------- cleanup
+
+
+def test_dynamic_export_folds_shape_chains_with_shape_dict() -> None:
+    model = models.bert_encoder(**TINY_BERT, dynamic=True)
+    assert "Shape" in {n.op_type for n in model.graph.node}
+    shapes = {"hidden_states": (2, 16, 64), "attention_mask": (2, 1, 1, 16)}
+    cleaned = frontend.clean_model(model, shapes)
+    left = {n.op_type for n in cleaned.graph.node}
+    assert not left & {"Shape", "Gather", "Unsqueeze", "Concat", "Constant"}, left
+    inputs = models.example_inputs(model, shapes)
+    expected = ort_ref.run_onnxruntime(model, inputs)[0]
+    np.testing.assert_allclose(ort_ref.run_onnxruntime(cleaned, inputs)[0], expected, atol=1e-5)
+    mod = frontend.from_onnx(model, shapes)
+    assert tuple(int(d) for d in mod["main"].params[0].ty.shape) == (2, 16, 64)
+
+
+def _i64(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def test_shape_arithmetic_over_constants_folds_exactly() -> None:
+    """Shape of an intermediate, Gather (negative index too), Unsqueeze, Concat, Cast, Slice,
+    Squeeze, Mul, Range, Equal/Where, ConstantOfShape, Expand, Transpose: all become constants."""
+    n = helper.make_node
+    nodes = [
+        n("Relu", ["x"], ["r"]),
+        n("Shape", ["r"], ["s"]),  # [2, 3, 4], static only after shape inference
+        n("Gather", ["s", "zero"], ["b"], axis=0),
+        n("Gather", ["s", "minus_one"], ["last"], axis=0),
+        n("Slice", ["s", "one_v", "two"], ["mid"]),
+        n("Squeeze", ["mid", "zero_axis"], ["mid0"]),
+        n("Mul", ["mid0", "last"], ["rest"]),
+        n("Unsqueeze", ["b", "zero_axis"], ["b1"]),
+        n("Unsqueeze", ["rest", "zero_axis"], ["rest1"]),
+        n("Concat", ["b1", "rest1"], ["target"], axis=0),
+        n("Cast", ["target"], ["target64"], to=TensorProto.INT64),
+        n("Reshape", ["x", "target64"], ["flat"]),  # [2, 12]
+        n("Range", ["zero", "rest", "one"], ["pos"]),
+        n("Equal", ["pos", "last"], ["is4"]),
+        n("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+        n("Where", ["is4", "posf", "halfs"], ["w"]),
+        n("ConstantOfShape", ["target64"], ["fill"], value=helper.make_tensor("v", 1, [1], [0.5])),
+        n("Expand", ["row", "target64"], ["wide"]),
+        n("Transpose", ["col"], ["colT"], perm=[1, 0]),
+        n("Sum", ["flat", "w", "fill", "wide", "colT"], ["y"]),
+    ]
+    inits = [
+        _i64("zero", 0),
+        _i64("one", 1),
+        _i64("one_v", [1]),
+        _i64("two", [2]),
+        _i64("minus_one", -1),
+        _i64("zero_axis", [0]),
+        numpy_helper.from_array(np.full(12, 0.25, np.float32), "halfs"),
+        numpy_helper.from_array(np.arange(12, dtype=np.float32)[None], "row"),
+        numpy_helper.from_array(np.ones((12, 2), np.float32), "col"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    cleaned = frontend.clean_model(model)
+    assert sorted(n.op_type for n in cleaned.graph.node) == ["Relu", "Reshape", "Sum"]
+    x = {"x": np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)}
+    expected = ort_ref.run_onnxruntime(model, x)[0]
+    np.testing.assert_array_equal(ort_ref.run_onnxruntime(cleaned, x)[0], expected)
+    np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x), expected, rtol=1e-6)
+
+
+def test_empty_shape_constant_of_shape_imports() -> None:
+    # Transformers' BERT export fills a scalar this way; TVM's converter rejects it.
+    shape = helper.make_node(
+        "Constant", [], ["shape"], value=numpy_helper.from_array(np.zeros((0,), np.int64))
+    )
+    fill = helper.make_node(
+        "ConstantOfShape",
+        ["shape"],
+        ["c"],
+        name="scalar_fill",
+        value=numpy_helper.from_array(np.array([2.5], np.float32)),
+    )
+    mul = helper.make_node("Mul", ["x", "c"], ["y"])
+    model = _model(
+        [shape, fill, mul],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    mod = frontend.from_onnx(model)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(_run_tvm(mod, {"x": x}), 2.5 * x)
+
+
+def test_loads_path_and_bytes_without_touching_the_caller_model(tmp_path) -> None:
+    model = TINY["mlp"]()
+    before = model.SerializeToString()
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    for source in (model, path, str(path), before):
+        assert frontend.from_onnx(source)["main"].params[0].name == "input"
+    assert model.SerializeToString() == before
+
+
+# ------------------------------------------------------------------------------- errors
+
+
+def test_missing_file_names_the_path(tmp_path) -> None:
+    path = tmp_path / "nope.onnx"
+    with pytest.raises(ModelLoadError, match="nope.onnx.*does not exist"):
+        frontend.from_onnx(path)
+
+
+@pytest.mark.parametrize("data", [b"this is not an onnx model", b"\x00\xff" * 64, b""])
+def test_non_onnx_bytes_say_so(data: bytes, tmp_path) -> None:
+    with pytest.raises(ModelLoadError, match="not an ONNX model"):
+        frontend.from_onnx(data)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(data)
+    with pytest.raises(ModelLoadError, match=r"model\.onnx is not an ONNX model"):
+        frontend.from_onnx(path)
+
+
+@pytest.mark.parametrize(
+    ("op", "domain", "expected"),
+    [
+        ("MadeUpOp", "", "MadeUpOp"),
+        ("Det", "", "Det"),  # a real ONNX op that TVM has no converter for
+        ("Relu", "my.custom", "my.custom:Relu"),  # a custom domain must not pass as ai.onnx
+    ],
+)
+def test_unsupported_op_names_op_and_node(op: str, domain: str, expected: str) -> None:
+    node = helper.make_node(op, ["x"], ["y"], name="the_node", domain=domain)
+    model = _model(
+        [node],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    if domain:
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    with pytest.raises(UnsupportedOperatorError, match=f"{expected} \\(node 'the_node'\\)"):
+        frontend.from_onnx(model)
+
+
+def test_dynamic_dim_without_shape_dict_names_input_and_dim() -> None:
+    model = models.bert_encoder(**TINY_BERT, dynamic=True)
+    with pytest.raises(UnsupportedShapeError, match="input 'hidden_states' dim 0 \\('batch'\\)"):
+        frontend.from_onnx(model)
+    with pytest.raises(UnsupportedShapeError, match="input 'attention_mask' dim 0"):
+        frontend.from_onnx(model, {"hidden_states": (1, 16, 64)})
+
+
+def test_bad_shape_dict_entries() -> None:
+    model = TINY["mlp"]()
+    with pytest.raises(ValueError, match="not model inputs"):
+        frontend.from_onnx(model, {"inptu": (4, 16)})
+    with pytest.raises(UnsupportedShapeError, match="rank 3"):
+        frontend.from_onnx(model, {"input": (1, 4, 16)})
+    with pytest.raises(UnsupportedShapeError, match="model fixes it to 16"):
+        frontend.from_onnx(model, {"input": (4, 17)})
+
+
+def test_converter_failure_names_the_node() -> None:
+    # An empty shape that only becomes known at run time cannot be folded; TVM's
+    # ConstantOfShape then fails, and the error must say which node.
+    fill = helper.make_node(
+        "ConstantOfShape",
+        ["shape"],
+        ["c"],
+        name="runtime_fill",
+        value=numpy_helper.from_array(np.array([1.0], np.float32)),
+    )
+    model = _model(
+        [fill],
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [0])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)],
+    )
+    with pytest.raises(ModelLoadError, match="ConstantOfShape node 'runtime_fill'"):
+        frontend.from_onnx(model)
+
+
+def test_errors_are_tpp_errors() -> None:
+    assert issubclass(ModelLoadError, TPPError)
+    assert issubclass(UnsupportedOperatorError, TPPError)
+
+
+def test_missing_onnxruntime_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ImportError, match="onnxruntime is needed"):
+        ort_ref.run_onnxruntime(TINY["mlp"](), {})

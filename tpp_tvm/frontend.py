@@ -1,0 +1,565 @@
+"""ONNX import: a cleaned-up ONNX model becomes a Relax IRModule with weights as constants.
+
+TVM's converter (``tvm.relax.frontend.onnx``) handles clean, statically shaped graphs well but
+trips over what real exports contain, so :func:`from_onnx` first rewrites the model at the
+ONNX level (:func:`clean_model`):
+
+1. **Static input shapes.** Every graph input gets a fully static shape, from ``shape_dict``
+   or from the model. A dynamic dimension with no ``shape_dict`` entry is an error naming the
+   input and the dimension: TPP kernels are generated per shape, and a static shape is what
+   lets the next step fold the exporter's shape arithmetic away.
+2. **Constant folding with numpy** (repeated with shape inference until nothing changes):
+   ``Constant`` nodes become initializers; ``Shape``/``Size`` of any value whose inferred
+   shape is static become constants; ``ConstantOfShape``, ``Gather``, ``Unsqueeze``,
+   ``Squeeze``, ``Concat``, ``Cast``, ``Reshape``, ``Slice``, ``Transpose``, ``Expand``,
+   ``Range``, ``Identity`` and elementwise arithmetic/comparison over constants are
+   evaluated. Exports with dynamic axes compute every ``Reshape`` target from
+   ``Shape -> Gather -> Unsqueeze -> Concat`` chains; once folded, the Relax module has static
+   reshapes and no shape tensors. It also removes the ``ConstantOfShape`` with an empty
+   (scalar) shape tensor found in transformers' BERT exports, which TVM's converter rejects.
+   Results that would grow a constant past a million elements are left to TVM.
+3. **ONNX shape inference** (``onnx.shape_inference``, with data propagation), so every value
+   has a known type and shape for the folding above; stale ``value_info`` from the exporter
+   (dynamic dims) is dropped first.
+4. **An operator check** against the converter's own op table
+   (``onnx_frontend._get_convert_map()``), before any conversion: an operator TVM cannot
+   convert is reported with its type and node name instead of a failure deep inside TVM.
+
+Weights stay in the module as ``relax.Constant`` (``keep_params_in_input=False``), where the
+graph passes can pack them ahead of time. Errors a user can cause are
+:class:`~tpp_tvm.errors.TPPError` subclasses naming the path, input, dimension or node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnx.shape_inference
+import tvm
+from onnx import helper, numpy_helper
+
+from tpp_tvm.errors import ModelLoadError, UnsupportedOperatorError, UnsupportedShapeError
+
+logger = logging.getLogger(__name__)
+
+ModelLike = onnx.ModelProto | str | os.PathLike | bytes
+
+# Operator domains whose ops TVM's converter knows by name (it ignores the domain, so a node of
+# any other domain would silently be converted as the standard op of the same name).
+_KNOWN_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
+# Ops TVM's importer converts outside its op table.
+_DIRECT_OPS = frozenset({"If", "Constant"})
+# Folding never creates a constant larger than this (unless an input already is that large).
+_MAX_FOLD_ELEMENTS = 1 << 20
+_MAX_FOLD_ROUNDS = 8
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_model(model_or_path: ModelLike) -> onnx.ModelProto:
+    """An ONNX ModelProto from a ModelProto (copied, never modified), a path or bytes."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(model_or_path)
+        return model
+    if isinstance(model_or_path, bytes | bytearray | memoryview):
+        return _parse(bytes(model_or_path), "the given bytes")
+    if isinstance(model_or_path, str | os.PathLike):
+        path = Path(model_or_path)
+        if not path.is_file():
+            what = "is a directory, not a file" if path.is_dir() else "does not exist"
+            raise ModelLoadError(f"cannot load ONNX model: {path} {what}")
+        model = _parse(path.read_bytes(), str(path))
+        if any(_uses_external_data(t) for t in model.graph.initializer):
+            onnx.load_external_data_for_model(model, str(path.parent))
+        return model
+    raise TypeError(
+        f"expected an onnx.ModelProto, a path or bytes, got {type(model_or_path).__name__}"
+    )
+
+
+def _uses_external_data(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _parse(data: bytes, source: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf raises DecodeError (or RuntimeWarning-ish) variants
+        raise ModelLoadError(f"{source} is not an ONNX model (protobuf parse failed)") from exc
+    # Protobuf accepts many non-ONNX byte strings as a message of unknown fields.
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise ModelLoadError(f"{source} is not an ONNX model (no IR version or no graph)")
+    if model.ir_version < 3:
+        raise ModelLoadError(f"{source}: ONNX IR version {model.ir_version} is too old (< 3)")
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Static input shapes
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are real inputs (old exports also list initializers as inputs)."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in initializers]
+
+
+def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
+    if dim.HasField("dim_value"):
+        return str(dim.dim_value)
+    return repr(dim.dim_param) if dim.HasField("dim_param") else "?"
+
+
+def _static_input_shapes(
+    model: onnx.ModelProto, shape_dict: Mapping[str, Sequence[int]] | None
+) -> dict[str, tuple[int, ...]]:
+    """Each real input's static shape, from ``shape_dict`` or the model; written into it."""
+    shape_dict = dict(shape_dict or {})
+    inputs = graph_inputs(model)
+    names = [v.name for v in inputs]
+    unknown = sorted(set(shape_dict) - set(names))
+    if unknown:
+        raise ValueError(f"shape_dict names {unknown}, which are not model inputs {names}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in inputs:
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise UnsupportedShapeError(f"input {value.name!r} is not a tensor")
+        dims = list(ttype.shape.dim) if ttype.HasField("shape") else None
+        if value.name in shape_dict:
+            shape = tuple(shape_dict[value.name])
+            if not all(isinstance(d, int | np.integer) and d >= 0 for d in shape):
+                raise UnsupportedShapeError(
+                    f"shape_dict[{value.name!r}] = {shape}: dims must be non-negative integers"
+                )
+            if dims is not None and len(dims) != len(shape):
+                raise UnsupportedShapeError(
+                    f"shape_dict[{value.name!r}] = {shape} has rank {len(shape)}, but the "
+                    f"model's input has rank {len(dims)} "
+                    f"[{', '.join(_dim_text(d) for d in dims)}]"
+                )
+            for i, (dim, size) in enumerate(zip(dims or [], shape, strict=False)):
+                if dim.HasField("dim_value") and dim.dim_value != size:
+                    raise UnsupportedShapeError(
+                        f"shape_dict[{value.name!r}] = {shape} sets dim {i} to {size}, but the "
+                        f"model fixes it to {dim.dim_value}"
+                    )
+        elif dims is None:
+            raise UnsupportedShapeError(
+                f"input {value.name!r} has unknown rank; give its shape in shape_dict"
+            )
+        else:
+            for i, dim in enumerate(dims):
+                if not dim.HasField("dim_value") or dim.dim_value < 0:
+                    raise UnsupportedShapeError(
+                        f"input {value.name!r} dim {i} ({_dim_text(dim)}) is dynamic; give "
+                        f"the input's static shape in shape_dict, e.g. "
+                        f"shape_dict={{{value.name!r}: (...)}}"
+                    )
+            shape = tuple(d.dim_value for d in dims)
+        shapes[value.name] = tuple(int(d) for d in shape)
+        ttype.ClearField("shape")
+        for size in shapes[value.name]:
+            ttype.shape.dim.add().dim_value = size
+    return shapes
+
+
+# --------------------------------------------------------------------------------------------
+# Constant folding
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _axes(node_attrs: dict[str, Any], inputs: list[np.ndarray | None], index: int) -> list[int]:
+    """Axes given as an input (newer opsets) or an attribute (older ones)."""
+    if len(inputs) > index and inputs[index] is not None:
+        return [int(a) for a in inputs[index].reshape(-1)]
+    return [int(a) for a in node_attrs.get("axes", [])]
+
+
+def _reshape(x: np.ndarray, shape: np.ndarray, allowzero: int) -> np.ndarray:
+    target = [int(d) for d in shape.reshape(-1)]
+    if not allowzero:
+        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+    return x.reshape(target)
+
+
+def _slice(x: np.ndarray, inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> np.ndarray:
+    if len(inputs) > 1:
+        starts, ends = inputs[1].reshape(-1), inputs[2].reshape(-1)
+        axes = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+        steps = inputs[4] if len(inputs) > 4 and inputs[4] is not None else None
+    else:
+        starts, ends = np.array(attrs["starts"]), np.array(attrs["ends"])
+        axes = np.array(attrs["axes"]) if "axes" in attrs else None
+        steps = None
+    axes = range(len(starts)) if axes is None else axes.reshape(-1)
+    steps = [1] * len(starts) if steps is None else steps.reshape(-1)
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        index[int(axis)] = slice(int(start), int(end), int(step))
+    return x[tuple(index)]
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.issubdtype(a.dtype, np.integer):
+        return np.trunc(a / b).astype(a.dtype)  # ONNX integer division truncates
+    return (a / b).astype(a.dtype)
+
+
+def _same_type(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+    return lambda a, b: np.asarray(fn(a, b)).astype(a.dtype)
+
+
+_ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "Add": _same_type(np.add),
+    "Sub": _same_type(np.subtract),
+    "Mul": _same_type(np.multiply),
+    "Div": _div,
+    "Min": lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)),
+    "Max": lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)),
+    "Neg": np.negative,
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+    "Not": np.logical_not,
+    "And": np.logical_and,
+    "Or": np.logical_or,
+    "Where": np.where,
+}
+
+
+def _fold_node(
+    op: str, attrs: dict[str, Any], inputs: list[np.ndarray | None]
+) -> np.ndarray | None:
+    """The value of a single-output node over constant ``inputs``, or None to keep the node."""
+    x = inputs[0] if inputs else None
+    if op in _ELEMENTWISE:
+        return np.asarray(_ELEMENTWISE[op](*inputs))
+    if op == "Identity":
+        return x
+    if op == "Cast":
+        return x.astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    if op == "ConstantOfShape":
+        value = attrs.get("value")
+        fill = numpy_helper.to_array(value).reshape(-1) if value is not None else None
+        dtype = fill.dtype if fill is not None else np.float32
+        return np.full([int(d) for d in x.reshape(-1)], fill[0] if fill is not None else 0, dtype)
+    if op == "Gather":
+        return np.take(x, inputs[1].astype(np.int64), axis=int(attrs.get("axis", 0)))
+    if op == "Unsqueeze":
+        return np.expand_dims(x, tuple(_axes(attrs, inputs, 1)))
+    if op == "Squeeze":
+        axes = _axes(attrs, inputs, 1)
+        return np.squeeze(x, tuple(axes)) if axes else np.squeeze(x)
+    if op == "Concat":
+        return np.concatenate(inputs, axis=int(attrs["axis"]))
+    if op == "Reshape":
+        shape = inputs[1] if len(inputs) > 1 else np.array(attrs["shape"])
+        return _reshape(x, shape, int(attrs.get("allowzero", 0)))
+    if op == "Slice":
+        return _slice(x, inputs, attrs)
+    if op == "Transpose":
+        return np.transpose(x, attrs.get("perm"))
+    if op == "Expand":
+        shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in inputs[1].reshape(-1)))
+        return np.broadcast_to(x, shape).copy()
+    if op == "Range":
+        return np.arange(x.item(), inputs[1].item(), inputs[2].item(), dtype=x.dtype)
+    return None
+
+
+_FOLDABLE = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "ConstantOfShape",
+        "Gather",
+        "Unsqueeze",
+        "Squeeze",
+        "Concat",
+        "Reshape",
+        "Slice",
+        "Transpose",
+        "Expand",
+        "Range",
+        *_ELEMENTWISE,
+    }
+)
+
+
+def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` node (None for string or sparse constants)."""
+    for attr in node.attribute:
+        value = helper.get_attribute_value(attr)
+        if attr.name == "value":
+            return numpy_helper.to_array(value)
+        if attr.name in ("value_float", "value_floats"):
+            return np.array(value, dtype=np.float32)
+        if attr.name in ("value_int", "value_ints"):
+            return np.array(value, dtype=np.int64)
+    return None
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Shapes of all values whose inferred shape is fully static."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        ttype = value.type.tensor_type
+        if value.type.HasField("tensor_type") and ttype.HasField("shape"):
+            dims = ttype.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                shapes[value.name] = tuple(d.dim_value for d in dims)
+    for tensor in graph.initializer:
+        shapes[tensor.name] = tuple(tensor.dims)
+    return shapes
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name read by ``graph``'s nodes (subgraphs included) or outputs."""
+    used = {o.name for o in graph.output}
+    for node in graph.node:
+        used.update(node.input)
+        for sub in _subgraphs(node):
+            used |= _used_names(sub)
+    return used
+
+
+def _fold_once(graph: onnx.GraphProto) -> list[str]:
+    """Fold what can be folded in one pass; returns the op types folded."""
+    protos = {t.name: t for t in graph.initializer}
+    cache: dict[str, np.ndarray] = {}
+    shapes = _static_shapes(graph)
+
+    def const(name: str) -> np.ndarray | None:
+        if name not in cache and name in protos:
+            cache[name] = numpy_helper.to_array(protos[name])
+        return cache.get(name)
+
+    folded: list[str] = []
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        value = None
+        if node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            value = _try_fold(node, const, shapes)
+        if value is None:
+            kept.append(node)
+            continue
+        cache[node.output[0]] = value
+        shapes[node.output[0]] = value.shape
+        folded.append(node.op_type)
+    if not folded:
+        return folded
+
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = _used_names(graph)
+    for name in [t.name for t in graph.initializer if t.name not in used]:
+        del protos[name]
+    for name, value in cache.items():
+        if name in used and name not in protos:
+            protos[name] = numpy_helper.from_array(np.array(value, order="C"), name)
+    del graph.initializer[:]
+    graph.initializer.extend(protos.values())
+    return folded
+
+
+def _try_fold(
+    node: onnx.NodeProto,
+    const: Callable[[str], np.ndarray | None],
+    shapes: dict[str, tuple[int, ...]],
+) -> np.ndarray | None:
+    op = node.op_type
+    if op == "Constant":
+        return _constant_node_value(node)
+    if op in ("Shape", "Size"):
+        shape = shapes.get(node.input[0])
+        if shape is None:
+            return None
+        if op == "Size":
+            return np.array(int(np.prod(shape)), dtype=np.int64)
+        attrs = _attrs(node)
+        return np.array(shape[attrs.get("start", 0) : attrs.get("end")], dtype=np.int64)
+    if op not in _FOLDABLE or any(True for _ in _subgraphs(node)):
+        return None
+    inputs = [const(name) if name else None for name in node.input]
+    if any(v is None for name, v in zip(node.input, inputs, strict=True) if name):
+        return None
+    # Output size is known for ConstantOfShape/Expand before computing: refuse huge ones.
+    if op in ("ConstantOfShape", "Expand"):
+        target = inputs[1] if op == "Expand" else inputs[0]
+        size = int(np.prod([max(int(d), 1) for d in target.reshape(-1)]))
+        largest = max((v.size for v in inputs if v is not None), default=0)
+        if size > max(_MAX_FOLD_ELEMENTS, largest):
+            return None
+    try:
+        value = _fold_node(op, _attrs(node), inputs)
+    except Exception as exc:  # an attribute combination we do not model: leave it to TVM
+        logger.debug("not folding %s node %r: %s", op, node.name, exc)
+        return None
+    if value is None or value.dtype == object:  # strings stay with the exporter's nodes
+        return None
+    largest = max((v.size for v in inputs if v is not None), default=0)
+    if value.size > max(_MAX_FOLD_ELEMENTS, largest):
+        return None
+    return np.asarray(value)
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    if model.ByteSize() > _PROTOBUF_LIMIT:
+        logger.debug("model over 2 GB: skipping ONNX shape inference")
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference is an aid to folding, not a requirement
+        warnings.warn(f"ONNX shape inference failed ({exc}); folding less", stacklevel=3)
+        return model
+
+
+def clean_model(
+    model_or_path: ModelLike, shape_dict: Mapping[str, Sequence[int]] | None = None
+) -> onnx.ModelProto:
+    """The model with static input shapes, constants folded and shapes inferred.
+
+    This is the ONNX-level half of :func:`from_onnx` (see the module docstring for what it
+    does and why); the result is an ordinary ONNX model, so ONNX Runtime can run it too.
+    """
+    model = load_model(model_or_path)
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    _static_input_shapes(model, shape_dict)
+    # The exporter's value_info and output shapes may carry the old dynamic dims.
+    del model.graph.value_info[:]
+    for output in model.graph.output:
+        output.type.tensor_type.ClearField("shape")
+    # Initializers are constants here: drop them from the graph's inputs.
+    real = graph_inputs(model)
+    del model.graph.input[:]
+    model.graph.input.extend(real)
+
+    folded: list[str] = []
+    for _ in range(_MAX_FOLD_ROUNDS):
+        model = _infer_shapes(model)
+        done = _fold_once(model.graph)
+        if not done:
+            break
+        folded += done
+    if folded:
+        counts = {op: folded.count(op) for op in sorted(set(folded))}
+        logger.debug("folded %d nodes: %s", len(folded), counts)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Operator check and conversion
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 1
+
+
+def unsupported_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Nodes (subgraphs included) that TVM's ONNX converter has no converter for."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | _DIRECT_OPS
+
+    def walk(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+        for node in graph.node:
+            if node.domain not in _KNOWN_DOMAINS or node.op_type not in known:
+                yield node
+            for sub in _subgraphs(node):
+                yield from walk(sub)
+
+    return list(walk(model.graph))
+
+
+def _check_supported(model: onnx.ModelProto) -> None:
+    bad = unsupported_nodes(model)
+    if not bad:
+        return
+
+    def describe(node: onnx.NodeProto) -> str:
+        op = f"{node.domain}:{node.op_type}" if node.domain else node.op_type
+        return f"{op} (node {node.name!r})" if node.name else f"{op} (output {node.output[0]!r})"
+
+    shown = ", ".join(describe(n) for n in bad[:5])
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    raise UnsupportedOperatorError(
+        f"TVM's ONNX converter does not support {shown}{more}; supported are the ops of "
+        "tvm.relax.frontend.onnx (standard and com.microsoft domains)"
+    )
+
+
+@functools.cache
+def _importer_class() -> type:
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    class Importer(ONNXGraphImporter):
+        """TVM's importer, with conversion failures naming the node that failed."""
+
+        def _convert_operator(
+            self, op_name: str, inputs: Any, attrs: dict[str, Any], opset: int
+        ) -> Any:
+            try:
+                return super()._convert_operator(op_name, inputs, attrs, opset)
+            except ModelLoadError:
+                raise
+            except Exception as exc:
+                node = attrs.get("tvm_custom", {}).get("name", "?")
+                raise ModelLoadError(
+                    f"TVM's ONNX converter failed on {op_name} node {node!r}: {exc}"
+                ) from exc
+
+    return Importer
+
+
+def from_onnx(
+    model_or_path: ModelLike, shape_dict: Mapping[str, Sequence[int]] | None = None
+) -> tvm.IRModule:
+    """Import an ONNX model (ModelProto, path or bytes) as a Relax ``tvm.IRModule``.
+
+    ``shape_dict`` maps input names to static shapes; it is needed for every input with a
+    dynamic dimension. The model is cleaned first (:func:`clean_model`), checked against the
+    converter's op table, then converted with weights as ``relax.Constant``. Returns a module
+    whose ``main`` takes the graph inputs (names sanitized by TVM: ``.`` becomes ``_``).
+    """
+    model = clean_model(model_or_path, shape_dict)
+    _check_supported(model)
+    shapes = {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input
+    }
+    importer = _importer_class()(shapes, "float32", keep_params_in_input=False, sanitize=True)
+    # TVM's importer prints every input of a failing node to stdout; our error names the node.
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Renaming name")
+        return importer.from_onnx(model.graph, _default_opset(model))
