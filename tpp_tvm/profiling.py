@@ -12,7 +12,9 @@ from collections import defaultdict
 from tvm import relax
 
 
-def profile_vm(vm: relax.VirtualMachine, args: list, repeat: int = 5) -> list[tuple[str, float, int]]:
+def profile_vm(
+    vm: relax.VirtualMachine, args: list, repeat: int = 5
+) -> list[tuple[str, float, int]]:
     """(symbol, mean ms per run, calls per run) for every called function, slowest first."""
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)

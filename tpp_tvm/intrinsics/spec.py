@@ -160,8 +160,9 @@ OPS: dict[str, OpDef] = {
     "conv_brgemm": OpDef(
         "brgemm",
         None,
-        "C (+)= sum_{r,s} A[r, i*stride + s, :] @ B[r, s]; A (R, (M-1)*stride + S, K) input "
-        "rows, B (R, S, K, N) filter taps: BRGEMM over a convolution's R x S taps",
+        "C[i, j] (+)= sum_r sum_k A[r, i*stride + k] B[r, k, j]; A (batch, (M-1)*stride + K) "
+        "input rows (W*C flattened), B (batch, K, N) filter rows: a convolution as BRGEMM "
+        "over its filter rows, K = filter width x channels, stride in elements",
     ),
 }
 
@@ -186,7 +187,6 @@ class TPPSpec:
     beta: int = 1
     bcast: str = "none"
     out_dtype: str | None = None
-    taps: tuple[int, int] = (1, 1)
     stride: int = 1
 
     def __post_init__(self) -> None:
@@ -205,8 +205,8 @@ class TPPSpec:
                 f"TPP {self.op}: needs k >= 1, batch >= 1, beta in (0, 1); got "
                 f"k={self.k} batch={self.batch} beta={self.beta}"
             )
-        if self.op != "conv_brgemm" and (self.taps != (1, 1) or self.stride != 1):
-            raise UnsupportedShapeError(f"TPP {self.op}: only conv_brgemm takes taps/stride")
+        if self.op != "conv_brgemm" and self.stride != 1:
+            raise UnsupportedShapeError(f"TPP {self.op}: only conv_brgemm takes a stride")
         if self.op == "gemm" and self.batch != 1:
             raise UnsupportedShapeError("TPP gemm has batch 1; use brgemm for batch-reduce")
         if self.bcast not in BCASTS:
@@ -231,9 +231,9 @@ class TPPSpec:
         """``tpp.<op>.<dtype>.<isa>.m<M>n<N>[k<K>b<batch>][.beta0][.bcast_<b>][.to_<dt>]``."""
         parts = ["tpp", self.op, DTYPE_SHORT[self.dtype], isa, f"m{self.m}n{self.n}"]
         if self.kind == "brgemm":
-            parts[-1] += f"k{self.k}" + (f"b{self.batch}" if self.op == "brgemm" else "")
+            parts[-1] += f"k{self.k}" + (f"b{self.batch}" if self.op != "gemm" else "")
             if self.op == "conv_brgemm":
-                parts[-1] += f"r{self.taps[0]}x{self.taps[1]}s{self.stride}"
+                parts[-1] += f"s{self.stride}"
             if self.beta == 0:
                 parts.append("beta0")
         if self.bcast != "none":
@@ -480,7 +480,8 @@ class ContractionGeometry:
     """Operand shapes and addressing of a GEMM-family TPP, shared by description and impls.
 
     ``batch`` are the reduction dims besides k (none for GEMM, the batch for BRGEMM, the
-    filter taps for a convolution's BRGEMM); ``a_index(rs, i, k)`` / ``b_index(rs, k, j)``
+    filter rows for a convolution's BRGEMM, none when it has one row);
+    ``a_index(rs, i, k)`` / ``b_index(rs, k, j)``
     give the element of A / B that row i / column j meets at reduction point (rs, k).
     """
 
@@ -501,11 +502,13 @@ def contraction_geometry(spec: TPPSpec) -> ContractionGeometry:
         R = spec.batch
         return ContractionGeometry((R,), (R, M, K), (R, K, N), lambda rs, i, k: (rs[0], i, k),
                                    lambda rs, k, j: (rs[0], k, j))
-    (R, S), st = spec.taps, spec.stride
-    return ContractionGeometry(
-        (R, S), (R, (M - 1) * st + S, K), (R, S, K, N),
-        lambda rs, i, k: (rs[0], i * st + rs[1], k), lambda rs, k, j: (rs[0], rs[1], k, j),
-    )
+    R, st, span = spec.batch, spec.stride, (M - 1) * spec.stride + K
+    if R == 1:  # a unit reduction loop cannot be tensorized: no batch dim at all
+        return ContractionGeometry((), (span,), (K, N), lambda rs, i, k: (i * st + k,),
+                                   lambda rs, k, j: (k, j))
+    return ContractionGeometry((R,), (R, span), (R, K, N),
+                               lambda rs, i, k: (rs[0], i * st + k),
+                               lambda rs, k, j: (rs[0], k, j))
 
 
 def free_strides(ndim: int) -> list:

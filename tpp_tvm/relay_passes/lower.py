@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from .patterns import TPPPattern, pattern_table
 
@@ -59,7 +60,8 @@ def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: s
     m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
     activation = matched.get("activation")
     sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched, activation=activation,
-                              residual="residual" in matched)
+                              residual="residual" in matched,
+                              post_activation=matched.get("post_activation"))
     gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
     w = weight.value.numpy()
     args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x,
@@ -90,7 +92,34 @@ def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     return relax.op.reshape(out, [*xs[:-2], m, n]) if len(xs) != 3 else out
 
 
-_LOWERINGS = {"tpp.dense": _lower_dense, "tpp.bmm": _lower_bmm}
+def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                  isa: str) -> relax.Expr:
+    """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now."""
+    x, weight, call = matched["lhs"], matched["weight"], matched["root"]
+    attrs = call.attrs
+    n, h, w, c = _shape(x)
+    w_np = weight.value.numpy()
+    layout = str(attrs.kernel_layout)
+    w_oihw = np.transpose(w_np, [layout.index(ax) for ax in "OIHW"])
+    oc, _, r, s = w_oihw.shape
+    pad = [int(p) for p in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]), tuple(pad))
+    sch, plan = conv_schedule(shape, isa, bias="bias" in matched,
+                              activation=matched.get("activation"),
+                              residual="residual" in matched,
+                              post_activation=matched.get("post_activation"))
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    args = [bb.emit(relax.op.reshape(x, (n, h, w * c))), relax.const(pack_filter(w_oihw, plan.nr))]
+    if "bias" in matched:
+        bias = matched["bias"].value.numpy().reshape(-1)
+        args.append(relax.const(np.pad(bias, (0, plan.np_ - oc)).astype("float32")))
+    if "residual" in matched:
+        args.append(matched["residual"])
+    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
+
+
+_LOWERINGS = {"tpp.dense": _lower_dense, "tpp.conv2d": _lower_conv2d, "tpp.bmm": _lower_bmm}
 
 
 def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
@@ -115,6 +144,8 @@ def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
         matched[key] = params.get(expr, expr)
     if pattern.activation:
         matched["activation"] = pattern.activation
+    if pattern.post_activation:
+        matched["post_activation"] = pattern.post_activation
     return matched
 
 

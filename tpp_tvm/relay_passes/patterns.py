@@ -34,6 +34,7 @@ class TPPPattern:
     annotations: dict[str, DFPattern]
     check: Callable[[relax.transform.PatternCheckContext], bool]
     activation: str | None = None  # the unary TPP of the epilogue, if any
+    post_activation: str | None = None  # the unary TPP after the residual add, if any
 
     def as_fusion_pattern(self) -> tuple:
         return (self.name, self.pattern, self.annotations, self.check)
@@ -68,12 +69,63 @@ def _dense_check(ctx: relax.transform.PatternCheckContext) -> bool:
     return True
 
 
-def dense_pattern(bias: bool, activation: str | None, residual: bool) -> TPPPattern:
-    """``matmul(x, W const)`` (+ bias const) (+ activation) (+ residual)."""
+def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """An NHWC 2D convolution we have kernels for (groups 1, no dilation, square stride)."""
+    a = ctx.annotated_expr
+    call = a["root"]
+    attrs = call.attrs
+    if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
+        return False
+    if int(attrs.groups) != 1 or any(int(d) != 1 for d in attrs.dilation):
+        return False
+    if int(attrs.strides[0]) != int(attrs.strides[1]):
+        return False
+    if str(attrs.kernel_layout) not in ("OIHW", "OHWI", "HWIO"):
+        return False
+    return _epilogue_check(a, int(a["weight"].ty.shape.values[str(attrs.kernel_layout).index("O")]))
+
+
+def _epilogue_check(a: dict, n: int) -> bool:
+    """Bias is a constant row of width n; the residual is fp32 shaped like the output."""
+    if not (_static_f32(a["lhs"]) and _static_f32(a["weight"])):
+        return False
+    if "bias" in a:
+        bias = a["bias"]
+        shape = [int(d) for d in bias.ty.shape.values] if _static_f32(bias) else None
+        if shape is None or shape[-1] != n or any(d != 1 for d in shape[:-1]):
+            return False
+    if "residual" in a:
+        if not _static_f32(a["residual"]):
+            return False
+        out_shape = [int(d) for d in a["root"].ty.shape.values]
+        if [int(d) for d in a["residual"].ty.shape.values] != out_shape:
+            return False
+    return True
+
+
+def _dense_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """A dense layer we have kernels for: fp32, static shapes, weight a 2D constant."""
+    a = ctx.annotated_expr
+    weight = a["weight"]
+    if not _static_f32(weight) or len(weight.ty.shape.values) != 2:
+        return False
+    return _epilogue_check(a, int(weight.ty.shape.values[1]))
+
+
+_ROOTS = {
+    "tpp.dense": ("relax.matmul", _dense_check),
+    "tpp.conv2d": ("relax.nn.conv2d", _conv_check),
+}
+
+
+def contraction_pattern(kind: str, bias: bool, activation: str | None, residual: bool,
+                        post_activation: str | None = None) -> TPPPattern:
+    """``<contraction>(x, W const)`` (+ bias const) (+ act) (+ residual) (+ act)."""
+    op, check = _ROOTS[kind]
     lhs, weight = wildcard(), is_const()
-    out = is_op("relax.matmul")(lhs, weight)
+    out = is_op(op)(lhs, weight)
     ann = {"lhs": lhs, "weight": weight, "root": out}
-    name = "tpp.dense"
+    name = kind
     if bias:
         b = is_const()
         out = is_op("relax.add")(out, b)
@@ -87,8 +139,12 @@ def dense_pattern(bias: bool, activation: str | None, residual: bool) -> TPPPatt
         out = is_op("relax.add")(out, r)
         ann["residual"] = r
         name += "_residual"
+    if post_activation:
+        out = is_op(post_activation)(out)
+        name += "_" + ACTIVATIONS[post_activation]
     ann["out"] = out
-    return TPPPattern(name, out, ann, _dense_check, ACTIVATIONS.get(activation))
+    return TPPPattern(name, out, ann, check, ACTIVATIONS.get(activation),
+                      ACTIVATIONS.get(post_activation))
 
 
 def _bmm_check(ctx: relax.transform.PatternCheckContext) -> bool:
@@ -113,9 +169,12 @@ def bmm_pattern() -> TPPPattern:
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
     table = []
-    for residual in (True, False):
-        for activation in (*ACTIVATIONS, None):
-            for bias in (True, False):
-                table.append(dense_pattern(bias, activation, residual))
+    for kind in _ROOTS:
+        for bias in (True, False):
+            table.append(contraction_pattern(kind, bias, None, True, "relax.nn.relu"))
+        for residual in (True, False):
+            for activation in (*ACTIVATIONS, None):
+                for bias in (True, False):
+                    table.append(contraction_pattern(kind, bias, activation, residual))
     table.append(bmm_pattern())
     return table

@@ -44,6 +44,9 @@ def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pas
         return lower_tpp_composites(mod, isa, report)
 
     return [
+        # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        relax.transform.FoldConstant(),
         relax.transform.FuseOpsByPattern(
             [p.as_fusion_pattern() for p in pattern_table()],
             bind_constants=True,

@@ -113,7 +113,8 @@ def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
-                residual: bool) -> tuple[list[te.Tensor], te.Tensor]:
+                residual: bool, post_activation: str | None = None
+                ) -> tuple[list[te.Tensor], te.Tensor]:
     """The fused epilogue stages after a contraction C (padded in its last two dims).
 
     Stages (each one TPP on a register tile): ``bias_add`` (row broadcast over the last
@@ -139,6 +140,10 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
         inputs.append(res)
         src = out
         out = te.compute(valid, lambda *ix: src[ix] + res[ix], name="residual_add")
+    if post_activation:
+        fn = OPS[post_activation].fn
+        src = out
+        out = te.compute(valid, lambda *ix: fn(src[ix]), name=post_activation + "_post")
     return inputs, out
 
 
@@ -163,6 +168,7 @@ def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int) -> list[tupl
         *[(act, TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
         ("out", TPPSpec("copy", m=mr, n=nr)),
         ("residual_add", TPPSpec("add", m=mr, n=nr)),
+        *[(act + "_post", TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
     ):
         try:
             eb = sch.get_sblock(name)
@@ -186,7 +192,8 @@ def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]],
 
 
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
-            residual: bool = False, b_packed: bool = True):
+            residual: bool = False, b_packed: bool = True,
+            post_activation: str | None = None):
     """TE stages of the GEMM; returns (inputs, output).
 
     Inputs in order: A, B (packed panels, or plain (K, N) when ``b_packed`` is False, as
@@ -218,7 +225,8 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
             name="C",
         )
-    epilogue_inputs, out = epilogue_te(C, (*lead, m, n), bias, activation, residual)
+    epilogue_inputs, out = epilogue_te(C, (*lead, m, n), bias, activation, residual,
+                                       post_activation)
     return inputs + epilogue_inputs, out
 
 
@@ -345,11 +353,12 @@ class GemmKernel:
 
 def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   bias: bool = False, activation: str | None = None, residual: bool = False,
-                  b_packed: bool = True) -> tuple[s_tir.Schedule, GemmPlan]:
+                  b_packed: bool = True, post_activation: str | None = None
+                  ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking."""
     _check(m, n, k, "float32", activation)
     plan = plan_gemm(m, n, k)
-    inputs, out = gemm_te(plan, batch, bias, activation, residual, b_packed)
+    inputs, out = gemm_te(plan, batch, bias, activation, residual, b_packed, post_activation)
     func = te.create_prim_func([*inputs, out])
     return schedule_gemm(func, plan, isa, batched=batch is not None), plan
 
