@@ -3,7 +3,8 @@
 TVM's CPU thread pool assumes hyper-threading on x86 and starts half the logical CPUs, so
 on this kind of 2-vCPU machine it would run one thread whatever the target says. Kernels
 built for a target with ``num-cores`` N call :func:`configure_threads` so N threads run.
-An explicit ``TVM_NUM_THREADS`` in the environment always wins.
+The pool is process-wide: the first kernel loaded sizes it, and an explicit
+``TVM_NUM_THREADS`` in the environment always wins.
 """
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ def configure_threads(num_threads: int) -> int:
 
     Returns the number of threads the pool now runs.
     """
-    if "TVM_NUM_THREADS" not in os.environ and num_threads >= 1:
+    global _configured
+    if "TVM_NUM_THREADS" not in os.environ and num_threads >= 1 and not _configured:
+        # The pool reads TVM_NUM_THREADS when it starts (first parallel call); until then
+        # setting the variable is enough. Afterwards, reconfigure the running pool.
+        os.environ["TVM_NUM_THREADS"] = str(int(num_threads))
+        _configured = True
         if tvm.runtime.num_threads() != num_threads:
             tvm_ffi.get_global_func("runtime.config_threadpool")(0, int(num_threads))
     return tvm.runtime.num_threads()
+
+
+_configured = False
 
 
 def target_threads(tgt: tvm.target.Target) -> int:
