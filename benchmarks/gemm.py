@@ -413,7 +413,9 @@ def render_markdown(
 ) -> str:
     """The gemm.md table: one line per (shape, threads), GFLOP/s per implementation."""
     by_key = {(r["m"], r["n"], r["k"], r["impl"], r["threads"]): r for r in rows}
-    shapes = list(dict.fromkeys((r["m"], r["n"], r["k"]) for r in rows if r["impl"] != "peak"))
+    shapes = list(dict.fromkeys(
+        (r["m"], r["n"], r["k"]) for r in rows if r["impl"] not in ("peak", "tpp_microkernel")
+    ))
     threads = sorted(peaks)
     peak_text = ", ".join(
         f"{peaks[t]:.1f} GFLOP/s on {t} thread(s)"
@@ -455,6 +457,19 @@ def render_markdown(
             if tpp and torch_row and tpp["gflops"] and torch_row["gflops"]:
                 ratio = f"{tpp['gflops'] / torch_row['gflops']:.2f}"
             lines.append(f"| {m}×{n}×{k} | {t} | " + " | ".join(cells) + f" | {pct} | {ratio} |")
+    micro = [r for r in rows if r["impl"] == "tpp_microkernel"]
+    if micro:
+        lines += [
+            "",
+            "BRGEMM microkernel (`benchmarks/microkernel.py`), A/B/C resident in L1, 1 thread, "
+            "batch-reduce of 2 blocks of K=64:",
+            "",
+            "| register tile (mr×nr) | GFLOP/s | % of 1-thread peak |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {r['mr']}×{r['nr']} | {r['gflops']:.1f} | {r['pct_peak']:.0f}% |" for r in micro
+        ]
     notes = sorted(
         {
             f"{IMPL_TITLES.get(r['impl'], r['impl'])}: {r['note']}"
@@ -465,6 +480,23 @@ def render_markdown(
     if notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _measure_microkernel() -> list[dict]:
+    """The BRGEMM microkernel with operands in L1 (one thread, its own process)."""
+    env = dict(os.environ, TVM_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "microkernel.py")],
+        capture_output=True, text=True, env=env, check=False,
+    )
+    rows = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rows.append(json.loads(line) | {"threads": 1, "m": None, "n": None, "k": None,
+                                           "status": "ok"})
+    if not rows:
+        print(f"microkernel benchmark failed: {proc.stderr[-500:]}", file=sys.stderr)
+    return rows
 
 
 def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
@@ -484,6 +516,8 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
         for impl in impls:
             print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
             rows.extend(_spawn_worker(impl, t, shapes, args.quick))
+    print("BRGEMM microkernel in L1 ...", file=sys.stderr)
+    rows.extend(_measure_microkernel())
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
     peaks = {t: max(p, q) for (t, p), q in zip(peaks.items(), _measure_peaks(threads).values())}
     for row in rows:

@@ -310,6 +310,22 @@ def _describe_zero(spec: TPPSpec) -> tirx.PrimFunc:
     return desc
 
 
+def operands_in_use_order(fn: Fn, *bufs, m: int = 0, n: int = 0) -> list:
+    """Whole-tile regions of ``bufs`` in the order ``fn`` first reads them.
+
+    Tensorize compares region lists in order, and a TE computation lists them in the order
+    its expression reads them (``relu_inv`` reads S before dY), so descriptions must too.
+    """
+    probes = [tirx.Var(f"p{i}", "float32") for i in range(len(bufs))]
+    order = []
+    for var in tirx.analysis.undefined_vars(fn(*probes)):  # in order of appearance
+        idx = next(i for i, p in enumerate(probes) if p.same_as(var))
+        if idx not in order:
+            order.append(idx)
+    order += [i for i in range(len(bufs)) if i not in order]
+    return [whole(bufs[i]) for i in order]
+
+
 def _describe_unary_bwd(spec: TPPSpec) -> tirx.PrimFunc:
     M, N, dt = spec.m, spec.n, spec.dtype
     fn = OPS[spec.op].fn
@@ -320,7 +336,7 @@ def _describe_unary_bwd(spec: TPPSpec) -> tirx.PrimFunc:
         S = T.match_buffer(s, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
         DX = T.match_buffer(dx, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
         with T.sblock("root"):
-            T.reads(DY[0:M, 0:N], S[0:M, 0:N])
+            T.reads(*operands_in_use_order(fn, DY, S))
             T.writes(DX[0:M, 0:N])
             for i, j in T.grid(M, N):
                 with T.sblock("tpp"):

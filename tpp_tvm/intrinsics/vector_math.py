@@ -1,0 +1,293 @@
+"""Vector transcendental math for TPP implementations, written once for every ISA.
+
+LLVM scalarises ``llvm.exp``/``tanh``/``erf`` on vectors into per-lane libm calls, which
+would make a gelu TPP sixteen function calls per vector. These functions build the math
+from vector arithmetic, integer shifts and bit casts instead, so they lower to plain SIMD
+code on any lane count (fixed ``float32x16`` or scalable ``float32xvscalex4``), and they work
+on scalars too. Every function takes and returns fp32 TIR expressions of one shape.
+
+Accuracy target: fp32 level (a few ulp, ~1e-6 relative) over the whole float range,
+including the under/overflow ends and denormal results; no NaN for any finite input.
+Methods:
+
+* ``exp``: Cody-Waite range reduction ``x = n ln2 + r``, Cephes' degree-7 polynomial for
+  ``e^r``, and ``2^n`` applied as two exponent-field products so that results that are
+  denormal or overflow to inf come out right.
+* ``erfc``: Numerical Recipes' Chebyshev fit ``t exp(-z^2 + P(t))``, ``t = 1/(1 + z/2)``
+  (1.2e-7 relative for every z >= 0); ``-z^2`` is carried as an exact (hi, lo) pair so that
+  the exponent's rounding does not grow with z.
+* ``erf``: ``x P(x^2)`` (minimax-weighted fit, 1.3e-9 relative) for ``|x| < 1``, else
+  ``1 - erfc(|x|)``.
+* ``tanh``: Cephes' odd polynomial for ``|x| < 0.625``, else ``(1 - e)/(1 + e)`` with
+  ``e = exp(-2|x|)``.
+* ``sigmoid`` from ``e = exp(-|x|)``; ``gelu`` as ``x Phi(x)`` with the normal CDF taken from
+  ``erfc`` on the side where it is small, so gelu stays relatively accurate for negative x;
+  ``gelu_tanh`` as ``x sigmoid(2u)``, which is the same function as ``x (1 + tanh u) / 2``
+  without the cancellation.
+
+sqrt, rsqrt, reciprocal and division are not here: IEEE vector instructions do them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import tvm
+from tvm import tirx
+
+from .spec import const, dtype_of
+
+Expr = tirx.Expr
+
+_LOG2E = 1.0 / math.log(2.0)
+# ln 2 = _LN2_HI + _LN2_LO; _LN2_HI has 9 significant bits so n * _LN2_HI is exact.
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+# exp's input range: below, the result rounds to 0; above, it is inf.
+_EXP_LO, _EXP_HI = -104.0, 89.0
+# After range reduction |r| <= ln2/2 (+ rounding); clamping r keeps the polynomial in range
+# when the input was clamped.
+_R_MAX = 0.35
+_EXP_POLY = (  # Cephes expf: e^r ~ 1 + r + r^2 P(r)
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
+_TANH_POLY = (  # Cephes tanhf, |x| < 0.625: tanh x ~ x + x^3 P(x^2)
+    -5.70498872745e-3,
+    2.06390887954e-2,
+    -5.37397155531e-2,
+    1.33314422036e-1,
+    -3.33332819422e-1,
+)
+_TANH_SMALL = 0.625
+_ERF_POLY = (  # erf x ~ x P(x^2) on |x| <= 1, fitted here (max rel. error 1.3e-9 in fp64)
+    7.8490262042528385e-05,
+    -8.0087305430825246e-04,
+    5.1881613329628606e-03,
+    -2.6853724512731599e-02,
+    1.1283583063385376e-01,
+    -3.7612625641162672e-01,
+    1.1283791657003779e00,
+)
+_ERF_SMALL = 1.0
+_ERFC_SMALL = 0.5
+_ERFC_POLY = (  # Numerical Recipes erfcc: erfc z ~ t exp(-z^2 + P(t)), t = 1/(1 + z/2)
+    0.17087277,
+    -0.82215223,
+    1.48851587,
+    -1.13520398,
+    0.27886807,
+    -0.18628806,
+    0.09678418,
+    0.37409196,
+    1.00002368,
+    -1.26551223,
+)
+# Beyond these |x|, erfc (of z) / erf / tanh are 0 / +-1 / +-1 in fp32.
+_ERFC_Z_MAX = 10.5
+_ERF_X_MAX = 4.5
+_TANH_X_MAX = 9.0
+# gelu: |x| beyond which Phi(x) is 0 or 1 in fp32.
+_GELU_X_MAX = 15.0
+_GELU_TANH_X_MAX = 20.0
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_GELU_TANH_C = 0.044715
+# Clearing the low 12 mantissa bits leaves 12 significant bits: the square is exact in fp32.
+_SPLIT_MASK = -4096
+
+
+def _int_type(x: Expr) -> str:
+    return dtype_of(x).replace("float32", "int32")
+
+
+def _check_f32(x: Expr, fn: str) -> None:
+    if not dtype_of(x).startswith("float32"):
+        raise TypeError(f"vector_math.{fn} is fp32-only, got {dtype_of(x)}")
+
+
+def splat(like: Expr, value: float) -> Expr:
+    """``value`` in ``like``'s type: a scalar, or a (fixed or scalable) vector broadcast."""
+    c = const(like, value)
+    lanes = tvm.DataType(dtype_of(like)).lanes
+    if lanes == 1:
+        return c
+    # Scalable vector types report -(vscale multiplier) lanes.
+    return tirx.Broadcast(c, lanes if lanes > 0 else -lanes * tirx.vscale())
+
+
+def _poly(x: Expr, coeffs: tuple[float, ...]) -> Expr:
+    """Horner evaluation of ``coeffs`` (highest degree first)."""
+    acc = const(x, coeffs[0])
+    for c in coeffs[1:]:
+        acc = acc * x + const(x, c)
+    return acc
+
+
+def _clamp(x: Expr, lo: float, hi: float) -> Expr:
+    # min/max mention x once; a compare-select clamp would copy it (see the module doc).
+    return tirx.min(tirx.max(x, const(x, lo)), const(x, hi))
+
+
+def _keep_nan(x: Expr, result: Expr) -> Expr:
+    """``result``, or NaN where ``x`` is NaN (the clamps above drop NaN)."""
+    return tirx.Select(tirx.isnan(x), x, result)
+
+
+def _copysign(mag: Expr, sign: Expr) -> Expr:
+    # tirx.copysign has no LLVM lowering in this TVM.
+    return tirx.Select(sign < const(sign, 0.0), -mag, mag)
+
+
+def _pow2(n: Expr, like: Expr) -> Expr:
+    """``2^n`` for int ``n`` in the normal exponent range, built in the exponent field."""
+    bits = tirx.shift_left(n + tirx.const(127, "int32"), tirx.const(23, "int32"))
+    return tirx.reinterpret(dtype_of(like), bits)
+
+
+def _exp_parts(hi: Expr, lo: Expr) -> Expr:
+    """``exp(hi + lo)`` where ``hi`` may be large and exact and ``lo`` is a small correction.
+
+    Range reduction subtracts ``n ln2`` from ``hi`` first (exactly, Sterbenz), so the
+    rounding of ``hi + lo`` never enters the result.
+    """
+    s = _clamp(hi + lo, _EXP_LO, _EXP_HI)
+    nf = tirx.floor(s * const(s, _LOG2E) + const(s, 0.5))
+    r = _clamp((hi - nf * const(s, _LN2_HI)) - nf * const(s, _LN2_LO) + lo, -_R_MAX, _R_MAX)
+    p = _poly(r, _EXP_POLY) * r * r + r + const(r, 1.0)
+    n = tirx.Cast(_int_type(s), nf)
+    # n is in [-150, 128]: two factors 2^(n//2) and 2^(n - n//2) are both normal, and the
+    # final product rounds once, to a denormal, a normal or inf.
+    n1 = tirx.shift_right(n, tirx.const(1, "int32"))
+    return p * _pow2(n1, s) * _pow2(n - n1, s)
+
+
+def exp(x: Expr) -> Expr:
+    """``e^x`` (fp32, ~1 ulp; 0 below -103.98, inf above 88.72)."""
+    _check_f32(x, "exp")
+    return _keep_nan(x, _exp_parts(x, const(x, 0.0)))
+
+
+def _neg_square(a: Expr, scale: float) -> tuple[Expr, Expr]:
+    """``-scale * a^2`` as a (hi, lo) pair with hi exact; ``scale`` a power of two."""
+    bits = tirx.bitwise_and(tirx.reinterpret(_int_type(a), a), tirx.const(_SPLIT_MASK, "int32"))
+    ah = tirx.reinterpret(dtype_of(a), bits)
+    return const(a, -scale) * ah * ah, const(a, -scale) * (a - ah) * (a + ah)
+
+
+def _erfc_core(z: Expr, hi: Expr, lo: Expr) -> Expr:
+    """``erfc(z)`` for ``0 <= z`` with ``-z^2 = hi + lo`` given exactly."""
+    t = const(z, 1.0) / (const(z, 1.0) + const(z, 0.5) * z)
+    return t * _exp_parts(hi, lo + _poly(t, _ERFC_POLY))
+
+
+def _erfc_abs(a: Expr) -> Expr:
+    """``erfc(a)`` for ``a >= 0``, relatively accurate (0 once it underflows)."""
+    a = tirx.min(a, const(a, _ERFC_Z_MAX))
+    hi, lo = _neg_square(a, 1.0)
+    return _erfc_core(a, hi, lo)
+
+
+def _erf_small(x: Expr) -> Expr:
+    """``erf`` for ``|x| <= 1`` (other x are clamped)."""
+    xs = _clamp(x, -_ERF_SMALL, _ERF_SMALL)
+    return xs * _poly(xs * xs, _ERF_POLY)
+
+
+def erfc(x: Expr) -> Expr:
+    """Complementary error function (fp32, ~4e-7 relative, also where erfc is tiny)."""
+    _check_f32(x, "erfc")
+    e = _erfc_abs(tirx.abs(x))
+    large = tirx.Select(x < const(x, 0.0), const(x, 2.0) - e, e)
+    # Near 0, 1 - erf is more accurate than the erfc fit (no cancellation below 0.5).
+    small = const(x, 1.0) - _erf_small(x)
+    return _keep_nan(x, tirx.Select(tirx.abs(x) < const(x, _ERFC_SMALL), small, large))
+
+
+def erf(x: Expr) -> Expr:
+    """Error function (fp32, ~2e-7 absolute and relative)."""
+    _check_f32(x, "erf")
+    large = const(x, 1.0) - _erfc_abs(tirx.min(tirx.abs(x), const(x, _ERF_X_MAX)))
+    result = tirx.Select(tirx.abs(x) < const(x, _ERF_SMALL), _erf_small(x), _copysign(large, x))
+    return _keep_nan(x, result)
+
+
+def tanh(x: Expr) -> Expr:
+    """Hyperbolic tangent (fp32, ~2 ulp; exactly +-1 for large |x|)."""
+    _check_f32(x, "tanh")
+    xs = _clamp(x, -_TANH_SMALL, _TANH_SMALL)
+    s = xs * xs
+    small = _poly(s, _TANH_POLY) * s * xs + xs
+    e = _exp_parts(const(x, -2.0) * tirx.min(tirx.abs(x), const(x, _TANH_X_MAX)), const(x, 0.0))
+    large = _copysign((const(x, 1.0) - e) / (const(x, 1.0) + e), x)
+    return _keep_nan(x, tirx.Select(tirx.abs(x) < const(x, _TANH_SMALL), small, large))
+
+
+def _sigmoid(x: Expr) -> Expr:
+    e = _exp_parts(-tirx.abs(x), const(x, 0.0))
+    s = const(x, 1.0) / (const(x, 1.0) + e)
+    return tirx.Select(x >= const(x, 0.0), s, e * s)
+
+
+def sigmoid(x: Expr) -> Expr:
+    """``1 / (1 + e^-x)`` (fp32, relatively accurate on both tails, incl. denormals)."""
+    _check_f32(x, "sigmoid")
+    return _keep_nan(x, _sigmoid(x))
+
+
+def _phi_parts(x: Expr) -> tuple[Expr, Expr, Expr, Expr]:
+    """(h, hi, lo, xc): ``h = Phi(-|x|)`` (the small side of the normal CDF),
+    ``-x^2/2 = hi + lo`` and ``xc``, x clamped to where Phi is not yet 0 or 1 in fp32."""
+    xc = _clamp(x, -_GELU_X_MAX, _GELU_X_MAX)
+    a = tirx.abs(xc)
+    hi, lo = _neg_square(a, 0.5)
+    h = const(x, 0.5) * _erfc_core(a * const(x, _SQRT1_2), hi, lo)
+    return h, hi, lo, xc
+
+
+def gelu(x: Expr) -> Expr:
+    """``x Phi(x)`` = ``x/2 (1 + erf(x/sqrt 2))`` (fp32, relatively accurate for all x)."""
+    _check_f32(x, "gelu")
+    h, _, _, xc = _phi_parts(x)
+    return _keep_nan(x, tirx.Select(x < const(x, 0.0), xc * h, x * (const(x, 1.0) - h)))
+
+
+def gelu_inv(dy: Expr, x: Expr) -> Expr:
+    """``dy gelu'(x)`` = ``dy (Phi(x) + x phi(x))`` (fp32)."""
+    _check_f32(x, "gelu_inv")
+    h, hi, lo, xc = _phi_parts(x)
+    cdf = tirx.Select(x < const(x, 0.0), h, const(x, 1.0) - h)
+    pdf = const(x, _INV_SQRT_2PI) * _exp_parts(hi, lo)
+    return dy * _keep_nan(x, cdf + xc * pdf)
+
+
+def gelu_tanh(x: Expr) -> Expr:
+    """``x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))``, computed as ``x sigmoid(2u)``."""
+    _check_f32(x, "gelu_tanh")
+    xc = _clamp(x, -_GELU_TANH_X_MAX, _GELU_TANH_X_MAX)
+    u2 = const(x, 2.0 * _SQRT_2_PI) * (xc + const(x, _GELU_TANH_C) * xc * xc * xc)
+    return _keep_nan(x, tirx.Select(x < const(x, 0.0), xc, x) * _sigmoid(u2))
+
+
+def _relu_inv(dy: Expr, x: Expr) -> Expr:
+    # The spec's Select needs both arms of one type: splat the zero.
+    return tirx.Select(x > const(x, 0.0), dy, splat(dy, 0.0))
+
+
+#: Vector forms the templates use instead of ``OPS[op].fn``: ops whose exact form would lower
+#: to per-lane libm calls (exp, tanh, erf) or does not type-check on vectors (relu_inv).
+FAST: dict[str, Callable[..., Expr]] = {
+    "exp": exp,
+    "tanh": tanh,
+    "sigmoid": sigmoid,
+    "gelu": gelu,
+    "gelu_tanh": gelu_tanh,
+    "gelu_inv": gelu_inv,
+    "relu_inv": _relu_inv,
+}
