@@ -21,6 +21,7 @@ from tvm.relax.analysis import get_var2val
 
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from ..schedules.rowwise import layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,32 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
 
 
-_LOWERINGS = {"tpp.dense": _lower_dense, "tpp.conv2d": _lower_conv2d, "tpp.bmm": _lower_bmm}
+def _lower_rowwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                   isa: str) -> relax.Expr:
+    """Layer norm / softmax over the last axis: rows flattened, one TPP-equation kernel."""
+    x, call = matched["lhs"], matched["root"]
+    xs = _shape(x)
+    width = xs[-1]
+    rows = int(np.prod(xs[:-1]))
+    x2 = bb.emit(relax.op.reshape(x, (rows, width))) if len(xs) != 2 else x
+    if name == "tpp.layer_norm":
+        sch = layer_norm_schedule(rows, width, float(call.attrs.epsilon), isa)
+        args = [x2, matched["gamma"], matched["beta"]]
+    else:
+        sch = softmax_schedule(rows, width, isa)
+        args = [x2]
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((rows, width), "float32")))
+    return relax.op.reshape(out, xs) if len(xs) != 2 else out
+
+
+_LOWERINGS = {
+    "tpp.dense": _lower_dense,
+    "tpp.conv2d": _lower_conv2d,
+    "tpp.bmm": _lower_bmm,
+    "tpp.layer_norm": _lower_rowwise,
+    "tpp.softmax": _lower_rowwise,
+}
 
 
 def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]

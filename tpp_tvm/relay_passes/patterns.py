@@ -166,6 +166,36 @@ def bmm_pattern() -> TPPPattern:
     return TPPPattern("tpp.bmm", out, {"lhs": lhs, "rhs": rhs, "root": out}, _bmm_check)
 
 
+def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """Row-wise ops over the last axis of a static fp32 tensor (constant gamma/beta)."""
+    a = ctx.annotated_expr
+    x, call = a["lhs"], a["root"]
+    if not _static_f32(x):
+        return False
+    ndim = len(x.ty.shape.values)
+    attrs = call.attrs
+    if hasattr(attrs, "axes"):  # layer norm
+        if [int(ax) % ndim for ax in attrs.axes] != [ndim - 1]:
+            return False
+        if not (attrs.center and attrs.scale):
+            return False
+        return all(_static_f32(a[k]) for k in ("gamma", "beta"))
+    return int(attrs.axis) % ndim == ndim - 1
+
+
+def rowwise_patterns() -> list[TPPPattern]:
+    """Layer norm and softmax over the last axis: row-wise TPP equations."""
+    x, gamma, beta = wildcard(), is_const(), is_const()
+    ln = is_op("relax.nn.layer_norm")(x, gamma, beta)
+    x2 = wildcard()
+    sm = is_op("relax.nn.softmax")(x2)
+    return [
+        TPPPattern("tpp.layer_norm", ln, {"lhs": x, "gamma": gamma, "beta": beta, "root": ln},
+                   _last_axis_check),
+        TPPPattern("tpp.softmax", sm, {"lhs": x2, "root": sm}, _last_axis_check),
+    ]
+
+
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
     table = []
@@ -177,4 +207,5 @@ def pattern_table() -> list[TPPPattern]:
                 for bias in (True, False):
                     table.append(contraction_pattern(kind, bias, activation, residual))
     table.append(bmm_pattern())
+    table.extend(rowwise_patterns())
     return table

@@ -1,0 +1,117 @@
+"""Row-wise equations on TPPs: layer norm and softmax over the last axis.
+
+Each is a small tree of TPPs (LIBXSMM's "equations") applied to a block of ``mr`` rows
+while it sits in L1: column reductions (sum, sum of squares, max), broadcast binary ops
+and a unary op. Every stage is computed under the row-block loop (one parallel loop), and
+each tile-sized stage is tensorized with its TPP; per-row scalars (mean, 1/std, 1/sum)
+are plain TIR.
+
+layer norm (two-pass, as accurate as the reference):
+    mean = sum(x)/H;  d = x - mean;  rstd = 1/sqrt(sum(d^2)/H + eps);  y = d*rstd*gamma + beta
+softmax:
+    m = max(x);  e = exp(x - m);  y = e * (1/sum(e))
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, te, tirx
+
+from ..errors import UnsupportedShapeError
+from ..intrinsics import TPPSpec
+from .gemm import _try_tensorize
+
+#: Largest row block; a block of rows x H fp32 should stay well inside L1.
+MAX_ROWS = 16
+
+
+def row_block(rows: int, width: int) -> int:
+    """Rows per block: a divisor of ``rows`` in [2, 16] keeping the block under ~24 KiB."""
+    limit = max(2, min(MAX_ROWS, (24 * 1024) // max(1, 4 * width)))
+    for mr in range(min(limit, rows), 1, -1):
+        if rows % mr == 0:
+            return mr
+    raise UnsupportedShapeError(f"row-wise TPP kernel: {rows} rows have no block size in [2, 16]")
+
+
+def _tensorize_rows(sch: s_tir.Schedule, name: str, spec: TPPSpec, isa: str) -> None:
+    block = sch.get_sblock(name)
+    loops = sch.get_loops(block)
+    if not _try_tensorize(sch, loops[1], spec, isa, name):
+        try:
+            sch.vectorize(loops[-1])
+        except Exception:  # noqa: BLE001 - a reduction loop: leave it to LLVM
+            pass
+
+
+def _schedule(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | None]], mr: int,
+              isa: str) -> s_tir.Schedule:
+    """Block the output's rows, compute every stage per block, tensorize tile stages."""
+    sch = s_tir.Schedule(func)
+    out_name = stages[-1][0]
+    out = sch.get_sblock(out_name)
+    i, _ = sch.get_loops(out)
+    io, _ = sch.split(i, [None, mr])
+    sch.parallel(io)
+    for name, _spec in reversed(stages[:-1]):
+        sch.compute_at(sch.get_sblock(name), io)
+    for name, spec in stages:
+        if spec is not None:
+            _tensorize_rows(sch, name, spec, isa)
+    return sch
+
+
+def layer_norm_schedule(rows: int, width: int, eps: float, isa: str) -> s_tir.Schedule:
+    """Layer norm over the last axis of a (rows, width) fp32 tensor with gamma and beta."""
+    mr = row_block(rows, width)
+    X = te.placeholder((rows, width), "float32", name="x")
+    gamma = te.placeholder((width,), "float32", name="gamma")
+    beta = te.placeholder((width,), "float32", name="beta")
+    k1 = te.reduce_axis((0, width), "k1")
+    k2 = te.reduce_axis((0, width), "k2")
+    inv_w = tirx.const(1.0 / width, "float32")
+    total = te.compute((rows,), lambda i: te.sum(X[i, k1], axis=k1), name="row_sum")
+    mean = te.compute((rows,), lambda i: total[i] * inv_w, name="mean")
+    d = te.compute((rows, width), lambda i, j: X[i, j] - mean[i], name="centered")
+    ssq = te.compute((rows,), lambda i: te.sum(d[i, k2] * d[i, k2], axis=k2), name="row_ssq")
+    rstd = te.compute(
+        (rows,), lambda i: tirx.rsqrt(ssq[i] * inv_w + tirx.const(eps, "float32")), name="rstd"
+    )
+    scaled = te.compute((rows, width), lambda i, j: d[i, j] * rstd[i], name="scaled")
+    weighted = te.compute((rows, width), lambda i, j: scaled[i, j] * gamma[j], name="weighted")
+    y = te.compute((rows, width), lambda i, j: weighted[i, j] + beta[j], name="layer_norm")
+    func = te.create_prim_func([X, gamma, beta, y])
+    stages = [
+        ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=width)),
+        ("mean", None),
+        ("centered", TPPSpec("sub", m=mr, n=width, bcast="col")),
+        ("row_ssq", TPPSpec("reduce_sumsq_cols", m=mr, n=width)),
+        ("rstd", None),
+        ("scaled", TPPSpec("mul", m=mr, n=width, bcast="col")),
+        ("weighted", TPPSpec("mul", m=mr, n=width, bcast="row")),
+        ("layer_norm", TPPSpec("add", m=mr, n=width, bcast="row")),
+    ]
+    return _schedule(func, stages, mr, isa)
+
+
+def softmax_schedule(rows: int, width: int, isa: str) -> s_tir.Schedule:
+    """Softmax over the last axis of a (rows, width) fp32 tensor."""
+    mr = row_block(rows, width)
+    X = te.placeholder((rows, width), "float32", name="x")
+    k1 = te.reduce_axis((0, width), "k1")
+    k2 = te.reduce_axis((0, width), "k2")
+    mx = te.compute((rows,), lambda i: te.max(X[i, k1], axis=k1), name="row_max")
+    shifted = te.compute((rows, width), lambda i, j: X[i, j] - mx[i], name="shifted")
+    e = te.compute((rows, width), lambda i, j: tirx.exp(shifted[i, j]), name="exp")
+    total = te.compute((rows,), lambda i: te.sum(e[i, k2], axis=k2), name="row_sum")
+    inv = te.compute((rows,), lambda i: tirx.const(1.0, "float32") / total[i], name="inv_sum")
+    y = te.compute((rows, width), lambda i, j: e[i, j] * inv[i], name="softmax")
+    func = te.create_prim_func([X, y])
+    stages = [
+        ("row_max", TPPSpec("reduce_max_cols", m=mr, n=width)),
+        ("shifted", TPPSpec("sub", m=mr, n=width, bcast="col")),
+        ("exp", TPPSpec("exp", m=mr, n=width)),
+        ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=width)),
+        ("inv_sum", None),
+        ("softmax", TPPSpec("mul", m=mr, n=width, bcast="col")),
+    ]
+    return _schedule(func, stages, mr, isa)
