@@ -59,31 +59,26 @@ class GemmPlan:
         return max(self.k, 2)
 
 
-#: Register tiles (mr, nr) that keep mr * ceil(nr/16) accumulators plus one row of B in
-#: the 32 zmm registers with enough independent FMAs to hide latency on 2 FMA pipes.
-_TILES = [(6, 64), (5, 64), (4, 64), (8, 48), (9, 48), (12, 32), (14, 32), (11, 32),
-          (10, 32), (3, 64), (2, 64)]
-
-
-def _tile_efficiency(mr: int, nr: int) -> float:
-    """Rough fraction of FMA peak a tile sustains: loads per FMA and latency hiding."""
-    nv = -(-nr // 16)
-    fmas = mr * nv
-    loads = mr + nv
-    eff = min(1.0, 2.0 * fmas / (2.0 * fmas + 0.5 * loads))
-    if fmas < 8:  # not enough independent chains for 2 pipes x 4 cycles latency
-        eff *= fmas / 8
-    return eff * min(nr, nv * 16) / (nv * 16)
+#: Register tiles (mr, nr) with mr * ceil(nr/16) accumulators plus one row of B inside the
+#: 32 zmm registers, and the fraction of the fp32 peak each sustained in this package's
+#: measurements (AVX-512 on Zen 5, 1 thread, benchmarks/gemm.py shapes); ties go to the
+#: earlier entry. Tiles under 8 independent FMA chains cannot hide the FMA latency on two
+#: pipes and serve only tiny M.
+_TILES: dict[tuple[int, int], float] = {
+    (8, 48): 0.97, (4, 64): 0.97, (8, 32): 0.95, (6, 64): 0.93, (5, 64): 0.92,
+    (9, 48): 0.92, (7, 48): 0.92, (12, 32): 0.91, (11, 32): 0.90, (10, 32): 0.90, (14, 32): 0.88,
+    (3, 64): 0.80, (2, 64): 0.60,
+}
 
 
 def plan_gemm(m: int, n: int, k: int) -> GemmPlan:
     """Choose the register tile minimising padded work / tile efficiency."""
     best = None
-    for mr, nr in _TILES:
+    for (mr, nr), efficiency in _TILES.items():
         if mr > max(m, 2) and mr > 2:
             continue
         plan = GemmPlan(m, n, k, mr, nr)
-        cost = plan.mp * plan.np_ / _tile_efficiency(mr, nr)
+        cost = plan.mp * plan.np_ / efficiency
         if best is None or cost < best[0]:
             best = (cost, plan)
     return best[1]
