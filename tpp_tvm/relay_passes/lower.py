@@ -52,30 +52,35 @@ def _shape(expr: relax.Expr) -> list[int]:
     return [int(d) for d in expr.ty.shape.values]
 
 
-def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                 isa: str) -> relax.Expr:
-    """Dense (+bias)(+act)(+residual): flatten to 2D, one GEMM kernel, reshape back."""
-    x, weight = matched["lhs"], matched["weight"]
+def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str, isa: str,
+               x: relax.Expr, w_kn: np.ndarray, out_shape: list[int]) -> relax.Expr:
+    """One GEMM kernel over x flattened to rows: (+bias)(+act)(+residual)(+act), reshaped."""
     xs = _shape(x)
-    k, n = _shape(weight)
+    k, n = w_kn.shape
     m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
-    activation = matched.get("activation")
-    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched, activation=activation,
+    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
+                              activation=matched.get("activation"),
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"))
     gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
-    w = weight.value.numpy()
     args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x,
-            relax.const(pack_b_numpy(w, plan.nr, "kn", plan.kp))]
+            relax.const(pack_b_numpy(w_kn, plan.nr, "kn", plan.kp))]
     if "bias" in matched:
         bias = matched["bias"].value.numpy().reshape(-1)
         args.append(relax.const(np.pad(bias, (0, plan.np_ - n)).astype("float32")))
     if "residual" in matched:
         res = matched["residual"]
-        args.append(bb.emit(relax.op.reshape(res, (m, n))) if len(xs) != 2 else res)
+        args.append(bb.emit(relax.op.reshape(res, (m, n))) if len(out_shape) != 2 else res)
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
-    out_shape = [*xs[:-1], n]
-    return relax.op.reshape(out, out_shape) if len(xs) != 2 else out
+    return relax.op.reshape(out, out_shape) if len(out_shape) != 2 else out
+
+
+def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                 isa: str) -> relax.Expr:
+    """Dense (+bias)(+act)(+residual): flatten to 2D, one GEMM kernel, reshape back."""
+    x, weight = matched["lhs"], matched["weight"]
+    w = weight.value.numpy()
+    return _emit_gemm(bb, matched, name, isa, x, w, [*_shape(x)[:-1], w.shape[1]])
 
 
 def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
@@ -106,6 +111,10 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     pad = [int(p) for p in attrs.padding]
     pad = pad * 2 if len(pad) == 2 else pad
     shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]), tuple(pad))
+    if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
+        # A pointwise convolution is a GEMM over all pixels: far longer M than one row.
+        w_kn = np.ascontiguousarray(w_oihw[:, :, 0, 0].T)
+        return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc])
     sch, plan = conv_schedule(shape, isa, bias="bias" in matched,
                               activation=matched.get("activation"),
                               residual="residual" in matched,
