@@ -27,6 +27,7 @@ from .gemm import (
     plan_gemm,
     schedule_pads,
     tensorize_epilogue,
+    weights_outer,
 )
 
 
@@ -123,8 +124,13 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     n, y, x, o, *red = sch.get_loops(blk)
     xo, xi = sch.split(x, [None, plan.mr])
     oo, oi = sch.split(o, [None, plan.nr])
-    sch.reorder(oo, n, y, xo, xi, oi, *red)
-    tile_loop = sch.fuse(oo, n, y, xo)
+    if weights_outer(shape.n * shape.h * shape.w * shape.c,
+                     shape.r * shape.s * shape.c * plan.np_):
+        sch.reorder(oo, n, y, xo, xi, oi, *red)
+        tile_loop = sch.fuse(oo, n, y, xo)
+    else:
+        sch.reorder(n, y, xo, oo, xi, oi, *red)
+        tile_loop = sch.fuse(n, y, xo, oo)
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad",))
     epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr)

@@ -234,6 +234,17 @@ def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str
         return False
 
 
+#: B (all panels) up to this many bytes stays in L2 while A streams once (rows outer).
+_L2_RESIDENT_BYTES = 512 * 1024
+
+
+def weights_outer(a_elems: int, b_elems: int) -> bool:
+    """Loop order: B panels outer (each panel reused over all rows, A re-streamed per
+    panel) unless all of B fits in L2 and A is the bigger operand, then rows outer so A
+    streams from memory exactly once."""
+    return not (4 * b_elems <= _L2_RESIDENT_BYTES and a_elems > b_elems)
+
+
 def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) -> s_tir.Schedule:
     """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
     sch = s_tir.Schedule(func)
@@ -246,8 +257,12 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) 
         i, j, kk = loops
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
-    sch.reorder(jo, io, ii, ji, kk)
-    outer = [b, jo, io] if batched else [jo, io]
+    if weights_outer(plan.mp * k, k * plan.np_):
+        sch.reorder(jo, io, ii, ji, kk)
+        outer = [b, jo, io] if batched else [jo, io]
+    else:
+        sch.reorder(io, jo, ii, ji, kk)
+        outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad", "B_pad"))
