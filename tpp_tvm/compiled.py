@@ -54,6 +54,10 @@ class CompiledModel:
         self._vm = relax.VirtualMachine(module, tvm.cpu())
 
     def _convert(self, args: tuple, kwargs: dict) -> list[tvm.runtime.Tensor]:
+        unknown = [k for k in kwargs if k not in {i.name for i in self.inputs}]
+        if unknown:
+            names = ", ".join(i.name for i in self.inputs)
+            raise UnsupportedShapeError(f"unknown inputs: {', '.join(unknown)} (inputs: {names})")
         if len(args) + len(kwargs) != len(self.inputs):
             names = ", ".join(i.name for i in self.inputs)
             raise UnsupportedShapeError(
@@ -119,7 +123,7 @@ class CompiledModel:
     def export(self, path: str | Path) -> Path:
         """Write the compiled library (and its sidecar) so :func:`load` can skip compiling."""
         path = Path(path)
-        if not hasattr(self._module, "export_library"):
+        if not isinstance(self._module, relax.VMExecutable):
             raise ModelLoadError("this model was loaded from a library; export the original")
         self._module.export_library(str(path))
         meta = {"inputs": [vars(i) | {"shape": list(i.shape)} for i in self.inputs],

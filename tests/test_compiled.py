@@ -1,0 +1,219 @@
+"""Tests of the user-facing compiled model (tpp_tvm.compiled) on tiny generated models.
+
+The point of ``compile_onnx`` is "ONNX in, a fast model that gives ONNX Runtime's answer out",
+so each tiny model is compiled once per module and checked against ONNX Runtime, against its
+lowering report (the TPP kernels we expect, no fallbacks), through export/load, and for the
+errors a caller can make with inputs. The end-to-end BERT test runs by default.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from tvm import relax
+from tvm.target import codegen
+
+import tpp_tvm
+from tpp_tvm import models
+from tpp_tvm.compiled import CompiledModel, compile_onnx, load
+from tpp_tvm.errors import ModelLoadError, UnsupportedShapeError
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
+
+pytest.importorskip("torch", reason="the model generators export from torch")
+pytest.importorskip("onnxruntime", reason="ONNX Runtime is the reference")
+
+RTOL = 1e-4
+"""fp32 with a different summation order than ONNX Runtime: ~1e-6 relative in practice."""
+
+# Each tiny model and the TPP kernels its report must list.
+EXPECTED_KERNELS = {
+    "mlp": {"tpp.dense_bias_gelu", "tpp.dense_bias"},
+    "bert": {"tpp.bmm", "tpp.dense_bias_gelu", "tpp.dense_bias", "tpp.dense_bias_residual"},
+    "small_cnn": {"tpp.conv2d_bias_relu", "tpp.dense_bias"},
+}
+
+
+def _tiny(name: str) -> onnx.ModelProto:
+    return models.GENERATORS[name](**models.TINY_ARGS[name])
+
+
+def _assert_matches(outputs: list[np.ndarray], reference: list[np.ndarray]) -> None:
+    """Close to the reference in a relative sense; atol scaled to the output's magnitude."""
+    assert len(outputs) == len(reference)
+    for out, ref in zip(outputs, reference, strict=True):
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        atol = RTOL * max(float(np.max(np.abs(ref))), 1.0)
+        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=atol)
+
+
+class Tiny:
+    """A tiny model, its example inputs, ONNX Runtime's outputs, and the TPP-compiled model."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = _tiny(name)
+        self.inputs = models.example_inputs(self.model)
+        self.reference = run_onnxruntime(self.model, self.inputs)
+        self.compiled = compile_onnx(self.model)
+
+    def run(self, compiled: CompiledModel | None = None) -> list[np.ndarray]:
+        return (compiled or self.compiled)(*self.inputs.values())
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Callable[[str], Tiny]:
+    """``tiny(name)``: the tiny model compiled once per module, on first use."""
+    return functools.cache(Tiny)
+
+
+def _host_llvm(num_cores: int = 1) -> dict:
+    """A plain LLVM target for this CPU: no "tpp" key, so no TPP offload."""
+    return {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()), "num-cores": num_cores}
+
+
+# ------------------------------------------------------------------------------- correctness
+
+
+def test_end_to_end_tiny_bert(tiny: Callable[[str], Tiny]) -> None:
+    """The default-run end-to-end model: ONNX BERT layer -> TPP kernels -> ORT's answer."""
+    bert = tiny("bert")
+    _assert_matches(bert.run(), bert.reference)
+    by_name = {spec.name: bert.inputs[spec.name] for spec in bert.compiled.inputs}
+    _assert_matches(bert.compiled(**by_name), bert.reference)
+    data = bert.compiled.report_data
+    assert EXPECTED_KERNELS["bert"] <= set(data["lowered"])
+    assert not data["fallbacks"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "small_cnn"])
+def test_matches_onnxruntime(tiny: Callable[[str], Tiny], name: str) -> None:
+    _assert_matches(tiny(name).run(), tiny(name).reference)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_KERNELS))
+def test_report_lists_tpp_kernels_and_no_fallbacks(tiny: Callable[[str], Tiny], name: str) -> None:
+    compiled = tiny(name).compiled
+    data = compiled.report_data
+    assert EXPECTED_KERNELS[name] <= set(data["lowered"]), data
+    assert all(count > 0 for count in data["lowered"].values())
+    assert data["fallbacks"] == {}, f"unexpected fallbacks: {data['fallbacks']}"
+    text = compiled.report()
+    for kernel in EXPECTED_KERNELS[name]:
+        assert f"  {kernel}: " in text
+    assert "Fallbacks to TVM: none" in text
+
+
+def test_conv_model_uses_conv_kernels(tiny: Callable[[str], Tiny]) -> None:
+    lowered = tiny("small_cnn").compiled.report_data["lowered"]
+    assert any(name.startswith("tpp.conv2d") for name in lowered)
+
+
+# ------------------------------------------------------------------------------- export/load
+
+
+def test_export_load_round_trip_is_identical(tiny: Callable[[str], Tiny], tmp_path) -> None:
+    bert = tiny("bert")
+    path = bert.compiled.export(tmp_path / "bert.so")
+    assert path.exists() and (tmp_path / "bert.so.tpp.json").exists()
+    loaded = load(path)
+    assert loaded.inputs == bert.compiled.inputs
+    assert loaded.report() == bert.compiled.report()
+    for got, want in zip(bert.run(loaded), bert.run(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_load_errors(tiny: Callable[[str], Tiny], tmp_path) -> None:
+    with pytest.raises(ModelLoadError, match="no compiled model"):
+        load(tmp_path / "missing.so")
+    path = tiny("mlp").compiled.export(tmp_path / "mlp.so")
+    (tmp_path / "mlp.so.tpp.json").unlink()
+    with pytest.raises(ModelLoadError, match="sidecar"):
+        load(path)
+
+
+def test_export_of_loaded_model_is_a_clear_error(tiny: Callable[[str], Tiny], tmp_path) -> None:
+    path = tiny("mlp").compiled.export(tmp_path / "mlp.so")
+    with pytest.raises(ModelLoadError, match="export the original"):
+        load(path).export(tmp_path / "again.so")
+
+
+# ------------------------------------------------------------------------------- input errors
+
+
+def test_wrong_shape_names_the_input(tiny: Callable[[str], Tiny]) -> None:
+    bert = tiny("bert")
+    x, mask = bert.inputs.values()
+    with pytest.raises(UnsupportedShapeError, match="hidden_states"):
+        bert.compiled(x[:, :-1], mask)
+    with pytest.raises(UnsupportedShapeError, match="attention_mask"):
+        bert.compiled(x, mask[..., :-1])
+
+
+def test_wrong_dtype_names_the_input(tiny: Callable[[str], Tiny]) -> None:
+    bert = tiny("bert")
+    x, mask = bert.inputs.values()
+    with pytest.raises(UnsupportedShapeError, match="attention_mask.*complex64"):
+        bert.compiled(x, mask.astype(np.complex64))
+
+
+def test_safe_dtype_is_converted(tiny: Callable[[str], Tiny]) -> None:
+    bert = tiny("bert")
+    x, mask = bert.inputs.values()
+    _assert_matches(bert.compiled(x.astype(np.float64), mask), bert.reference)
+
+
+def test_missing_input_names_it(tiny: Callable[[str], Tiny]) -> None:
+    bert = tiny("bert")
+    x, _ = bert.inputs.values()
+    with pytest.raises(UnsupportedShapeError, match="attention_mask"):
+        bert.compiled(hidden_states=x)
+    with pytest.raises(UnsupportedShapeError, match="attention_mask"):
+        bert.compiled(x)
+
+
+@pytest.mark.parametrize("extra", [True, False], ids=["unknown-extra", "unknown-instead"])
+def test_unknown_input_name_is_named(tiny: Callable[[str], Tiny], extra: bool) -> None:
+    bert = tiny("bert")
+    x, mask = bert.inputs.values()
+    kwargs = {"hidden_states": x, "bogus_input": mask}
+    if extra:
+        kwargs["attention_mask"] = mask
+    with pytest.raises(UnsupportedShapeError) as info:
+        bert.compiled(**kwargs)
+    assert "bogus_input" in str(info.value)
+
+
+# ------------------------------------------------------------------------------- targets
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert"])
+def test_non_tpp_target_offloads_nothing_and_matches(
+    tiny: Callable[[str], Tiny], name: str
+) -> None:
+    """Offload is keyed on the target's "tpp" key: a plain llvm target gets TVM's path."""
+    model = tiny(name)
+    plain = compile_onnx(model.model, target=_host_llvm())
+    data = plain.report_data
+    assert data["lowered"] == {} and data["fallbacks"] == {}
+    assert "TPP kernels:\nFallbacks to TVM: none" in plain.report()
+    _assert_matches(model.run(plain), model.reference)
+
+
+def test_tvm_compile_with_registered_tpp_pipeline(tiny: Callable[[str], Tiny]) -> None:
+    """``tvm.compile(..., relax_pipeline="tpp")`` is the same pipeline, reachable by name."""
+    from tvm.relax.pipeline import PIPELINE_MAP
+
+    assert "tpp" in PIPELINE_MAP
+    bert = tiny("bert")
+    mod = tpp_tvm.from_onnx(bert.model)
+    exe = tvm.compile(mod, target=tpp_tvm.target(), relax_pipeline="tpp")
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in bert.inputs.values()])
+    _assert_matches([out.numpy()], bert.reference)
+    # The VM calls the TPP kernels, named after their patterns.
+    assert "call  tpp_bmm" in exe.as_text()
