@@ -1,8 +1,9 @@
 """Build, tensorize and run one TPP on numpy inputs; numpy references for every primitive.
 
-The kernel under test is the TPP's own description specialized to contiguous buffers and
-then tensorized with the registered intrinsic, so what runs is exactly the ISA
-implementation, and the numpy reference below states the math independently.
+The kernel under test is the TPP's workload (``intrinsics.reference``: a TE computation of
+its math, or the description itself for in-place TPPs) tensorized with the registered
+intrinsic, so what runs is exactly the ISA implementation; the numpy references below state
+the math independently.
 """
 
 from __future__ import annotations
@@ -10,117 +11,21 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from scipy import special
-from tvm import s_tir, te, tirx
+from tvm import s_tir
 
-from tpp_tvm.intrinsics import OPS, TPPSpec, describe, intrinsic
-from tpp_tvm.intrinsics.spec import (
-    bcast_index,
-    bcast_shape,
-    contraction_geometry,
-    dtype_of,
-    transform_out_shape,
-)
+from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
+from tpp_tvm.intrinsics.spec import contraction_geometry
 from tpp_tvm.target import target
-
-
-def operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
-    """Shapes of the description's parameters, in order."""
-    m, n = spec.m, spec.n
-    kind = spec.kind
-    if kind == "brgemm":
-        geo = contraction_geometry(spec)
-        return [geo.a_shape, geo.b_shape, (m, n)]
-    if kind == "zero":
-        return [(m, n)]
-    if kind in ("unary",):
-        return [(m, n), (m, n)]
-    if kind == "unary_bwd":
-        return [(m, n), (m, n), (m, n)]
-    if kind in ("binary", "muladd"):
-        return [(m, n), bcast_shape(spec), (m, n)]
-    if kind == "reduce":
-        return [(m, n), (n,) if spec.op.endswith("_rows") else (m,)]
-    return [(m, n), transform_out_shape(spec)]
-
-
-def _te_func(spec: TPPSpec, shapes, dtypes) -> tirx.PrimFunc | None:
-    """A TE computation equal to the TPP's math (how schedules meet TPPs), or None (muladd)."""
-    op, kind = spec.op, spec.kind
-    ins = [te.placeholder(sh, dt, name=f"in{i}") for i, (sh, dt) in enumerate(
-        zip(shapes[:-1], dtypes[:-1]))]
-    oshape, odt = shapes[-1], dtypes[-1]
-    if kind == "muladd":
-        return None
-    if kind == "zero":
-        out = te.compute(oshape, lambda i, j: tirx.const(0, odt), name="tpp")
-        return te.create_prim_func([out])
-    if kind == "unary":
-        fn = OPS[op].fn
-        out = te.compute(oshape, lambda i, j: _cast(fn(ins[0][i, j]), odt), name="tpp")
-    elif kind == "unary_bwd":
-        fn = OPS[op].fn
-        out = te.compute(oshape, lambda i, j: fn(ins[0][i, j], ins[1][i, j]), name="tpp")
-    elif kind == "binary":
-        fn = OPS[op].fn
-        out = te.compute(
-            oshape, lambda i, j: fn(ins[0][i, j], ins[1][bcast_index(spec.bcast, i, j)]),
-            name="tpp",
-        )
-    elif kind == "reduce":
-        fn = OPS[op].fn
-        red = te.max if "_max_" in op else te.sum
-        if op.endswith("_rows"):
-            r = te.reduce_axis((0, spec.m), "r")
-            out = te.compute(oshape, lambda j: red(fn(ins[0][r, j]), axis=r), name="tpp")
-        else:
-            r = te.reduce_axis((0, spec.n), "r")
-            out = te.compute(oshape, lambda i: red(fn(ins[0][i, r]), axis=r), name="tpp")
-    elif op == "transpose":
-        out = te.compute(oshape, lambda j, i: ins[0][i, j], name="tpp")
-    elif kind == "transform":
-        v, m = oshape[2], spec.m
-        out = te.compute(oshape, lambda ko, j, vv: tirx.if_then_else(
-            ko * v + vv < m, ins[0][tirx.min(ko * v + vv, m - 1), j], tirx.const(0, odt)),
-            name="tpp")
-    else:
-        geo = contraction_geometry(spec)
-        rs = [te.reduce_axis((0, e), f"r{d}") for d, e in enumerate(geo.batch)]
-        k = te.reduce_axis((0, spec.k), "k")
-        out = te.compute(oshape, lambda i, j: te.sum(
-            ins[0][geo.a_index(rs, i, k)] * ins[1][geo.b_index(rs, k, j)], axis=[*rs, k]),
-            name="tpp")
-    return te.create_prim_func([*ins, out])
-
-
-def _cast(x, dtype):
-    return x if dtype_of(x) == dtype else tirx.Cast(dtype, x)
-
-
-def _desc_func(desc: tirx.PrimFunc, shapes) -> tirx.PrimFunc:
-    """The description itself, on contiguous buffers (for in-place TPPs like muladd)."""
-    binds = {}
-    for param, shape in zip(desc.params, shapes):
-        strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
-        binds[param] = tirx.decl_buffer(shape, param.dtype, name=str(param.name),
-                                        strides=strides if len(param.strides) else None)
-    return desc.specialize(binds)
 
 
 def build(spec: TPPSpec, isa: str = "avx512"):
     """Compile the tensorized TPP; returns (runtime module, operand shapes, dtypes)."""
-    desc = describe(spec)
-    shapes = operand_shapes(spec)
-    dtypes = [str(p.dtype) for p in desc.params]
-    func = _te_func(spec, shapes, dtypes)
-    func = func if func is not None else _desc_func(desc, shapes)
-    sch = s_tir.Schedule(func)
-    block = sch.get_sblock("tpp")
-    loops = sch.get_loops(block)
-    if spec.kind == "brgemm" and spec.beta == 1:
-        sch.decompose_reduction(block, loops[0])
-    sch.tensorize(loops[0], intrinsic(spec, isa))
+    sch = s_tir.Schedule(workload(spec))
+    block = sch.get_sblock(BLOCK)
+    sch.tensorize(sch.get_loops(block)[0], intrinsic(spec, isa))
     mod = tvm.compile(sch.mod, target=target(isa, num_cores=1)).jit()
-    return mod, shapes, dtypes
+    return mod, operand_shapes(spec), operand_dtypes(spec)
 
 
 def _gelu(x):
@@ -164,7 +69,7 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
     a = [x.astype(np.float64) for x in args]
     if spec.kind == "brgemm":
         geo = contraction_geometry(spec)
-        out = np.zeros((spec.m, spec.n))  # beta 1 accumulates onto the TE init (zeros)
+        out = a[-1].copy() if spec.beta == 1 else np.zeros((spec.m, spec.n))
         for idx in np.ndindex(*geo.batch, spec.k):
             rs, k = idx[:-1], idx[-1]
             col = np.array([a[0][geo.a_index(rs, i, k)] for i in range(spec.m)])
@@ -217,3 +122,49 @@ def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> tuple[np.ndarray, 
     tensors = [tvm.runtime.tensor(x) for x in args]
     mod(*tensors)
     return tensors[-1].numpy(), reference(spec, args)
+
+
+def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
+    """fp32 results within ``rtol`` (absolute ``rtol`` x the result's scale near zero, where
+    sums cancel); other dtypes (conversions, data movement) bit-exact."""
+    if got.dtype != np.float32:
+        np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=spec.name("avx512"))
+        return
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale,
+                               err_msg=spec.name("avx512"))
+
+
+def tile_loops(sch: s_tir.Schedule, spec: TPPSpec, big: TPPSpec):
+    """Split the ``tpp`` block of ``big``'s workload into tiles of ``spec``; return the
+    loop to tensorize (tiles then have a leading dimension and offset of the big tensor)."""
+    loops = sch.get_loops(sch.get_sblock(BLOCK))
+    if spec.kind == "reduce":  # only the kept axis is tiled; the reduction stays whole
+        tile = spec.n if spec.op.endswith("_rows") else spec.m
+        _, inner = sch.split(loops[0], [None, tile])
+        return inner
+    first, second = (spec.n, spec.m) if spec.op == "transpose" else (spec.m, spec.n)
+    o0, i0 = sch.split(loops[0], [None, first])
+    o1, i1 = sch.split(loops[1], [None, second])
+    sch.reorder(o0, o1, i0, i1)
+    return i0
+
+
+def run_tiled(spec: TPPSpec, reps: tuple[int, int] = (2, 3), seed: int = 0,
+              isa: str = "avx512") -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`run`, on a tensor of ``reps`` tiles, each computed by the TPP in place.
+
+    Proves the intrinsic matches sub-tiles (free leading dimension, non-zero offsets).
+    Reductions tile only their kept axis.
+    """
+    rows, cols = reps
+    if spec.kind == "reduce":
+        rows, cols = (1, cols) if spec.op.endswith("_rows") else (rows, 1)
+    big = spec.with_shape(spec.m * rows, spec.n * cols)
+    sch = s_tir.Schedule(workload(big))
+    sch.tensorize(tile_loops(sch, spec, big), intrinsic(spec, isa))
+    mod = tvm.compile(sch.mod, target=target(isa, num_cores=1)).jit()
+    args = inputs_for(big, operand_shapes(big), operand_dtypes(big), np.random.default_rng(seed))
+    tensors = [tvm.runtime.tensor(x) for x in args]
+    mod(*tensors)
+    return tensors[-1].numpy(), reference(big, args)

@@ -25,7 +25,19 @@ Methods:
   ``gelu_tanh`` as ``x sigmoid(2u)``, which is the same function as ``x (1 + tanh u) / 2``
   without the cancellation.
 
+Measured over 0.6 M inputs spanning every exponent (``tests/test_vector_math.py``), max
+relative error: exp 8.3e-8, tanh 1.5e-7, erf 1.7e-7, erfc 4.0e-7, sigmoid 1.8e-7, gelu
+1.3e-6 (4.5e-7 for x > -5), gelu_inv 1.8e-6 from 0.1 off its root at x = -0.75 (2.1e-7
+absolute everywhere); gelu_tanh 2.8e-7 for |x| < 1 but up to 1.2e-5 on the far negative tail, where
+the fp32 rounding of u itself is amplified by |2u| (the exact fp32 formula returns 0
+there). Denormal results are within 100 denormal units (exp: correctly rounded). NaN in
+gives NaN out; +-inf give the limits.
+
 sqrt, rsqrt, reciprocal and division are not here: IEEE vector instructions do them.
+
+TIR expressions are trees: each function repeats its argument several times (LLVM merges
+the copies), so pass loads or variables, not large expressions. Let-bindings do not help:
+TVM's simplifier inlines pure lets, and nested copies then grow exponentially.
 """
 
 from __future__ import annotations
@@ -101,6 +113,8 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _GELU_TANH_C = 0.044715
 # Clearing the low 12 mantissa bits leaves 12 significant bits: the square is exact in fp32.
 _SPLIT_MASK = -4096
+_ABS_MASK = 0x7FFFFFFF
+_INF_BITS = 0x7F800000  # NaNs are the bit patterns above inf's (ignoring the sign)
 
 
 def _int_type(x: Expr) -> str:
@@ -137,7 +151,9 @@ def _clamp(x: Expr, lo: float, hi: float) -> Expr:
 
 def _keep_nan(x: Expr, result: Expr) -> Expr:
     """``result``, or NaN where ``x`` is NaN (the clamps above drop NaN)."""
-    return tirx.Select(tirx.isnan(x), x, result)
+    # On the bits: tirx.isnan cannot take scalable vectors.
+    magnitude = tirx.bitwise_and(tirx.reinterpret(_int_type(x), x), tirx.const(_ABS_MASK, "int32"))
+    return tirx.Select(magnitude > tirx.const(_INF_BITS, "int32"), x, result)
 
 
 def _copysign(mag: Expr, sign: Expr) -> Expr:
