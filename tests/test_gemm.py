@@ -69,13 +69,36 @@ def test_gemm_random_shapes(m, n, k):
 
 
 def test_microkernel_is_tensorized():
-    """The C tile goes through the BRGEMM TPP and the epilogue through add/relu TPPs."""
+    """The C tile goes through the BRGEMM TPP and the epilogue through one equation TPP."""
     kernel = build_gemm(48, 128, 32, bias=True, activation="relu")
     trace = str(kernel.schedule.trace)
     plan = kernel.plan
     assert f"tpp.gemm.f32.avx512.m{plan.mr}n{plan.nr}k32.beta0" in trace
-    assert f"tpp.add.f32.avx512.m{plan.mr}n{plan.nr}.bcast_row" in trace
-    assert f"tpp.relu.f32.avx512.m{plan.mr}n{plan.nr}" in trace
+    assert f"tpp.equation.f32.avx512.m{plan.mr}n{plan.nr}.bias_relu" in trace
+
+
+def test_padded_epilogue_splits_at_the_padding():
+    """Bias/activation run on padded tiles; the residual joins the unpadding copy."""
+    rng = np.random.default_rng(3)
+    m, n, k = 13, 70, 9
+    a = rng.standard_normal((m, k), dtype="float32")
+    b = rng.standard_normal((k, n), dtype="float32")
+    bias = rng.standard_normal(n, dtype="float32")
+    res = rng.standard_normal((m, n), dtype="float32")
+    import tvm
+
+    from tpp_tvm.schedules.gemm import gemm_schedule
+    from tpp_tvm.target import target
+    sch, plan = gemm_schedule(m, n, k, "avx512", bias=True, activation="tanh", residual=True,
+                              post_activation="relu")
+    assert (plan.mp, plan.np_) != (m, n)
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    out = np.zeros((m, n), "float32")
+    args = [tvm.runtime.tensor(x) for x in (
+        a, pack_b_numpy(b, plan.nr, "kn", plan.kp), np.pad(bias, (0, plan.np_ - n)), res, out)]
+    lib(*args)
+    want = np.maximum(np.tanh(a @ b + bias) + res, 0)
+    np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_plan_pads_little():

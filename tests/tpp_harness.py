@@ -90,6 +90,11 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
         if "_max_" in op:
             return a[0].max(axis=axis)
         return (a[0] ** 2 if "sumsq" in op else a[0]).sum(axis=axis)
+    if spec.kind == "equation":
+        v, it = a[0], iter(a[1:])
+        for step in spec.steps:
+            v = v + next(it) if step in ("bias", "residual") else UNARY[step](v)
+        return v
     if op == "transpose":
         return a[0].T
     v = 2 if op == "vnni2" else 4

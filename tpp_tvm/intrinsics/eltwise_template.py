@@ -29,10 +29,12 @@ from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
 from .spec import (
+    MAX_EQUATION_STEPS,
     OPS,
     TPPSpec,
     bcast_shape,
     dtype_of,
+    equation_operands,
     reduce_combine,
     reduce_identity,
     transform_out_shape,
@@ -513,6 +515,103 @@ def _vnni(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
+def _equation(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Equation: each vector of X goes through every step in registers, then one store.
+
+    The running value lives in a one-vector local buffer so each step's math (which may
+    repeat its argument, e.g. gelu) reads a register, not a re-expanded expression.
+    """
+    M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
+    row = _Row(isa, dt, N)
+    vt = isa.vtype(dt)
+    kinds = equation_operands(steps)
+    shapes = [(N,) if k == "bias" else (M, N) for k in kinds]
+    slots = list(steps) + [None] * (MAX_EQUATION_STEPS - len(steps))
+    operand_of = {}  # slot -> index into the operand list
+    for slot, step in enumerate(steps):
+        if step in ("bias", "residual"):
+            operand_of[slot] = len(operand_of)
+
+    def operand(ops, slot, i, v, tail):
+        P = ops[operand_of[slot]]
+        if steps[slot] == "bias":
+            return row.load_tail(P[row.tail_start]) if tail else P[row.at(v)]
+        return row.load_tail(P[i, row.tail_start]) if tail else P[i, row.at(v)]
+
+    def apply(slot, value, ops, i, v, tail):
+        step = slots[slot]
+        if step is None:
+            return value
+        if step in ("bias", "residual"):
+            return value + operand(ops, slot, i, v, tail)
+        return vector_fn(step)(value)
+
+    def strides(shape):
+        return [1] if len(shape) == 1 else [T.int32(), 1]
+
+    # One statement per step slot (MAX_EQUATION_STEPS of them; unused slots are no-ops).
+    @T.macro
+    def steps_at(t, ops, i, v, tail):
+        t[0] = apply(0, t[0], ops, i, v, tail)
+        t[0] = apply(1, t[0], ops, i, v, tail)
+        t[0] = apply(2, t[0], ops, i, v, tail)
+        t[0] = apply(3, t[0], ops, i, v, tail)
+
+    @T.macro
+    def rows(X, Y, ops, t):
+        for i in T.serial(M):
+            for v in T.serial(row.full):
+                t[0] = X[i, row.at(v)]
+                steps_at(t, ops, i, v, False)
+                Y[i, row.at(v)] = t[0]
+            if row.tail:
+                t[0] = row.load_tail(X[i, row.tail_start])
+                steps_at(t, ops, i, 0, True)
+                T.evaluate(row.store_tail(t[0], Y[i, row.tail_start]))
+
+    if not kinds:
+
+        @T.prim_func(s_tir=True)
+        def impl(x: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), **_mat(dt))
+            Y = T.match_buffer(y, (M, N), **_mat(dt))
+            with T.sblock("root"):
+                T.reads(X[0:M, 0:N])
+                T.writes(Y[0:M, 0:N])
+                t = T.alloc_buffer((1,), vt, scope="local")
+                rows(X, Y, [], t)
+
+        return impl
+    if len(kinds) == 1:
+
+        @T.prim_func(s_tir=True)
+        def impl(x: T.handle, p: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), **_mat(dt))
+            P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
+            Y = T.match_buffer(y, (M, N), **_mat(dt))
+            with T.sblock("root"):
+                T.reads(whole(X), whole(P))
+                T.writes(Y[0:M, 0:N])
+                t = T.alloc_buffer((1,), vt, scope="local")
+                rows(X, Y, [P], t)
+
+        return impl
+
+    @T.prim_func(s_tir=True)
+    def impl(x: T.handle, p: T.handle, q: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat(dt))
+        P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
+        Q = T.match_buffer(q, shapes[1], dt, offset_factor=1, strides=strides(shapes[1]))
+        Y = T.match_buffer(y, (M, N), **_mat(dt))
+        with T.sblock("root"):
+            T.reads(whole(X), whole(P), whole(Q))
+            T.writes(Y[0:M, 0:N])
+            t = T.alloc_buffer((1,), vt, scope="local")
+            rows(X, Y, [P, Q], t)
+
+    return impl
+
+
 _TEMPLATES = {
     "zero": _zero,
     "unary": _unary,
@@ -521,6 +620,7 @@ _TEMPLATES = {
     "muladd": _muladd,
     "reduce": _reduce,
     "transform": _transform,
+    "equation": _equation,
 }
 
 

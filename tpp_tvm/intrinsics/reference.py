@@ -20,6 +20,8 @@ from .spec import (
     contraction_geometry,
     describe,
     dtype_of,
+    equation_expr,
+    equation_operands,
     reduce_combine,
     reduce_identity,
     transform_out_shape,
@@ -45,6 +47,9 @@ def operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
         return [(m, n), bcast_shape(spec), (m, n)]
     if kind == "reduce":
         return [(m, n), (n,) if spec.op.endswith("_rows") else (m,)]
+    if kind == "equation":
+        extra = [(n,) if k == "bias" else (m, n) for k in equation_operands(spec.steps)]
+        return [(m, n), *extra, (m, n)]
     return [(m, n), transform_out_shape(spec)]
 
 
@@ -108,6 +113,12 @@ def te_compute(
         else:
             r = te.reduce_axis((0, spec.n), "r")
             out = te.compute(oshape, lambda i: red(fn(x[i, r]), axis=r), name=name)
+    elif kind == "equation":
+        x, ops = inputs[0], inputs[1:]
+        kinds = equation_operands(spec.steps)
+        out = te.compute(oshape, lambda i, j: equation_expr(spec.steps, x[i, j], [
+            p[j] if k == "bias" else p[i, j] for p, k in zip(ops, kinds)
+        ]), name=name)
     elif op == "transpose":
         x = inputs[0]
         out = te.compute(oshape, lambda j, i: x[i, j], name=name)

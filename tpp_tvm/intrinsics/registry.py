@@ -64,10 +64,21 @@ def catalogue(dtype: str = "float32") -> list[TPPSpec]:
                                  batch=1 if op == "gemm" else 4))
         elif d.kind in ("binary", "muladd"):
             specs.extend(TPPSpec(op, dtype, m=8, n=37, bcast=b) for b in BCASTS)
+        elif d.kind == "equation":
+            specs.extend(TPPSpec(op, dtype, m=8, n=37, steps=steps) for steps in EXAMPLE_EQUATIONS)
         else:
             specs.append(TPPSpec(op, dtype, m=8, n=37))
     return specs
 
+
+#: Equations in the catalogue: the GEMM/convolution epilogues the graph pass emits.
+EXAMPLE_EQUATIONS = (
+    ("bias", "gelu"),
+    ("bias", "residual"),
+    ("bias", "residual", "relu"),
+    ("residual", "relu"),
+    ("tanh", "square"),
+)
 
 _CATALOGUE_ISAS = ("avx512",)
 

@@ -137,6 +137,13 @@ OPS: dict[str, OpDef] = {
     "max": OpDef("binary", tirx.max, "Z = max(X, Y)"),
     "min": OpDef("binary", tirx.min, "Z = min(X, Y)"),
     "muladd": OpDef("muladd", lambda x, y, z: x * y + z, "Z = X * Y + Z"),
+    # equations
+    "equation": OpDef(
+        "equation",
+        None,
+        "Y = steps applied to X in order; a step is a unary TPP, 'bias' (+ a row vector "
+        "(N,)) or 'residual' (+ an (M, N) operand): e.g. a GEMM's fused epilogue",
+    ),
     # reductions
     "reduce_add_rows": OpDef("reduce", lambda x: x, "Y[j] = sum_i X[i, j]"),
     "reduce_max_rows": OpDef("reduce", lambda x: x, "Y[j] = max_i X[i, j]"),
@@ -188,6 +195,7 @@ class TPPSpec:
     bcast: str = "none"
     out_dtype: str | None = None
     stride: int = 1
+    steps: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -213,6 +221,17 @@ class TPPSpec:
             raise UnsupportedShapeError(f"TPP {self.op}: bcast {self.bcast!r} not in {BCASTS}")
         if self.bcast != "none" and self.kind not in ("binary", "muladd"):
             raise UnsupportedShapeError(f"TPP {self.op}: only binary TPPs take a broadcast flag")
+        if (self.op == "equation") != bool(self.steps):
+            raise UnsupportedShapeError("TPP equation needs steps; other TPPs take none")
+        if len(equation_operands(self.steps)) > 2 or len(self.steps) > MAX_EQUATION_STEPS:
+            raise UnsupportedShapeError(
+                f"TPP equation: at most {MAX_EQUATION_STEPS} steps, two of them bias/residual"
+            )
+        bad = [s for s in self.steps if s not in EQUATION_STEPS]
+        if bad:
+            raise UnsupportedShapeError(
+                f"TPP equation: unknown steps {bad}; steps are {', '.join(EQUATION_STEPS)}"
+            )
 
     @property
     def kind(self) -> str:
@@ -238,6 +257,8 @@ class TPPSpec:
                 parts.append("beta0")
         if self.bcast != "none":
             parts.append(f"bcast_{self.bcast}")
+        if self.steps:
+            parts.append("_".join(self.steps))
         if self.out_dtype and self.out_dtype != self.dtype and self.kind != "brgemm":
             parts.append(f"to_{DTYPE_SHORT[self.out_dtype]}")
         return ".".join(parts)
@@ -573,6 +594,99 @@ def _describe_contraction(spec: TPPSpec) -> tirx.PrimFunc:
     return desc
 
 
+#: Longest equation (each step is one pass over registers, not memory).
+MAX_EQUATION_STEPS = 4
+#: Steps an equation TPP chains: the unary TPPs plus adding a bias row or a residual tile.
+EQUATION_STEPS = (
+    "bias",
+    "residual",
+    *[op for op, d in OPS.items() if d.kind == "unary" and op not in ("copy",)],
+)
+
+
+def equation_operands(steps: tuple[str, ...]) -> list[str]:
+    """The extra operands of an equation, in parameter order (one per bias/residual step)."""
+    return [s for s in steps if s in ("bias", "residual")]
+
+
+def equation_step(step: str, v: tirx.Expr, operand: tirx.Expr | None) -> tirx.Expr:
+    """One step of an equation on value ``v`` (``operand`` for bias/residual steps)."""
+    if step in ("bias", "residual"):
+        return v + operand
+    return OPS[step].fn(v)
+
+
+def equation_expr(steps: tuple[str, ...], x: tirx.Expr, operands: list[tirx.Expr]) -> tirx.Expr:
+    """The whole equation as one expression (descriptions and TE workloads share it)."""
+    it = iter(operands)
+    v = x
+    for step in steps:
+        v = equation_step(step, v, next(it) if step in ("bias", "residual") else None)
+    return v
+
+
+def _describe_equation(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
+    kinds = equation_operands(steps)
+    shapes = [(N,) if k == "bias" else (M, N) for k in kinds]
+
+    def body(X, ops, i, j):
+        return equation_expr(steps, X[i, j], [
+            P[j] if k == "bias" else P[i, j] for P, k in zip(ops, kinds)
+        ])
+
+    def strides(shape):
+        return [1] if len(shape) == 1 else [T.int32(), 1]
+
+    if len(kinds) == 0:
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+            Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(X[0:M, 0:N])
+                T.writes(Y[0:M, 0:N])
+                for i, j in T.grid(M, N):
+                    with T.sblock("tpp"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        Y[vi, vj] = body(X, [], vi, vj)
+
+        return desc
+    if len(kinds) == 1:
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, p: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+            P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
+            Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(whole(X), whole(P))
+                T.writes(Y[0:M, 0:N])
+                for i, j in T.grid(M, N):
+                    with T.sblock("tpp"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        Y[vi, vj] = body(X, [P], vi, vj)
+
+        return desc
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, p: T.handle, q: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
+        Q = T.match_buffer(q, shapes[1], dt, offset_factor=1, strides=strides(shapes[1]))
+        Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(whole(X), whole(P), whole(Q))
+            T.writes(Y[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Y[vi, vj] = body(X, [P, Q], vi, vj)
+
+    return desc
+
+
 _DESCRIBERS = {
     "unary": _describe_unary,
     "zero": _describe_zero,
@@ -581,6 +695,7 @@ _DESCRIBERS = {
     "muladd": _describe_muladd,
     "reduce": _describe_reduce,
     "transform": _describe_transform,
+    "equation": _describe_equation,
 }
 
 

@@ -67,7 +67,7 @@ def plan_conv(shape: ConvShape) -> GemmPlan:
 
 def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
             residual: bool, post_activation: str | None = None
-            ) -> tuple[list[te.Tensor], te.Tensor]:
+            ) -> tuple[list[te.Tensor], te.Tensor, list]:
     """TE stages of the convolution; inputs: data, packed filter, [bias], [residual]."""
     sh, nr = shape, plan.nr
     owp, ocp = plan.mp, plan.np_
@@ -108,9 +108,9 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
             ),
             name="C",
         )
-    extra, out = epilogue_te(C, (sh.n, sh.oh, sh.ow, sh.oc), bias, activation, residual,
-                             post_activation)
-    return [X, W, *extra], out
+    extra, out, stages = epilogue_te(C, (sh.n, sh.oh, sh.ow, sh.oc), bias, activation,
+                                     residual, post_activation)
+    return [X, W, *extra], out, stages
 
 
 def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
@@ -118,7 +118,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
                   post_activation: str | None = None) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking."""
     plan = plan_conv(shape)
-    inputs, out = conv_te(shape, plan, bias, activation, residual, post_activation)
+    inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
     blk = sch.get_sblock("C")
     n, y, x, o, *red = sch.get_loops(blk)
@@ -133,7 +133,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         tile_loop = sch.fuse(n, y, xo, oo)
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad",))
-    epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr)
+    epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
     spec = TPPSpec("conv_brgemm", m=plan.mr, n=plan.nr, k=shape.s * shape.c, beta=0,
                    batch=shape.r, stride=shape.stride * shape.c)
     if not _try_tensorize(sch, xi, spec, isa, "conv tile"):

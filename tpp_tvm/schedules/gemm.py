@@ -25,6 +25,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec, intrinsic
+from ..intrinsics.spec import equation_expr, equation_operands
 from ..runtime import configure_threads, target_threads
 from ..target import host_isa, isa_of
 from ..target import target as tpp_target
@@ -107,39 +108,47 @@ def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
     return te.compute(shape, at, name=name)
 
 
+def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ...],
+                    operands: list[te.Tensor], name: str) -> te.Tensor:
+    kinds = equation_operands(steps)
+    return te.compute(shape, lambda *ix: equation_expr(steps, src[ix], [
+        p[ix[-1]] if k == "bias" else p[ix] for p, k in zip(operands, kinds)
+    ]), name=name)
+
+
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
                 residual: bool, post_activation: str | None = None
-                ) -> tuple[list[te.Tensor], te.Tensor]:
-    """The fused epilogue stages after a contraction C (padded in its last two dims).
+                ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
+    """The fused epilogue after a contraction C (padded in its last two dims), as equation
+    TPPs: Y = post(act(C + bias) + residual), one pass over each register tile.
 
-    Stages (each one TPP on a register tile): ``bias_add`` (row broadcast over the last
-    dim; the bias is padded like the packed weight), the activation, ``out`` (drop the
-    padding) and ``residual_add``. Returns (extra inputs, output tensor).
+    Unpadded, that is one stage (``epilogue``). Padded, the steps that work on the padded
+    tile (bias, act) form ``epilogue`` and the rest go with dropping the padding (``out``),
+    whose edge tiles cannot be tensorized. Returns (extra inputs, output tensor, stages as
+    (name, equation steps; none for a plain copy)).
     """
-    inputs = []
-    out = C
-    if bias:
-        b = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed")
-        inputs.append(b)
-        src = out
-        out = te.compute(src.shape, lambda *ix: src[ix] + b[ix[-1]], name="bias_add")
-    if activation:
-        fn = OPS[activation].fn
-        src = out
-        out = te.compute(src.shape, lambda *ix: fn(src[ix]), name=activation)
-    if tuple(int(d) for d in C.shape) != tuple(valid):
-        src = out
+    padded = tuple(int(d) for d in C.shape) != tuple(valid)
+    bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
+    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
+    inputs = [t for t in (bias_t, res_t) if t is not None]
+    pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
+    post = (("residual",) if residual else ()) + ((post_activation,) if post_activation else ())
+    if not padded:
+        steps = pre + post
+        if not steps:
+            return inputs, C, []
+        return inputs, _equation_stage(C, valid, steps, inputs, "epilogue"), [("epilogue", steps)]
+    out, stages = C, []
+    if pre:
+        out = _equation_stage(C, tuple(C.shape), pre, [bias_t] if bias else [], "epilogue")
+        stages.append(("epilogue", pre))
+    src = out
+    stages.append(("out", post))
+    if post:
+        out = _equation_stage(src, valid, post, [res_t] if residual else [], "out")
+    else:
         out = te.compute(valid, lambda *ix: src[ix], name="out")
-    if residual:
-        res = te.placeholder(valid, "float32", name="residual")
-        inputs.append(res)
-        src = out
-        out = te.compute(valid, lambda *ix: src[ix] + res[ix], name="residual_add")
-    if post_activation:
-        fn = OPS[post_activation].fn
-        src = out
-        out = te.compute(valid, lambda *ix: fn(src[ix]), name=post_activation + "_post")
-    return inputs, out
+    return inputs, out, stages
 
 
 def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
@@ -155,21 +164,14 @@ def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
         sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
 
 
-def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int) -> list[tuple[str, TPPSpec]]:
+def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int,
+                  stages: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, TPPSpec]]:
     """Move the epilogue stages under the tile loop (before the tile is tensorized)."""
     epilogue = []
-    for name, spec in (
-        ("bias_add", TPPSpec("add", m=mr, n=nr, bcast="row")),
-        *[(act, TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
-        ("out", TPPSpec("copy", m=mr, n=nr)),
-        ("residual_add", TPPSpec("add", m=mr, n=nr)),
-        *[(act + "_post", TPPSpec(act, m=mr, n=nr)) for act in ACTIVATIONS],
-    ):
-        try:
-            eb = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - this kernel has no such stage
-            continue
-        sch.reverse_compute_at(eb, tile_loop)
+    for name, steps in stages:
+        spec = TPPSpec("equation", m=mr, n=nr, steps=steps) if steps else TPPSpec(
+            "copy", m=mr, n=nr)
+        sch.reverse_compute_at(sch.get_sblock(name), tile_loop)
         epilogue.append((name, spec))
     return epilogue
 
@@ -220,9 +222,9 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
             name="C",
         )
-    epilogue_inputs, out = epilogue_te(C, (*lead, m, n), bias, activation, residual,
-                                       post_activation)
-    return inputs + epilogue_inputs, out
+    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
+                                               post_activation)
+    return inputs + epilogue_inputs, out, stages
 
 
 def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
@@ -245,7 +247,8 @@ def weights_outer(a_elems: int, b_elems: int) -> bool:
     return not (4 * b_elems <= _L2_RESIDENT_BYTES and a_elems > b_elems)
 
 
-def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) -> s_tir.Schedule:
+def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
+                  stages: list[tuple[str, tuple[str, ...]]]) -> s_tir.Schedule:
     """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
     sch = s_tir.Schedule(func)
     mr, nr, k = plan.mr, plan.nr, plan.kp
@@ -266,7 +269,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool) 
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad", "B_pad"))
-    epilogue = fuse_epilogue(sch, tile_loop, mr, nr)
+    epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages)
     gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
@@ -368,9 +371,10 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking."""
     _check(m, n, k, "float32", activation)
     plan = plan_gemm(m, n, k)
-    inputs, out = gemm_te(plan, batch, bias, activation, residual, b_packed, post_activation)
+    inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
+                                  post_activation)
     func = te.create_prim_func([*inputs, out])
-    return schedule_gemm(func, plan, isa, batched=batch is not None), plan
+    return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 
 
 def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
