@@ -118,6 +118,23 @@ def test_pack_b_layouts():
     np.testing.assert_array_equal(pack_b_numpy(b.T.copy(), 3, "nk"), packed)
 
 
+@pytest.mark.parametrize("k,n,layout", [(64, 128, "kn"), (64, 128, "nk"), (7, 50, "kn"),
+                                        (1, 19, "nk")])
+def test_pack_kernel_matches_numpy_layout(k, n, layout):
+    """The packing TPP kernel writes exactly the layout pack_b_numpy defines."""
+    kernel = build_gemm(8, n, k, b_layout=layout)
+    rng = np.random.default_rng(k + n)
+    b = rng.standard_normal((k, n) if layout == "kn" else (n, k), dtype="float32")
+    want = pack_b_numpy(b, kernel.plan.nr, layout, kernel.plan.kp)
+    np.testing.assert_array_equal(kernel.pack_b(b), want)
+    if (k, n) == (64, 128):  # full panels: one copy/transpose TPP per panel
+        from tpp_tvm.schedules.gemm import pack_b_schedule
+
+        trace = str(pack_b_schedule(k, n, kernel.plan.nr, kernel.plan.kp, layout,
+                                    "avx512").trace)
+        assert ("tpp.copy" if layout == "kn" else "tpp.transpose") in trace
+
+
 def test_errors_name_the_problem():
     with pytest.raises(UnsupportedDTypeError, match="bfloat16"):
         build_gemm(8, 8, 8, dtype="bfloat16")

@@ -236,15 +236,55 @@ def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str
         return False
 
 
-#: B (all panels) up to this many bytes stays in L2 while A streams once (rows outer).
-_L2_RESIDENT_BYTES = 512 * 1024
-
-
 def weights_outer(a_elems: int, b_elems: int) -> bool:
     """Loop order: B panels outer (each panel reused over all rows, A re-streamed per
-    panel) unless all of B fits in L2 and A is the bigger operand, then rows outer so A
-    streams from memory exactly once."""
-    return not (4 * b_elems <= _L2_RESIDENT_BYTES and a_elems > b_elems)
+    panel) unless all of B fits in half the L2 and A is the bigger operand, then rows
+    outer so A streams from memory exactly once. (The L2 size is the host's.)"""
+    l2_budget = (host_isa().l2_bytes or 1024 * 1024) // 2
+    return not (4 * b_elems <= l2_budget and a_elems > b_elems)
+
+
+#: A B panel (K x nr) larger than this leaves L2 between row blocks: block K then.
+_PANEL_BYTES = 192 * 1024
+#: Target size of one K block of a panel (stays in L2 while all row blocks use it).
+_PANEL_BLOCK_BYTES = 128 * 1024
+
+
+def k_block(k: int, nr: int) -> int | None:
+    """K block for a panel too big for L2 (a divisor of k, >= 64), or None: no blocking."""
+    if 4 * k * nr <= _PANEL_BYTES:
+        return None
+    best = None
+    for kc in range(64, k):
+        if k % kc == 0 and 4 * kc * nr <= _PANEL_BLOCK_BYTES:
+            best = kc
+    return best
+
+
+def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lead: list,
+                        io, ii, jo, ji, kk) -> s_tir.Schedule:
+    """Large K: per column panel, reduce K in L2-sized blocks over all row blocks.
+
+    C's (M x nr) panel is zeroed once, each K block accumulates into it (beta 1: the tile
+    reload is cheap next to kc FMAs per element) and the epilogue runs on the finished
+    panel. Panels are the parallel unit.
+    """
+    ko, ki = sch.split(kk, [None, kc])
+    sch.reorder(*lead, jo, ko, io, ii, ji, ki)
+    panel_loop = sch.fuse(*lead, jo) if lead else jo
+    sch.parallel(panel_loop)
+    schedule_pads(sch, ("A_pad", "B_pad"))
+    epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
+    init = sch.decompose_reduction(blk, ko)
+    init_loops = sch.get_loops(init)
+    if not _try_tensorize(sch, init_loops[-2], TPPSpec("zero", m=plan.mp, n=plan.nr), isa,
+                          "C panel init"):
+        sch.vectorize(init_loops[-1])
+    gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=kc, beta=1)
+    if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
+        raise RuntimeError("K-blocked GEMM microkernel did not tensorize")  # a bug
+    tensorize_epilogue(sch, epilogue, isa)
+    return sch
 
 
 def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
@@ -260,6 +300,10 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
         i, j, kk = loops
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
+    kc = k_block(k, nr)
+    if kc is not None:
+        return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
+                                   [b] if batched else [], io, ii, jo, ji, kk)
     if weights_outer(plan.mp * k, k * plan.np_):
         sch.reorder(jo, io, ii, ji, kk)
         outer = [b, jo, io] if batched else [jo, io]
@@ -292,12 +336,45 @@ def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = 
     )
 
 
+def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
+                    ) -> s_tir.Schedule:
+    """B packing as a TPP kernel: each (kp x nr) panel is one copy TPP (``kn``: a strided
+    block of B) or one transpose TPP (``nk``: a linear layer's weight); zero padding
+    (N or K tails) is a plain vectorized loop."""
+    np_ = -(-n // nr) * nr
+    B = te.placeholder((k, n) if b_layout == "kn" else (n, k), "float32", name="B")
+
+    def at(kk, j):
+        return B[kk, j] if b_layout == "kn" else B[j, kk]
+
+    padded = (kp, np_) != (k, n)
+
+    def panel(jb, kk, jj):
+        j = jb * nr + jj
+        if not padded:
+            return at(kk, j)
+        return tirx.if_then_else(tirx.all(kk < k, j < n),
+                                 at(tirx.min(kk, k - 1), tirx.min(j, n - 1)),
+                                 tirx.const(0, "float32"))
+
+    Bp = te.compute((np_ // nr, kp, nr), panel, name="pack")
+    sch = s_tir.Schedule(te.create_prim_func([B, Bp]))
+    jb, kk, jj = sch.get_loops(sch.get_sblock("pack"))
+    sch.parallel(jb)
+    spec = (TPPSpec("copy", m=kp, n=nr) if b_layout == "kn"
+            else TPPSpec("transpose", m=nr, n=kp))
+    if padded or not _try_tensorize(sch, kk, spec, isa, "B panel"):
+        sch.vectorize(jj)
+    return sch
+
+
 class GemmKernel:
     """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``)."""
 
     def __init__(self, plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
                  b_layout: str, rt_mod: tvm.runtime.Module, sch: s_tir.Schedule,
-                 compile_seconds: float, threads: int = 1) -> None:
+                 compile_seconds: float, threads: int = 1, isa: str = "avx512",
+                 target: tvm.target.Target | None = None) -> None:
         self.plan = plan
         self.batch = batch
         self.bias = bias
@@ -308,6 +385,8 @@ class GemmKernel:
         self.compile_seconds = compile_seconds
         self._dev = tvm.cpu()
         self.threads = configure_threads(threads)
+        self.isa, self.target = isa, target
+        self._pack = None
 
     @property
     def flops(self) -> int:
@@ -322,8 +401,15 @@ class GemmKernel:
             raise UnsupportedShapeError(
                 f"GEMM: B has shape {np.shape(b)}, expected {want} ({self.b_layout} layout)"
             )
-        return pack_b_numpy(np.asarray(b, dtype="float32"), self.plan.nr, self.b_layout,
-                            self.plan.kp)
+        if self.batch:  # batched B: per-entry panels, the same layout as the TPP kernel's
+            return pack_b_numpy(np.asarray(b, dtype="float32"), p.nr, self.b_layout, p.kp)
+        if self._pack is None:
+            sch = pack_b_schedule(p.k, p.n, p.nr, p.kp, self.b_layout, self.isa)
+            self._pack = tvm.compile(sch.mod, target=self.target).jit()
+        src = tvm.runtime.tensor(np.ascontiguousarray(b, dtype="float32"), self._dev)
+        out = tvm.runtime.tensor(np.empty((p.np_ // p.nr, p.kp, p.nr), "float32"), self._dev)
+        self._pack(src, out)
+        return out.numpy()
 
     def _check_a(self, a: np.ndarray) -> None:
         p = self.plan
@@ -398,7 +484,8 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation)
     rt = tvm.compile(sch.mod, target=tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
-                      time.perf_counter() - t0, threads=target_threads(tgt))
+                      time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,
+                      target=tgt)
 
 
 __all__ = ["ACTIVATIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm", "host_isa"]
