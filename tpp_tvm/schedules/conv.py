@@ -20,6 +20,8 @@ from tvm import s_tir, te, tirx
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from .gemm import (
+    PANEL_BLOCK_BYTES,
+    PANEL_BYTES,
     GemmPlan,
     _try_tensorize,
     epilogue_te,
@@ -27,6 +29,7 @@ from .gemm import (
     plan_gemm,
     schedule_pads,
     tensorize_epilogue,
+    tensorize_rows,
     weights_outer,
 )
 
@@ -124,6 +127,22 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     n, y, x, o, *red = sch.get_loops(blk)
     xo, xi = sch.split(x, [None, plan.mr])
     oo, oi = sch.split(o, [None, plan.nr])
+    kc = conv_k_block(shape.r, shape.s * shape.c, plan.nr)
+    if kc is not None:
+        *rs, k = red
+        ko, ki = sch.split(k, [None, kc])
+        sch.reorder(oo, *rs, ko, n, y, xo, xi, oi, ki)
+        sch.parallel(oo)
+        schedule_pads(sch, ("A_pad",))
+        epilogue = fuse_epilogue(sch, oo, plan.mr, plan.nr, stages)
+        init = sch.decompose_reduction(blk, rs[0] if rs else ko)
+        tensorize_rows(sch, init, TPPSpec("zero", m=plan.mr, n=plan.nr), isa, "C panel init")
+        spec = TPPSpec("conv_brgemm", m=plan.mr, n=plan.nr, k=kc, beta=1, batch=1,
+                       stride=shape.stride * shape.c)
+        if not _try_tensorize(sch, xi, spec, isa, "conv tile"):
+            raise RuntimeError("K-blocked conv microkernel did not tensorize")  # a bug
+        tensorize_epilogue(sch, epilogue, isa)
+        return sch, plan
     if weights_outer(shape.n * shape.h * shape.w * shape.c,
                      shape.r * shape.s * shape.c * plan.np_):
         sch.reorder(oo, n, y, xo, xi, oi, *red)
@@ -140,6 +159,19 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         raise RuntimeError("conv microkernel did not tensorize")  # a bug, not user input
     tensorize_epilogue(sch, epilogue, isa)
     return sch, plan
+
+
+def conv_k_block(r: int, sc: int, nr: int) -> int | None:
+    """Reduction block (a divisor of S*C) when a filter panel (R x S*C x nr) outgrows L2:
+    the panel is then reduced one filter row and ``kc`` elements at a time over all output
+    pixels. None when the panel fits."""
+    if 4 * r * sc * nr <= PANEL_BYTES:
+        return None
+    best = None
+    for kc in range(64, sc + 1):
+        if sc % kc == 0 and 4 * kc * nr <= PANEL_BLOCK_BYTES:
+            best = kc
+    return best
 
 
 def pack_filter(w_oihw: np.ndarray, nr: int) -> np.ndarray:

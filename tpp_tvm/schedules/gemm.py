@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -176,16 +176,32 @@ def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int,
     return epilogue
 
 
+def tensorize_rows(sch: s_tir.Schedule, block, spec: TPPSpec, isa: str, what: str) -> bool:
+    """Tensorize a spatial stage under its anchor loop as one (rows x last dim) TPP tile.
+
+    Loops before the last are fused into rows, so a stage that covers a 4D region (a
+    convolution's panel) is one 2D TPP; the spec's m becomes the row count. A stage that
+    cannot be (a predicated edge tile) is vectorized instead. Returns whether it was.
+    """
+    loops = sch.get_loops(block)[1:]
+    if len(loops) >= 2:
+        rows_loop = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        rows = sch.get(rows_loop).extent
+        if isinstance(rows, tirx.IntImm) and rows.value >= 2:
+            if _try_tensorize(sch, rows_loop, replace(spec, m=int(rows)), isa, what):
+                return True
+        loops = sch.get_loops(block)[1:]
+    try:
+        sch.vectorize(loops[-1])
+    except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
+        log.debug("%s left to LLVM (%s)", what, str(err).splitlines()[-1])
+    return False
+
+
 def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]], isa: str) -> None:
     """Each fused epilogue stage becomes its TPP; a tail tile is vectorized instead."""
     for name, spec in epilogue:
-        eloops = sch.get_loops(sch.get_sblock(name))[1:]
-        if len(eloops) >= 2 and _try_tensorize(sch, eloops[-2], spec, isa, name):
-            continue
-        try:
-            sch.vectorize(eloops[-1])
-        except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
-            log.debug("epilogue %s left to LLVM (%s)", name, str(err).splitlines()[-1])
+        tensorize_rows(sch, sch.get_sblock(name), spec, isa, name)
 
 
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
@@ -245,18 +261,18 @@ def weights_outer(a_elems: int, b_elems: int) -> bool:
 
 
 #: A B panel (K x nr) larger than this leaves L2 between row blocks: block K then.
-_PANEL_BYTES = 192 * 1024
+PANEL_BYTES = 192 * 1024
 #: Target size of one K block of a panel (stays in L2 while all row blocks use it).
-_PANEL_BLOCK_BYTES = 128 * 1024
+PANEL_BLOCK_BYTES = 128 * 1024
 
 
 def k_block(k: int, nr: int) -> int | None:
     """K block for a panel too big for L2 (a divisor of k, >= 64), or None: no blocking."""
-    if 4 * k * nr <= _PANEL_BYTES:
+    if 4 * k * nr <= PANEL_BYTES:
         return None
     best = None
     for kc in range(64, k):
-        if k % kc == 0 and 4 * kc * nr <= _PANEL_BLOCK_BYTES:
+        if k % kc == 0 and 4 * kc * nr <= PANEL_BLOCK_BYTES:
             best = kc
     return best
 
@@ -276,10 +292,7 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     schedule_pads(sch, ("A_pad", "B_pad"))
     epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
     init = sch.decompose_reduction(blk, ko)
-    init_loops = sch.get_loops(init)
-    if not _try_tensorize(sch, init_loops[-2], TPPSpec("zero", m=plan.mp, n=plan.nr), isa,
-                          "C panel init"):
-        sch.vectorize(init_loops[-1])
+    tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
     gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=kc, beta=1)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("K-blocked GEMM microkernel did not tensorize")  # a bug
