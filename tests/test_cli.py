@@ -157,7 +157,7 @@ def test_demo_compiles_runs_and_compares(capsys: pytest.CaptureFixture[str]) -> 
     assert re.search(r"compiling bert_encoder \(2 layers.*\)\.\.\. done in \d+\.\d s", text)
     assert re.search(r"compiling resnet .*\.\.\. done in \d+\.\d s", text)
     assert text.count("Fallbacks to TVM: none") == 2
-    assert "tpp.bmm" in text and "tpp.conv2d" in text
+    assert "tpp.attention_mask" in text and "tpp.conv2d" in text
     for err in re.findall(r"max error:\s+(\S+) abs", text):
         assert float(err) < 1e-3
 

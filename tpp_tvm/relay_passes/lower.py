@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..schedules.attention import AttentionShape, attention_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from ..schedules.rowwise import layer_norm_schedule, softmax_schedule
@@ -148,7 +149,33 @@ def _lower_rowwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     return relax.op.reshape(out, xs) if len(xs) != 2 else out
 
 
+def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                     isa: str) -> relax.Expr:
+    """One fused attention kernel over the flattened (batch·head) dimension."""
+    q, kt, v = matched["q"], matched["k_t"], matched["v"]
+    qs, ks = _shape(q), _shape(kt)
+    bh = int(np.prod(qs[:-2]))
+    c = float(matched["scale"].value.numpy().reshape(()))
+    scale = c if name.endswith("_mulscale") else 1.0 / c
+    args = [bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1]))),
+            bb.emit(relax.op.reshape(kt, (bh, ks[-2], ks[-1])))]
+    heads = bh
+    if "mask" in matched:
+        mask = matched["mask"]
+        ms = _shape(mask)
+        rows = ms[0]
+        heads = bh // rows
+        args.append(bb.emit(relax.op.reshape(mask, (rows, ms[-1]))))
+    args.append(bb.emit(relax.op.reshape(v, (bh, ks[-1], qs[-1]))))
+    shape = AttentionShape(bh, qs[-2], ks[-1], qs[-1], heads, scale, "mask" in matched)
+    sch = attention_schedule(shape, isa)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, qs[-2], qs[-1]), "float32")))
+    return relax.op.reshape(out, qs)
+
+
 _LOWERINGS = {
+    "tpp.attention": _lower_attention,
     "tpp.dense": _lower_dense,
     "tpp.conv2d": _lower_conv2d,
     "tpp.bmm": _lower_bmm,

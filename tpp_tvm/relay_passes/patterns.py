@@ -196,9 +196,62 @@ def rowwise_patterns() -> list[TPPPattern]:
     ]
 
 
+def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask must
+    broadcast over heads and query rows, i.e. be (batch or 1, 1, 1, keys)."""
+    a = ctx.annotated_expr
+    q, kt, v, scale = a["q"], a["k_t"], a["v"], a["scale"]
+    if not all(_static_f32(x) for x in (q, kt, v)):
+        return False
+    qs, ks, vs = (tuple(int(d) for d in x.ty.shape.values) for x in (q, kt, v))
+    if len(qs) < 3 or not (len(qs) == len(ks) == len(vs)):
+        return False
+    if qs[:-2] != ks[:-2] or qs[:-2] != vs[:-2]:
+        return False
+    if qs[-1] != ks[-2] or ks[-1] != vs[-2]:
+        return False
+    if scale.value.numpy().size != 1:
+        return False
+    softmax = a["softmax"]
+    if int(softmax.attrs.axis) % len(qs) != len(qs) - 1:
+        return False
+    if "mask" in a:
+        mask = a["mask"]
+        if not _static_f32(mask):
+            return False
+        ms = tuple(int(d) for d in mask.ty.shape.values)
+        if len(ms) != len(qs) or ms[-1] != ks[-1] or any(d != 1 for d in ms[1:-1]):
+            return False
+        if ms[0] not in (1, qs[0]):
+            return False
+    return True
+
+
+def attention_patterns() -> list[TPPPattern]:
+    """softmax(Q Kᵀ / c (+ mask)) V, with the scale as divide or multiply by a constant."""
+    out = []
+    for scale_op in ("relax.divide", "relax.multiply"):
+        for with_mask in (True, False):
+            q, kt, v, c = wildcard(), wildcard(), wildcard(), is_const()
+            scores = is_op("relax.matmul")(q, kt)
+            z = is_op(scale_op)(scores, c)
+            ann = {"q": q, "k_t": kt, "v": v, "scale": c, "root": scores}
+            if with_mask:
+                m = wildcard()
+                z = is_op("relax.add")(z, m)
+                ann["mask"] = m
+            sm = is_op("relax.nn.softmax")(z)
+            o = is_op("relax.matmul")(sm, v)
+            ann.update({"softmax": sm, "out": o})
+            name = "tpp.attention" + ("_mask" if with_mask else "")
+            suffix = "" if scale_op == "relax.divide" else "_mulscale"
+            out.append(TPPPattern(name + suffix, o, ann, _attention_check))
+    return out
+
+
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
-    table = []
+    table = attention_patterns()  # before bmm/softmax: it contains both
     for kind in _ROOTS:
         for bias in (True, False):
             table.append(contraction_pattern(kind, bias, None, True, "relax.nn.relu"))

@@ -1,0 +1,59 @@
+"""The fused attention kernel against numpy: masks, scale, shapes, and its TPP tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from tpp_tvm.errors import UnsupportedShapeError
+from tpp_tvm.schedules.attention import AttentionShape, attention_schedule
+from tpp_tvm.target import target
+
+
+def _reference(q, kt, mask, v, shape: AttentionShape):
+    z = q.astype(np.float64) @ kt * shape.scale
+    if mask is not None:
+        z = z + np.repeat(mask, shape.heads, 0)[:, None, :]
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return p @ v
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        AttentionShape(bh=4, seq_q=16, seq=24, dim=16, heads=2, scale=0.25, mask=True),
+        AttentionShape(bh=3, seq_q=6, seq=10, dim=12, heads=3, scale=1.0, mask=False),
+        AttentionShape(bh=2, seq_q=8, seq=32, dim=40, heads=1, scale=0.1, mask=True),
+    ],
+)
+def test_attention_matches_numpy(shape):
+    sch = attention_schedule(shape, "avx512")
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    rng = np.random.default_rng(shape.seq)
+    q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
+    kt = rng.standard_normal((shape.bh, shape.dim, shape.seq), dtype="float32")
+    v = rng.standard_normal((shape.bh, shape.seq, shape.dim), dtype="float32")
+    mask = None
+    if shape.mask:
+        mask = np.where(rng.random((shape.bh // shape.heads, shape.seq)) < 0.25, -1e4, 0)
+        mask = mask.astype("float32")
+    out = np.zeros((shape.bh, shape.seq_q, shape.dim), "float32")
+    args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v, out)]
+    lib(*args)
+    np.testing.assert_allclose(args[-1].numpy(), _reference(q, kt, mask, v, shape),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_attention_tiles_are_tpps():
+    shape = AttentionShape(bh=2, seq_q=16, seq=64, dim=32, heads=2, scale=0.5, mask=True)
+    trace = str(attention_schedule(shape, "avx512").trace)
+    for name in ("tpp.gemm.f32", "tpp.reduce_max_cols", "tpp.exp", "tpp.reduce_add_cols",
+                 "tpp.mul.f32.avx512"):
+        assert name in trace, name
+
+
+def test_attention_needs_a_row_block():
+    with pytest.raises(UnsupportedShapeError, match="query rows"):
+        attention_schedule(AttentionShape(1, 13, 8, 8, 1, 1.0, False), "avx512")

@@ -1,0 +1,129 @@
+"""Scaled dot-product attention as one fused TPP kernel.
+
+softmax(Q Kᵀ · scale + mask) V for every (batch·head) is computed a block of ``mr`` query
+rows at a time, everything for the block staying in L1: the scores tile comes from GEMM
+TPPs (one per column block of Kᵀ), the row-wise softmax from reduction/broadcast/exp TPPs,
+and the output rows from one more GEMM TPP against V. Nothing of the (S x S) score matrix
+ever reaches memory, and the blocks are the parallel unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, te, tirx
+
+from ..errors import UnsupportedShapeError
+from ..intrinsics import TPPSpec
+from .gemm import _try_tensorize
+from .rowwise import _tensorize_rows
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """``bh`` (batch x heads) attention over ``seq`` keys with head size ``dim``;
+    ``heads`` maps a (batch x head) index to its mask row (mask has ``bh // heads`` rows),
+    ``mask`` says whether an additive (rows, seq) mask is applied."""
+
+    bh: int
+    seq_q: int
+    seq: int
+    dim: int
+    heads: int
+    scale: float
+    mask: bool
+
+
+def _row_block(rows: int) -> int:
+    """Query rows per block: a divisor of ``rows``, up to 8 (8 x 32 tiles: 16 accumulators)."""
+    for mr in range(min(8, rows), 1, -1):
+        if rows % mr == 0:
+            return mr
+    raise UnsupportedShapeError(f"attention: {rows} query rows have no block size in [2, 8]")
+
+
+def _col_block(cols: int) -> int:
+    """Column block of both GEMMs: 32 (2 vectors) when it divides, else the whole width."""
+    for nr in (32, 16):
+        if cols % nr == 0:
+            return nr
+    return cols
+
+
+def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
+    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh, d, s), [mask (bh/heads, s)],
+    V (bh, s, d); output (bh, sq, d)."""
+    sh = shape
+    mr = _row_block(sh.seq_q)
+    nr = _col_block(sh.seq)
+    nd = _col_block(sh.dim)
+    Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
+    KT = te.placeholder((sh.bh, sh.dim, sh.seq), "float32", name="k_t")
+    V = te.placeholder((sh.bh, sh.seq, sh.dim), "float32", name="v")
+    inputs = [Q, KT]
+    kd = te.reduce_axis((0, sh.dim), "kd")
+    scores = te.compute(
+        (sh.bh, sh.seq_q, sh.seq),
+        lambda b, i, j: te.sum(Q[b, i, kd] * KT[b, kd, j], axis=kd), name="scores",
+    )
+    scale = tirx.const(sh.scale, "float32")
+    if sh.mask:
+        M = te.placeholder((sh.bh // sh.heads, sh.seq), "float32", name="mask")
+        inputs.append(M)
+        z = te.compute(scores.shape, lambda b, i, j: scores[b, i, j] * scale
+                       + M[b // sh.heads, j], name="logits")
+    else:
+        z = te.compute(scores.shape, lambda b, i, j: scores[b, i, j] * scale, name="logits")
+    inputs.append(V)
+    k1 = te.reduce_axis((0, sh.seq), "k1")
+    k2 = te.reduce_axis((0, sh.seq), "k2")
+    mx = te.compute((sh.bh, sh.seq_q), lambda b, i: te.max(z[b, i, k1], axis=k1), name="row_max")
+    shifted = te.compute(z.shape, lambda b, i, j: z[b, i, j] - mx[b, i], name="shifted")
+    e = te.compute(z.shape, lambda b, i, j: tirx.exp(shifted[b, i, j]), name="exp")
+    total = te.compute((sh.bh, sh.seq_q), lambda b, i: te.sum(e[b, i, k2], axis=k2),
+                       name="row_sum")
+    inv = te.compute((sh.bh, sh.seq_q), lambda b, i: tirx.const(1.0, "float32") / total[b, i],
+                     name="inv_sum")
+    p = te.compute(z.shape, lambda b, i, j: e[b, i, j] * inv[b, i], name="probs")
+    kv = te.reduce_axis((0, sh.seq), "kv")
+    out = te.compute(
+        (sh.bh, sh.seq_q, sh.dim),
+        lambda b, i, c: te.sum(p[b, i, kv] * V[b, kv, c], axis=kv), name="attention",
+    )
+    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
+
+    # Output rows: one parallel loop over (batch·head, query block); PV is a GEMM TPP.
+    ob = sch.get_sblock("attention")
+    b, i, c, kvl = sch.get_loops(ob)
+    io, ii = sch.split(i, [None, mr])
+    sch.reorder(b, io, ii, c, kvl)
+    block_loop = sch.fuse(b, io)
+    sch.parallel(block_loop)
+    for name in ("probs", "inv_sum", "row_sum", "exp", "shifted", "row_max", "logits",
+                 "scores"):
+        sch.compute_at(sch.get_sblock(name), block_loop)
+
+    # Scores: Q rows x Kᵀ column blocks, each a GEMM TPP (beta 0: no init pass).
+    sb = sch.get_sblock("scores")
+    si, sj, sk = sch.get_loops(sb)[1:]
+    sjo, sji = sch.split(sj, [None, nr])
+    sch.reorder(sjo, si, sji, sk)
+    if not _try_tensorize(sch, si, TPPSpec("gemm", m=mr, n=nr, k=sh.dim, beta=0), isa,
+                          "attention scores"):
+        raise RuntimeError("attention score tile did not tensorize")  # a bug
+    lb = sch.get_sblock("logits")
+    sch.vectorize(sch.get_loops(lb)[-1])
+    for name, spec in (
+        ("row_max", TPPSpec("reduce_max_cols", m=mr, n=sh.seq)),
+        ("shifted", TPPSpec("sub", m=mr, n=sh.seq, bcast="col")),
+        ("exp", TPPSpec("exp", m=mr, n=sh.seq)),
+        ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=sh.seq)),
+        ("probs", TPPSpec("mul", m=mr, n=sh.seq, bcast="col")),
+    ):
+        _tensorize_rows(sch, name, spec, isa)
+    co, ci = sch.split(c, [None, nd])
+    sch.reorder(co, ii, ci, kvl)
+    if not _try_tensorize(sch, ii, TPPSpec("gemm", m=mr, n=nd, k=sh.seq, beta=0), isa,
+                          "attention output"):
+        raise RuntimeError("attention output tile did not tensorize")  # a bug
+    return sch
