@@ -218,3 +218,33 @@ def test_tvm_compile_with_registered_tpp_pipeline(tiny: Callable[[str], Tiny]) -
     _assert_matches([out.numpy()], bert.reference)
     # The VM calls the TPP kernels, named after their patterns.
     assert "call  tpp_attention_mask" in exe.as_text()
+
+
+def test_elementwise_chains_become_equation_tpps() -> None:
+    """Standalone element-wise chains (x + y, act(x + y), act(x), bias rows) run as
+    equation TPPs and match ONNX Runtime."""
+    import io
+
+    import onnx
+    import torch
+
+    from tpp_tvm.onnxruntime_ref import run_onnxruntime
+
+    class Chain(torch.nn.Module):
+        def forward(self, x, y, b):
+            return torch.sigmoid(torch.relu(x + y) + b) + torch.tanh(x)
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(4, 33, 40, generator=gen) for _ in range(2))
+    b = torch.randn(40, generator=gen)
+    buf = io.BytesIO()
+    torch.onnx.export(Chain(), (x, y, b), buf, opset_version=17, dynamo=False,
+                      input_names=["x", "y", "b"])
+    model = onnx.load_from_string(buf.getvalue())
+    compiled = tpp_tvm.compile_onnx(model)
+    report = compiled.report()
+    for kernel in ("tpp.eltwise_add_relu", "tpp.eltwise_add_sigmoid", "tpp.eltwise_tanh"):
+        assert kernel in report, report
+    assert "Fallbacks to TVM: none" in report
+    inputs = {"x": x.numpy(), "y": y.numpy(), "b": b.numpy()}
+    _assert_matches(compiled(**inputs), run_onnxruntime(model, inputs))

@@ -22,7 +22,7 @@ from tvm.relax.analysis import get_var2val
 from ..schedules.attention import AttentionShape, attention_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
-from ..schedules.rowwise import layer_norm_schedule, softmax_schedule
+from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,32 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     return relax.op.reshape(out, qs)
 
 
+def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                   isa: str) -> relax.Expr:
+    """An element-wise chain (act(x), x + y, act(x + y)) as one equation TPP kernel."""
+    x = matched["lhs"]
+    xs = _shape(x)
+    width, rows = xs[-1], int(np.prod(xs[:-1]))
+    steps: list[str] = []
+    kinds: list[str] = []
+    args = [bb.emit(relax.op.reshape(x, (rows, width)))]
+    if "operand" in matched:
+        y = matched["operand"]
+        kind = "residual" if _shape(y) == xs else "bias"
+        steps.append(kind)
+        kinds.append(kind)
+        args.append(bb.emit(relax.op.reshape(y, (rows, width) if kind == "residual"
+                                             else (width,))))
+    if matched.get("activation"):
+        steps.append(matched["activation"])
+    sch = equation_schedule(rows, width, tuple(steps), kinds, isa)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((rows, width), "float32")))
+    return relax.op.reshape(out, xs)
+
+
 _LOWERINGS = {
+    "tpp.eltwise": _lower_eltwise,
     "tpp.attention": _lower_attention,
     "tpp.dense": _lower_dense,
     "tpp.conv2d": _lower_conv2d,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
@@ -196,6 +197,48 @@ def rowwise_patterns() -> list[TPPPattern]:
     ]
 
 
+def _eltwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """An element-wise chain on a static fp32 tensor of at least 2 x 2 elements; its second
+    operand is the same shape (residual) or a row over the last axis (bias)."""
+    a = ctx.annotated_expr
+    x = a["lhs"]
+    if not _static_f32(x):
+        return False
+    xs = [int(d) for d in x.ty.shape.values]
+    if len(xs) < 2 or xs[-1] < 2 or int(np.prod(xs[:-1])) < 2:
+        return False
+    if "operand" in a:
+        y = a["operand"]
+        if not _static_f32(y):
+            return False
+        ys = [int(d) for d in y.ty.shape.values]
+        if ys != xs and not (ys[-1] == xs[-1] and all(d == 1 for d in ys[:-1])):
+            return False
+    return True
+
+
+def eltwise_patterns() -> list[TPPPattern]:
+    """Element-wise chains as equation TPPs: act(x), x + y, act(x + y)."""
+    table = []
+    for activation in (*ACTIVATIONS, None):
+        for with_add in (True, False):
+            if activation is None and not with_add:
+                continue
+            x = wildcard()
+            out, ann, name = x, {"lhs": x}, "tpp.eltwise"
+            if with_add:
+                y = wildcard()
+                out = is_op("relax.add")(x, y)
+                ann["operand"] = y
+                name += "_add"
+            if activation:
+                out = is_op(activation)(out)
+                name += "_" + ACTIVATIONS[activation]
+            ann["root"] = out
+            table.append(TPPPattern(name, out, ann, _eltwise_check, ACTIVATIONS.get(activation)))
+    return table
+
+
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask must
     broadcast over heads and query rows, i.e. be (batch or 1, 1, 1, keys)."""
@@ -261,4 +304,5 @@ def pattern_table() -> list[TPPPattern]:
                     table.append(contraction_pattern(kind, bias, activation, residual))
     table.append(bmm_pattern())
     table.extend(rowwise_patterns())
+    table.extend(eltwise_patterns())  # last: contractions absorb their own epilogues first
     return table

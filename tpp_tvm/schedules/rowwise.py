@@ -18,6 +18,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from ..intrinsics.spec import equation_expr
 from .gemm import _try_tensorize
 
 #: Largest row block; a block of rows x H fp32 should stay well inside L1.
@@ -57,6 +58,28 @@ def _schedule(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | None]], mr:
     for name, spec in stages:
         if spec is not None:
             _tensorize_rows(sch, name, spec, isa)
+    return sch
+
+
+def equation_schedule(rows: int, width: int, steps: tuple[str, ...],
+                      operand_kinds: list[str], isa: str) -> s_tir.Schedule:
+    """An element-wise chain over a (rows, width) tensor as one equation TPP per row block.
+
+    ``operand_kinds`` lists the extra inputs in order ('bias': (width,), 'residual': (rows,
+    width)) for the bias/residual steps.
+    """
+    mr = row_block(rows, width)
+    X = te.placeholder((rows, width), "float32", name="x")
+    ops = [te.placeholder((width,) if k == "bias" else (rows, width), "float32", name=f"p{i}")
+           for i, k in enumerate(operand_kinds)]
+    y = te.compute((rows, width), lambda i, j: equation_expr(steps, X[i, j], [
+        p[j] if k == "bias" else p[i, j] for p, k in zip(ops, operand_kinds)
+    ]), name="equation")
+    sch = s_tir.Schedule(te.create_prim_func([X, *ops, y]))
+    i, _ = sch.get_loops(sch.get_sblock("equation"))
+    io, _ = sch.split(i, [None, mr])
+    sch.parallel(io)
+    _tensorize_rows(sch, "equation", TPPSpec("equation", m=mr, n=width, steps=steps), isa)
     return sch
 
 
