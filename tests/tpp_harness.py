@@ -15,7 +15,7 @@ from tvm import s_tir
 
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
-from tpp_tvm.intrinsics.spec import contraction_geometry
+from tpp_tvm.intrinsics.spec import contraction_geometry, pool_geometry
 from tpp_tvm.target import target
 
 
@@ -90,6 +90,14 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
         if "_max_" in op:
             return a[0].max(axis=axis)
         return (a[0] ** 2 if "sumsq" in op else a[0]).sum(axis=axis)
+    if spec.kind == "pool":
+        geo = pool_geometry(spec)
+        out = np.full((spec.m, spec.n), -np.inf)
+        for rs in np.ndindex(*geo.batch):
+            for i in range(spec.m):
+                row = [a[0][geo.a_index(rs, i, j)] for j in range(spec.n)]
+                out[i] = np.maximum(out[i], row)
+        return out
     if spec.kind == "equation":
         v, it = a[0], iter(a[1:])
         for step in spec.steps:

@@ -35,6 +35,8 @@ from .spec import (
     bcast_shape,
     dtype_of,
     equation_operands,
+    free_strides,
+    pool_geometry,
     reduce_combine,
     reduce_identity,
     transform_out_shape,
@@ -612,6 +614,46 @@ def _equation(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
+def _pool(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Max pooling: per output pixel and vector of channels, max over the window's taps."""
+    M, N, dt = spec.m, spec.n, spec.dtype
+    row = _Row(isa, dt, N)
+    geo = pool_geometry(spec)
+    vt = isa.vtype(dt)
+    lowest = row.splat(tirx.min_value(dt))
+
+    def tap(A, ivs, i, v):
+        lv = (ivs,) if isinstance(ivs, tirx.Var) else tuple(ivs)
+        return A[geo.a_index(lv, i, row.at(v))]
+
+    def tap_tail(A, ivs, i):
+        lv = (ivs,) if isinstance(ivs, tirx.Var) else tuple(ivs)
+        return row.load_tail(A[geo.a_index(lv, i, row.tail_start)])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, y: T.handle):
+        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.a_shape)))
+        Y = T.match_buffer(y, (M, N), **_mat(dt))
+        with T.sblock("root"):
+            T.reads(whole(A))
+            T.writes(Y[0:M, 0:N])
+            acc = T.alloc_buffer((1,), vt, scope="local")
+            for i in T.serial(M):
+                for v in T.serial(row.full):
+                    acc[0] = lowest
+                    for ivs in T.grid(*geo.batch):
+                        acc[0] = tirx.max(acc[0], tap(A, ivs, i, v))
+                    Y[i, row.at(v)] = acc[0]
+                if row.tail:
+                    acc[0] = lowest
+                    for ivs in T.grid(*geo.batch):
+                        acc[0] = tirx.max(acc[0], tap_tail(A, ivs, i))
+                    T.evaluate(row.store_tail(acc[0], Y[i, row.tail_start]))
+
+    return impl
+
+
 _TEMPLATES = {
     "zero": _zero,
     "unary": _unary,
@@ -621,6 +663,7 @@ _TEMPLATES = {
     "reduce": _reduce,
     "transform": _transform,
     "equation": _equation,
+    "pool": _pool,
 }
 
 

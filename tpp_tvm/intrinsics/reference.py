@@ -22,6 +22,7 @@ from .spec import (
     dtype_of,
     equation_expr,
     equation_operands,
+    pool_geometry,
     reduce_combine,
     reduce_identity,
     transform_out_shape,
@@ -47,6 +48,8 @@ def operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
         return [(m, n), bcast_shape(spec), (m, n)]
     if kind == "reduce":
         return [(m, n), (n,) if spec.op.endswith("_rows") else (m,)]
+    if kind == "pool":
+        return [pool_geometry(spec).a_shape, (m, n)]
     if kind == "equation":
         extra = [(n,) if k == "bias" else (m, n) for k in equation_operands(spec.steps)]
         return [(m, n), *extra, (m, n)]
@@ -113,6 +116,11 @@ def te_compute(
         else:
             r = te.reduce_axis((0, spec.n), "r")
             out = te.compute(oshape, lambda i: red(fn(x[i, r]), axis=r), name=name)
+    elif kind == "pool":
+        a, geo = inputs[0], pool_geometry(spec)
+        rs = [te.reduce_axis((0, e), f"r{d}") for d, e in enumerate(geo.batch)]
+        out = te.compute(oshape, lambda i, j: te.max(a[geo.a_index(rs, i, j)], axis=rs),
+                         name=name)
     elif kind == "equation":
         x, ops = inputs[0], inputs[1:]
         kinds = equation_operands(spec.steps)

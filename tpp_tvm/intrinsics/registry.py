@@ -43,6 +43,10 @@ def intrinsic(spec: TPPSpec, isa: str = "avx512") -> str:
     """Register (once) and return the tensor intrinsic name implementing ``spec`` on ``isa``."""
     name = spec.name(isa)
     with _lock:
+        if name in _names and _names[name] != (spec, isa):
+            # Two specs must never share a name: the second would silently get the first's
+            # implementation.
+            raise RuntimeError(f"TPP name collision: {name} for {spec} and {_names[name][0]}")
         if name not in _names:
             TensorIntrin.register(name, describe(spec), implementation(spec, isa), override=True)
             _names[name] = (spec, isa)
@@ -64,6 +68,8 @@ def catalogue(dtype: str = "float32") -> list[TPPSpec]:
                                  batch=1 if op == "gemm" else 4))
         elif d.kind in ("binary", "muladd"):
             specs.extend(TPPSpec(op, dtype, m=8, n=37, bcast=b) for b in BCASTS)
+        elif d.kind == "pool":  # a 3x3 stride-2 window over rows of 37 channels
+            specs.append(TPPSpec(op, dtype, m=8, n=37, batch=3, k=3, stride=74))
         elif d.kind == "equation":
             specs.extend(TPPSpec(op, dtype, m=8, n=37, steps=steps) for steps in EXAMPLE_EQUATIONS)
         else:

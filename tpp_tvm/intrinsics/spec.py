@@ -137,6 +137,14 @@ OPS: dict[str, OpDef] = {
     "max": OpDef("binary", tirx.max, "Z = max(X, Y)"),
     "min": OpDef("binary", tirx.min, "Z = min(X, Y)"),
     "muladd": OpDef("muladd", lambda x, y, z: x * y + z, "Z = X * Y + Z"),
+    # pooling
+    "pool_max": OpDef(
+        "pool",
+        None,
+        "Y[i, j] = max_{r<batch, s<k} A[r, i*stride + s*tap_stride + j]; A (batch, span) "
+        "input rows (W*C flattened): max pooling over a batch x k window, stride and "
+        "tap_stride in elements (tap_stride defaults to n)",
+    ),
     # equations
     "equation": OpDef(
         "equation",
@@ -196,6 +204,7 @@ class TPPSpec:
     out_dtype: str | None = None
     stride: int = 1
     steps: tuple[str, ...] = ()
+    tap_stride: int = 0
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -206,6 +215,8 @@ class TPPSpec:
             raise UnsupportedDTypeError(
                 f"TPP {self.op}: dtype {self.dtype!r} is not one of {sorted(DTYPE_SHORT)}"
             )
+        if self.kind == "pool" and (self.batch < 1 or self.k < 1 or self.batch * self.k < 2):
+            raise UnsupportedShapeError(f"TPP {self.op}: needs a window of >= 2 taps")
         if self.m < 1 or self.n < 1:
             raise UnsupportedShapeError(f"TPP {self.op}: tile {self.m}x{self.n} must be >= 1x1")
         if self.kind == "brgemm" and (self.k < 1 or self.batch < 1 or self.beta not in (0, 1)):
@@ -213,7 +224,7 @@ class TPPSpec:
                 f"TPP {self.op}: needs k >= 1, batch >= 1, beta in (0, 1); got "
                 f"k={self.k} batch={self.batch} beta={self.beta}"
             )
-        if self.op != "conv_brgemm" and self.stride != 1:
+        if self.op not in ("conv_brgemm", "pool_max") and self.stride != 1:
             raise UnsupportedShapeError(f"TPP {self.op}: only conv_brgemm takes a stride")
         if self.op == "gemm" and self.batch != 1:
             raise UnsupportedShapeError("TPP gemm has batch 1; use brgemm for batch-reduce")
@@ -238,6 +249,11 @@ class TPPSpec:
         return OPS[self.op].kind
 
     @property
+    def taps(self) -> int:
+        """Elements between a pooling window's consecutive taps (default: the tile width)."""
+        return self.tap_stride or self.n
+
+    @property
     def acc_dtype(self) -> str:
         """Output dtype: ``out_dtype`` or, for contractions, the accumulator type."""
         if self.out_dtype:
@@ -255,6 +271,8 @@ class TPPSpec:
                 parts[-1] += f"s{self.stride}"
             if self.beta == 0:
                 parts.append("beta0")
+        if self.kind == "pool":
+            parts[-1] += f"r{self.batch}x{self.k}s{self.stride}t{self.taps}"
         if self.bcast != "none":
             parts.append(f"bcast_{self.bcast}")
         if self.steps:
@@ -555,6 +573,54 @@ def free_strides(ndim: int) -> list:
     return [T.int32() for _ in range(ndim - 1)] + [1]
 
 
+def pool_geometry(spec: TPPSpec) -> ContractionGeometry:
+    """Window geometry of a pooling TPP: reduction dims (window rows, taps), A's shape and
+    ``a_index(rs, i, j)``; dims of extent 1 are dropped (TVM cannot tensorize unit loops).
+    ``b_*`` are unused."""
+    M, N, R, S, st, tap = spec.m, spec.n, spec.batch, spec.k, spec.stride, spec.taps
+    span = (M - 1) * st + (S - 1) * tap + N
+    dims = tuple(e for e in (R, S) if e > 1)
+
+    def a_index(rs, i, j):
+        it = iter(rs)
+        r = next(it) if R > 1 else 0
+        s = next(it) if S > 1 else 0
+        flat = i * st + s * tap + j
+        return (r, flat) if R > 1 else (flat,)
+
+    return ContractionGeometry(dims, (R, span) if R > 1 else (span,), (), a_index, None)
+
+
+def _describe_pool(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt = spec.m, spec.n, spec.dtype
+    geo = pool_geometry(spec)
+    dims = (M, N, *geo.batch)
+    kinds = "SS" + "R" * len(geo.batch)
+    lowest = tirx.min_value(dt)
+
+    def a_at(vs):
+        return geo.a_index(vs[2:], vs[0], vs[1])
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, y: T.handle):
+        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.a_shape)))
+        Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(whole(A))
+            T.writes(Y[0:M, 0:N])
+            for ivs in T.grid(*dims):
+                with T.sblock("tpp"):
+                    vs = T.meta_var(T.axis.remap(kinds, ivs))
+                    T.reads(Y[vs[0], vs[1]], A[a_at(vs)])
+                    T.writes(Y[vs[0], vs[1]])
+                    with T.init():
+                        Y[vs[0], vs[1]] = lowest
+                    Y[vs[0], vs[1]] = tirx.max(Y[vs[0], vs[1]], A[a_at(vs)])
+
+    return desc
+
+
 def _describe_contraction(spec: TPPSpec) -> tirx.PrimFunc:
     M, N, dt, acc = spec.m, spec.n, spec.dtype, spec.acc_dtype
     geo = contraction_geometry(spec)
@@ -696,6 +762,7 @@ _DESCRIBERS = {
     "reduce": _describe_reduce,
     "transform": _describe_transform,
     "equation": _describe_equation,
+    "pool": _describe_pool,
 }
 
 

@@ -22,6 +22,7 @@ from tvm.relax.analysis import get_var2val
 from ..schedules.attention import AttentionShape, attention_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table
 
@@ -198,7 +199,32 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     return relax.op.reshape(out, xs)
 
 
+def _lower_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                isa: str) -> relax.Expr:
+    """NHWC max pooling (pool_max TPP) or global average pooling (reduce_add_rows TPP)."""
+    x, call = matched["lhs"], matched["root"]
+    n, h, w, c = _shape(x)
+    out_shape = _shape(call)
+    if name == "tpp.max_pool2d":
+        attrs = call.attrs
+        pad = [int(p) for p in attrs.padding]
+        pad = pad * 2 if len(pad) == 2 else pad
+        shape = PoolShape(n, h, w, c, int(attrs.pool_size[0]), int(attrs.pool_size[1]),
+                          int(attrs.strides[0]), tuple(pad))
+        sch = max_pool_schedule(shape, isa)
+        gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+        args = [bb.emit(relax.op.reshape(x, (n, h, w * c)))]
+        return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, c), "float32"))
+    sch = global_avg_pool_schedule(n, h * w, c, isa)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    out = bb.emit(relax.call_tir(gv, [bb.emit(relax.op.reshape(x, (n, h * w, c)))],
+                                 relax.TensorType((n, c), "float32")))
+    return relax.op.reshape(out, out_shape)
+
+
 _LOWERINGS = {
+    "tpp.max_pool2d": _lower_pool,
+    "tpp.global_avg_pool": _lower_pool,
     "tpp.eltwise": _lower_eltwise,
     "tpp.attention": _lower_attention,
     "tpp.dense": _lower_dense,

@@ -239,6 +239,33 @@ def eltwise_patterns() -> list[TPPPattern]:
     return table
 
 
+def _pool_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """NHWC pooling on a static fp32 tensor: max pooling without dilation or ceil mode,
+    or a mean over the two spatial axes."""
+    a = ctx.annotated_expr
+    x, call = a["lhs"], a["root"]
+    if not _static_f32(x) or len(x.ty.shape.values) != 4:
+        return False
+    attrs = call.attrs
+    if hasattr(attrs, "pool_size"):
+        return (str(attrs.layout) == "NHWC" and str(attrs.out_layout) in ("NHWC", "")
+                and not attrs.ceil_mode and all(int(d) == 1 for d in attrs.dilation)
+                and int(attrs.strides[0]) == int(attrs.strides[1]))
+    axes = sorted(int(ax) % 4 for ax in attrs.axis) if attrs.axis is not None else []
+    return axes == [1, 2]
+
+
+def pool_patterns() -> list[TPPPattern]:
+    """max_pool2d (NHWC) and global average pooling (mean over H, W of NHWC)."""
+    x, y = wildcard(), wildcard()
+    mp = is_op("relax.nn.max_pool2d")(x)
+    mean = is_op("relax.mean")(y)
+    return [
+        TPPPattern("tpp.max_pool2d", mp, {"lhs": x, "root": mp}, _pool_check),
+        TPPPattern("tpp.global_avg_pool", mean, {"lhs": y, "root": mean}, _pool_check),
+    ]
+
+
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask must
     broadcast over heads and query rows, i.e. be (batch or 1, 1, 1, keys)."""
@@ -304,5 +331,6 @@ def pattern_table() -> list[TPPPattern]:
                     table.append(contraction_pattern(kind, bias, activation, residual))
     table.append(bmm_pattern())
     table.extend(rowwise_patterns())
+    table.extend(pool_patterns())
     table.extend(eltwise_patterns())  # last: contractions absorb their own epilogues first
     return table

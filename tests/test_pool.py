@@ -1,0 +1,56 @@
+"""Pooling kernels on TPPs against numpy: max pooling windows, padding, global average."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from tpp_tvm.errors import UnsupportedShapeError
+from tpp_tvm.schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
+from tpp_tvm.target import target
+
+
+def _max_pool_ref(x: np.ndarray, sh: PoolShape) -> np.ndarray:
+    xp = np.pad(x, ((0, 0), (sh.pad[0], sh.pad[2]), (sh.pad[1], sh.pad[3]), (0, 0)),
+                constant_values=-np.inf)
+    out = np.full((sh.n, sh.oh, sh.ow, sh.c), -np.inf, dtype=np.float32)
+    for r in range(sh.r):
+        for s in range(sh.s):
+            win = xp[:, r:r + (sh.oh - 1) * sh.stride + 1:sh.stride,
+                     s:s + (sh.ow - 1) * sh.stride + 1:sh.stride, :]
+            out = np.maximum(out, win)
+    return out
+
+
+@pytest.mark.parametrize(
+    "sh",
+    [
+        PoolShape(1, 112, 112, 64, 3, 3, 2, (1, 1, 1, 1)),  # ResNet-50's
+        PoolShape(2, 9, 10, 5, 2, 2, 2),
+        PoolShape(1, 8, 8, 130, 3, 3, 1, (1, 1, 1, 1)),
+    ],
+)
+def test_max_pool_matches_numpy(sh: PoolShape) -> None:
+    sch = max_pool_schedule(sh, "avx512")
+    assert "tpp.pool_max" in str(sch.trace)
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    x = np.random.default_rng(sh.c).standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((sh.n, sh.oh, sh.ow, sh.c), "float32"))
+    lib(tvm.runtime.tensor(x.reshape(sh.n, sh.h, -1)), out)
+    np.testing.assert_array_equal(out.numpy(), _max_pool_ref(x, sh))
+
+
+def test_global_avg_pool_matches_numpy() -> None:
+    sch = global_avg_pool_schedule(2, 49, 40, "avx512")
+    assert "tpp.reduce_add_rows" in str(sch.trace)
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    x = np.random.default_rng(0).standard_normal((2, 49, 40)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((2, 40), "float32"))
+    lib(tvm.runtime.tensor(x), out)
+    np.testing.assert_allclose(out.numpy(), x.mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_pool_without_a_block_size_is_a_clear_error() -> None:
+    with pytest.raises(UnsupportedShapeError, match="output pixels"):
+        max_pool_schedule(PoolShape(1, 26, 26, 8, 2, 2, 2), "avx512")  # 13 pixels: prime

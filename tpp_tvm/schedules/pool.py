@@ -1,0 +1,115 @@
+"""Pooling on TPPs (NHWC): max pooling windows and global average pooling.
+
+Max pooling sees each input row flattened (W*C, as the convolution does): the window of an
+output pixel is R rows of S taps, each tap a run of channels ``C`` elements after the
+previous one, and consecutive output pixels start ``stride*C`` elements apart; the
+``pool_max`` TPP reduces a block of output pixels x channels over the whole window. The
+input is padded with the lowest float (never selected), once. Global average pooling is a
+``reduce_add_rows`` TPP over the H*W rows of each image followed by one scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, te, tirx
+
+from ..errors import UnsupportedShapeError
+from ..intrinsics import TPPSpec
+from .gemm import _try_tensorize, schedule_pads
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """An NHWC max pooling: input (n, h, w, c), window r x s, stride, padding (t, l, b, r)."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    r: int
+    s: int
+    stride: int
+    pad: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pad[0] + self.pad[2] - self.r) // self.stride + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pad[1] + self.pad[3] - self.s) // self.stride + 1
+
+
+def _divisor_block(extent: int, limit: int) -> int:
+    for b in range(min(limit, extent), 1, -1):
+        if extent % b == 0:
+            return b
+    raise UnsupportedShapeError(f"pooling: {extent} output pixels have no block size in [2, "
+                                f"{limit}]")
+
+
+def max_pool_schedule(shape: PoolShape, isa: str) -> s_tir.Schedule:
+    """Max pooling kernel: input (n, h, w*c) (a free reshape of NHWC), output NHWC."""
+    sh = shape
+    if sh.r * sh.s < 2:
+        raise UnsupportedShapeError("max pooling with a 1x1 window is a copy")
+    mr = _divisor_block(sh.ow, 8)
+    nc = 64 if sh.c > 64 and sh.c % 64 == 0 else sh.c
+    c, st = sh.c, sh.stride
+    lowest = tirx.min_value("float32")
+    X = te.placeholder((sh.n, sh.h, sh.w * c), "float32", name="data")
+    hp = (sh.oh - 1) * st + sh.r
+    wp = max((sh.ow - 1) * st + sh.s, sh.w)
+    top, left = sh.pad[0], sh.pad[1]
+    if (hp, wp) != (sh.h, sh.w) or top or left:
+
+        def padded(n, y, z):
+            iy, ix = y - top, z // c - left
+            inside = tirx.all(iy >= 0, iy < sh.h, ix >= 0, ix < sh.w)
+            src = (tirx.max(tirx.min(iy, sh.h - 1), 0), tirx.max(tirx.min(ix, sh.w - 1), 0))
+            return tirx.if_then_else(inside, X[n, src[0], src[1] * c + z % c], lowest)
+
+        Xp = te.compute((sh.n, hp, wp * c), padded, name="A_pad")
+    else:
+        Xp = X
+    r = te.reduce_axis((0, sh.r), "r")
+    s = te.reduce_axis((0, sh.s), "s")
+    out = te.compute(
+        (sh.n, sh.oh, sh.ow, c),
+        lambda n, y, x, ch: te.max(Xp[n, y * st + r, x * (st * c) + s * c + ch], axis=[r, s]),
+        name="pool",
+    )
+    sch = s_tir.Schedule(te.create_prim_func([X, out]))
+    blk = sch.get_sblock("pool")
+    n, y, x, ch, rl, sl = sch.get_loops(blk)
+    xo, xi = sch.split(x, [None, mr])
+    co, ci = sch.split(ch, [None, nc])
+    sch.reorder(n, y, xo, co, xi, ci, rl, sl)
+    sch.parallel(sch.fuse(n, y, xo, co))
+    schedule_pads(sch, ("A_pad",))
+    spec = TPPSpec("pool_max", m=mr, n=nc, batch=sh.r, k=sh.s, stride=st * c, tap_stride=c)
+    if not _try_tensorize(sch, xi, spec, isa, "pool tile"):
+        raise RuntimeError("max pooling tile did not tensorize")  # a bug, not user input
+    return sch
+
+
+def global_avg_pool_schedule(n: int, pixels: int, c: int, isa: str) -> s_tir.Schedule:
+    """Mean over the pixels of each image: input (n, pixels, c), output (n, c)."""
+    X = te.placeholder((n, pixels, c), "float32", name="data")
+    p = te.reduce_axis((0, pixels), "p")
+    total = te.compute((n, c), lambda b, ch: te.sum(X[b, p, ch], axis=p), name="row_sum")
+    scale = tirx.const(1.0 / pixels, "float32")
+    out = te.compute((n, c), lambda b, ch: total[b, ch] * scale, name="mean")
+    sch = s_tir.Schedule(te.create_prim_func([X, out]))
+    mb = sch.get_sblock("mean")
+    b, _ = sch.get_loops(mb)
+    sch.parallel(b)
+    sch.compute_at(sch.get_sblock("row_sum"), b)
+    loops = sch.get_loops(sch.get_sblock("row_sum"))
+    if pixels < 2 or c < 2 or not _try_tensorize(
+        sch, loops[1], TPPSpec("reduce_add_rows", m=pixels, n=c), isa, "pixel sum"
+    ):
+        raise UnsupportedShapeError(f"global average pooling of {pixels} x {c}: no TPP tile")
+    sch.vectorize(sch.get_loops(mb)[-1])
+    return sch
