@@ -308,14 +308,8 @@ def bcast_index(bcast: str, i, j) -> tuple:
     return {"none": (i, j), "row": (j,), "col": (i,), "scalar": (0,)}[bcast]
 
 
-def _describe_unary(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, odt = spec.m, spec.n, spec.dtype, spec.acc_dtype
-    fn = OPS[spec.op].fn
-    convert = odt != dt
-
-    def body(x):
-        y = fn(x)
-        return tirx.Cast(odt, y) if convert else y
+def _describe_map(M: int, N: int, dt: str, odt: str, body: Fn) -> tirx.PrimFunc:
+    """Y = body(X) element by element on an (M, N) tile (unary TPPs, operand-free equations)."""
 
     @T.prim_func(s_tir=True)
     def desc(x: T.handle, y: T.handle):
@@ -330,6 +324,16 @@ def _describe_unary(spec: TPPSpec) -> tirx.PrimFunc:
                     Y[vi, vj] = body(X[vi, vj])
 
     return desc
+
+
+def _describe_unary(spec: TPPSpec) -> tirx.PrimFunc:
+    fn, odt = OPS[spec.op].fn, spec.acc_dtype
+
+    def body(x):
+        y = fn(x)
+        return tirx.Cast(odt, y) if odt != spec.dtype else y
+
+    return _describe_map(spec.m, spec.n, spec.dtype, odt, body)
 
 
 def _describe_zero(spec: TPPSpec) -> tirx.PrimFunc:
@@ -705,20 +709,7 @@ def _describe_equation(spec: TPPSpec) -> tirx.PrimFunc:
         return [1] if len(shape) == 1 else [T.int32(), 1]
 
     if len(kinds) == 0:
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, y: T.handle):
-            X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-            Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-            with T.sblock("root"):
-                T.reads(X[0:M, 0:N])
-                T.writes(Y[0:M, 0:N])
-                for i, j in T.grid(M, N):
-                    with T.sblock("tpp"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        Y[vi, vj] = body(X, [], vi, vj)
-
-        return desc
+        return _describe_map(M, N, dt, dt, lambda x: equation_expr(steps, x, []))
     if len(kinds) == 1:
 
         @T.prim_func(s_tir=True)

@@ -49,27 +49,6 @@ def _static_f32(expr: relax.Expr) -> bool:
     return shape is not None and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)
 
 
-def _dense_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """A dense layer we have kernels for: fp32, static shapes, weight a 2D constant."""
-    a = ctx.annotated_expr
-    lhs, weight = a["lhs"], a["weight"]
-    if not (_static_f32(lhs) and _static_f32(weight) and len(weight.ty.shape.values) == 2):
-        return False
-    n = int(weight.ty.shape.values[1])
-    if "bias" in a:
-        bias = a["bias"]
-        shape = [int(d) for d in bias.ty.shape.values] if _static_f32(bias) else None
-        if shape is None or shape[-1] != n or any(d != 1 for d in shape[:-1]):
-            return False
-    if "residual" in a and not _static_f32(a["residual"]):
-        return False
-    if "residual" in a:
-        out_shape = [int(d) for d in a["root"].ty.shape.values]
-        if [int(d) for d in a["residual"].ty.shape.values] != out_shape:
-            return False
-    return True
-
-
 def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """An NHWC 2D convolution we have kernels for (groups 1, no dilation, square stride)."""
     a = ctx.annotated_expr

@@ -34,6 +34,11 @@ from .gemm import (
 )
 
 
+def window_outputs(size: int, padding: int, window: int, stride: int) -> int:
+    """Output positions of a sliding window (convolution, pooling) along one axis."""
+    return (size + padding - window) // stride + 1
+
+
 @dataclass(frozen=True)
 class ConvShape:
     """An NHWC convolution: input (n, h, w, c), filter (r, s, c, oc), stride, padding."""
@@ -50,11 +55,11 @@ class ConvShape:
 
     @property
     def oh(self) -> int:
-        return (self.h + self.pad[0] + self.pad[2] - self.r) // self.stride + 1
+        return window_outputs(self.h, self.pad[0] + self.pad[2], self.r, self.stride)
 
     @property
     def ow(self) -> int:
-        return (self.w + self.pad[1] + self.pad[3] - self.s) // self.stride + 1
+        return window_outputs(self.w, self.pad[1] + self.pad[3], self.s, self.stride)
 
     @property
     def flops(self) -> int:

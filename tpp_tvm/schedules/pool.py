@@ -16,6 +16,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from .conv import window_outputs
 from .gemm import _try_tensorize, schedule_pads
 
 
@@ -34,11 +35,11 @@ class PoolShape:
 
     @property
     def oh(self) -> int:
-        return (self.h + self.pad[0] + self.pad[2] - self.r) // self.stride + 1
+        return window_outputs(self.h, self.pad[0] + self.pad[2], self.r, self.stride)
 
     @property
     def ow(self) -> int:
-        return (self.w + self.pad[1] + self.pad[3] - self.s) // self.stride + 1
+        return window_outputs(self.w, self.pad[1] + self.pad[3], self.s, self.stride)
 
 
 def _divisor_block(extent: int, limit: int) -> int:
