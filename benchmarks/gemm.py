@@ -525,16 +525,24 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
             row["gflops"] = row["peak_gflops"] = peaks[row["threads"]]
         elif row["gflops"] is not None:
             row["pct_peak"] = 100.0 * row["gflops"] / peaks[row["threads"]]
-    out = Path(args.out)
+    write_results(args.out, "gemm", argv, rows, load_before,
+                  lambda command, date, load: render_markdown(rows, peaks, command, _machine(),
+                                                              date, load))
+    return 0
+
+
+def write_results(out_dir: str, name: str, argv: list[str], rows: list[dict],
+                  load_before: float, render: Callable[[str, str, str], str]) -> None:
+    """Write ``<name>.json`` and ``<name>.md`` (header: command, date, load) and print the md."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm.json").write_text(json.dumps(rows, indent=1) + "\n")
-    command = shlex.join(["python", "benchmarks/gemm.py", *argv])
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    command = shlex.join(["python", f"benchmarks/{name}.py", *argv])
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f}"
-    md = render_markdown(rows, peaks, command, _machine(), date, load)
-    (out / "gemm.md").write_text(md)
+    md = render(command, date, load)
+    (out / f"{name}.md").write_text(md)
     print(md)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

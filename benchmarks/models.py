@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import hashlib
 import inspect
 import json
 import math
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -615,15 +613,9 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     rows += [
         _row(None, "peak", t, status="ok", gflops=p, pct_peak=100.0) for t, p in peaks.items()
     ]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "models.json").write_text(json.dumps(rows, indent=1) + "\n")
-    command = shlex.join(["python", "benchmarks/models.py", *argv])
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f}"
-    md = render_markdown(rows, info, peaks, command, gemm._machine(), date, load)
-    (out / "models.md").write_text(md)
-    print(md)
+    gemm.write_results(args.out, "models", argv, rows, load_before,
+                       lambda command, date, load: render_markdown(
+                           rows, info, peaks, command, gemm._machine(), date, load))
     return 0
 
 

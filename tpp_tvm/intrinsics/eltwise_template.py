@@ -239,11 +239,19 @@ def _bcast_operand(spec: TPPSpec, row: _Row):
 
 
 def _binary(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Binary ops Z = f(X, Y) and muladd Z = X * Y + Z (which also reads Z), Y broadcast."""
     M, N, dt = spec.m, spec.n, spec.dtype
     row = _Row(isa, dt, N)
     fn = vector_fn(spec.op)
+    accumulate = spec.kind == "muladd"
     yshape = bcast_shape(spec)
     y_vec, y_tail, y_strides = _bcast_operand(spec, row)
+
+    def f(x, y, z):
+        return fn(x, y, z) if accumulate else fn(x, y)
+
+    def reads(X, Y, Z):
+        return [whole(X), whole(Y), whole(Z)] if accumulate else [whole(X), whole(Y)]
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, y: T.handle, z: T.handle):
@@ -251,41 +259,15 @@ def _binary(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         Y = T.match_buffer(y, yshape, dt, offset_factor=1, strides=y_strides)
         Z = T.match_buffer(z, (M, N), **_mat(dt))
         with T.sblock("root"):
-            T.reads(X[0:M, 0:N], whole(Y))
+            T.reads(*reads(X, Y, Z))
             T.writes(Z[0:M, 0:N])
             for i in T.serial(M):
                 for v in T.serial(row.full):
-                    Z[i, row.at(v)] = fn(X[i, row.at(v)], y_vec(Y, i, v))
+                    Z[i, row.at(v)] = f(X[i, row.at(v)], y_vec(Y, i, v), Z[i, row.at(v)])
                 if row.tail:
-                    T.evaluate(row.store_tail(fn(row.load_tail(X[i, row.tail_start]),
-                                                 y_tail(Y, i)),
-                                              Z[i, row.tail_start]))
-
-    return impl
-
-
-def _muladd(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    M, N, dt = spec.m, spec.n, spec.dtype
-    row = _Row(isa, dt, N)
-    fn = vector_fn(spec.op)
-    yshape = bcast_shape(spec)
-    y_vec, y_tail, y_strides = _bcast_operand(spec, row)
-
-    @T.prim_func(s_tir=True)
-    def impl(x: T.handle, y: T.handle, z: T.handle):
-        X = T.match_buffer(x, (M, N), **_mat(dt))
-        Y = T.match_buffer(y, yshape, dt, offset_factor=1, strides=y_strides)
-        Z = T.match_buffer(z, (M, N), **_mat(dt))
-        with T.sblock("root"):
-            T.reads(X[0:M, 0:N], whole(Y), Z[0:M, 0:N])
-            T.writes(Z[0:M, 0:N])
-            for i in T.serial(M):
-                for v in T.serial(row.full):
-                    Z[i, row.at(v)] = fn(X[i, row.at(v)], y_vec(Y, i, v), Z[i, row.at(v)])
-                if row.tail:
-                    T.evaluate(row.store_tail(fn(row.load_tail(X[i, row.tail_start]),
-                                                 y_tail(Y, i),
-                                                 row.load_tail(Z[i, row.tail_start])),
+                    T.evaluate(row.store_tail(f(row.load_tail(X[i, row.tail_start]),
+                                                y_tail(Y, i),
+                                                row.load_tail(Z[i, row.tail_start])),
                                               Z[i, row.tail_start]))
 
     return impl
@@ -659,7 +641,7 @@ _TEMPLATES = {
     "unary": _unary,
     "unary_bwd": _unary_bwd,
     "binary": _binary,
-    "muladd": _muladd,
+    "muladd": _binary,
     "reduce": _reduce,
     "transform": _transform,
     "equation": _equation,

@@ -34,13 +34,29 @@ from .gemm import (
 )
 
 
-def window_outputs(size: int, padding: int, window: int, stride: int) -> int:
-    """Output positions of a sliding window (convolution, pooling) along one axis."""
-    return (size + padding - window) // stride + 1
+class SlidingWindow:
+    """Output extent of a 2D sliding window (convolution, pooling) over NHWC input.
+
+    Mixed into shape dataclasses that define h, w, r, s, stride and pad (t, l, b, r)."""
+
+    h: int
+    w: int
+    r: int
+    s: int
+    stride: int
+    pad: tuple[int, int, int, int]
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pad[0] + self.pad[2] - self.r) // self.stride + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pad[1] + self.pad[3] - self.s) // self.stride + 1
 
 
 @dataclass(frozen=True)
-class ConvShape:
+class ConvShape(SlidingWindow):
     """An NHWC convolution: input (n, h, w, c), filter (r, s, c, oc), stride, padding."""
 
     n: int
@@ -52,14 +68,6 @@ class ConvShape:
     s: int
     stride: int = 1
     pad: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
-
-    @property
-    def oh(self) -> int:
-        return window_outputs(self.h, self.pad[0] + self.pad[2], self.r, self.stride)
-
-    @property
-    def ow(self) -> int:
-        return window_outputs(self.w, self.pad[1] + self.pad[3], self.s, self.stride)
 
     @property
     def flops(self) -> int:

@@ -16,12 +16,12 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from .conv import window_outputs
+from .conv import SlidingWindow
 from .gemm import _try_tensorize, schedule_pads
 
 
 @dataclass(frozen=True)
-class PoolShape:
+class PoolShape(SlidingWindow):
     """An NHWC max pooling: input (n, h, w, c), window r x s, stride, padding (t, l, b, r)."""
 
     n: int
@@ -32,14 +32,6 @@ class PoolShape:
     s: int
     stride: int
     pad: tuple[int, int, int, int] = (0, 0, 0, 0)
-
-    @property
-    def oh(self) -> int:
-        return window_outputs(self.h, self.pad[0] + self.pad[2], self.r, self.stride)
-
-    @property
-    def ow(self) -> int:
-        return window_outputs(self.w, self.pad[1] + self.pad[3], self.s, self.stride)
 
 
 def _divisor_block(extent: int, limit: int) -> int:
