@@ -25,6 +25,7 @@ from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table
+from .tuned import composite_kernel, emit_tuned
 
 log = logging.getLogger(__name__)
 
@@ -264,11 +265,13 @@ def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, isa: str, report: LoweringReport) -> None:
+    def __init__(self, mod: tvm.IRModule, isa: str, report: LoweringReport, logs=None,
+                 force_tuned: bool = False) -> None:
         super().__init__(mod)
         self.mod_ = mod
         self.isa = isa
         self.report = report
+        self.logs, self.force_tuned = logs, force_tuned
         self.patterns = {p.name: p for p in pattern_table()}
 
     def transform(self) -> tvm.IRModule:
@@ -285,6 +288,10 @@ class _Lowerer(relax.PyExprMutator):
         comp = str(func.attrs["Composite"]) if func.attrs and "Composite" in func.attrs else None
         if comp is None or not comp.startswith("tpp."):
             return call
+        if self.logs is not None:
+            tuned = self._tuned(func, call, comp)
+            if tuned is not None:
+                return tuned
         kind = next(k for k in _LOWERINGS if comp == k or comp.startswith(k + "_"))
         matched = _match(self.patterns[comp], func, list(call.args))
         try:
@@ -299,10 +306,22 @@ class _Lowerer(relax.PyExprMutator):
         self.report.lowered[comp] += 1
         return out
 
+    def _tuned(self, func: relax.Function, call: relax.Call, comp: str) -> relax.Expr | None:
+        kernel = composite_kernel(func, self.logs.target)
+        scheduled = None if kernel is None else self.logs.schedule(kernel.func,
+                                                                   self.force_tuned)
+        if scheduled is None:
+            return None
+        self.report.lowered[f"{comp} (tuned)"] += 1
+        return emit_tuned(self.builder_, func, list(call.args), kernel, scheduled,
+                          comp.replace(".", "_") + "_tuned")
 
-def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
-    """Replace calls of ``tpp.*`` composites with TPP kernels; inline the rest back."""
-    mod = _Lowerer(mod, isa, report).transform()
+
+def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport, logs=None,
+                         force_tuned: bool = False) -> tvm.IRModule:
+    """Replace calls of ``tpp.*`` composites with TPP kernels (tuned ones from ``logs``
+    where faster); inline the rest back."""
+    mod = _Lowerer(mod, isa, report, logs, force_tuned).transform()
     mod = relax.transform.DeadCodeElimination()(mod)
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.

@@ -5,7 +5,8 @@
 1. inference simplification (batch norm folded, constants folded, decomposed GELU
    recognised);
 2. the TPP graph pass — ``FuseOpsByPattern`` with the TPP pattern table, then each
-   composite lowered to a TPP-scheduled kernel (weights packed at compile time);
+   composite lowered to a TPP-scheduled kernel (weights packed at compile time), or to
+   its tuned kernel when a tuning log has a faster one;
 3. TVM's CPU legalization and fusion for everything else, then the default schedules
    (``schedules/default.py``) so the leftovers are parallel and vectorized;
 4. TVM's dataflow lowering and finalization.
@@ -15,6 +16,7 @@ Step 2 runs only for targets whose keys include ``"tpp"``; other targets get ste
 
 from __future__ import annotations
 
+import os
 import time
 
 import tvm
@@ -29,6 +31,7 @@ from tvm.relax.backend.cpu_generic.pipeline import (
 from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
+from ..tuning import TuneLogs, open_logs
 from .canonicalize import CanonicalizeActivations
 from .lower import LoweringReport, lower_tpp_composites
 from .patterns import pattern_table
@@ -36,14 +39,12 @@ from .patterns import pattern_table
 PIPELINE_NAME = "tpp"
 
 
-def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pass]:
-    """Partition TPP subgraphs and lower them onto TPP kernels."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
-    def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lower_tpp_composites(mod, isa, report)
-
+def partition_passes() -> list[tvm.transform.Pass]:
+    """Inference simplification and TPP partitioning: each match becomes a composite."""
     return [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        CanonicalizeActivations,
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
         relax.transform.FoldConstant(),
@@ -52,12 +53,16 @@ def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pas
             bind_constants=True,
             annotate_codegen=False,
         ),
-        lower,
     ]
 
 
-def tpp_pipeline(report: LoweringReport | None = None) -> tvm.transform.Pass:
-    """The whole ``tpp`` pipeline; the target comes from the enclosing ``with target``."""
+def tpp_pipeline(report: LoweringReport | None = None, logs: TuneLogs | None = None,
+                 force_tuned: bool = False) -> tvm.transform.Pass:
+    """The whole ``tpp`` pipeline; the target comes from the enclosing ``with target``.
+
+    ``logs`` (an opened tuning log) replaces hand-scheduled subgraphs by tuned kernels
+    where tuning found faster ones (``force_tuned``: wherever it has a record).
+    """
     report = report if report is not None else LoweringReport()
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.Pipeline")
@@ -65,13 +70,16 @@ def tpp_pipeline(report: LoweringReport | None = None) -> tvm.transform.Pass:
         target = tvm.target.Target.current()
         if target is None:
             raise ValueError("the tpp pipeline needs a target (tvm.compile(..., target=...))")
-        passes = [
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.FoldConstant(),
-            CanonicalizeActivations,
-        ]
         if is_tpp_target(target):
-            passes += tpp_graph_passes(isa_of(target), report)
+            passes = partition_passes()
+
+            @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
+            def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+                return lower_tpp_composites(mod, isa_of(target), report, logs, force_tuned)
+
+            passes.append(lower)
+        else:
+            passes = partition_passes()[:3]
         passes += library_dispatch_passes(target) + legalize_passes(target)
         passes.append(default_schedule_pass())
         passes += dataflow_lower_passes(target) + finalize_passes(target)
@@ -89,24 +97,29 @@ def register() -> None:
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
-          params: dict | None = None, report: LoweringReport | None = None
+          params: dict | None = None, report: LoweringReport | None = None,
+          tune_logs: str | os.PathLike | TuneLogs | None = None, force_tuned: bool = False
           ) -> relax.VMExecutable:
     """Compile a Relax module with the TPP pipeline (``relay.build``'s successor).
 
     ``params`` binds named parameters of ``main`` as constants first (so weights can be
-    packed); ``report`` collects which subgraphs became TPP kernels.
+    packed); ``report`` collects which subgraphs became TPP kernels; ``tune_logs`` (a
+    folder made by ``tpp_tvm.tune``) supplies tuned kernels where they beat the hand
+    schedules.
     """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
+    logs = tune_logs
+    if tune_logs is not None and not isinstance(tune_logs, TuneLogs):
+        logs = open_logs(tune_logs, tgt)
     t0 = time.perf_counter()
     with tgt:
-        mod = tpp_pipeline(report)(mod)
+        mod = tpp_pipeline(report, logs, force_tuned)(mod)
     exe = tvm.compile(mod, target=tgt, relax_pipeline=None)
     if report is not None:
         report.compile_seconds = time.perf_counter() - t0
     return exe
-
 
 register()

@@ -1,0 +1,144 @@
+"""Tuned kernels for TPP subgraphs: the tuning unit of a Relax model and its lowering.
+
+The graph pass lowers each matched subgraph (a composite function) to one hand-scheduled
+kernel. For tuning, the same subgraph is legalized and fused by TVM into one plain PrimFunc
+(``composite_kernel``) — the workload MetaSchedule searches with the TPP rules. A build
+with a tuning log uses the tuned kernel for a subgraph when the log has one and it beat
+the hand schedule when both were timed at tuning time; everything else keeps the hand
+schedules.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from ..schedules.elementwise import LEGALIZE_AS_TPP
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompositeKernel:
+    """A composite legalized into one PrimFunc called with (params and constants)."""
+
+    func: tirx.PrimFunc
+    args: tuple[relax.Expr, ...]
+    out: object
+
+
+def _plain_function(func: relax.Function) -> relax.Function:
+    for attr in ("Composite", "Primitive", "Codegen"):
+        if func.attrs and attr in func.attrs:
+            func = func.without_attr(attr)
+    return func.with_attr("global_symbol", "main")
+
+
+def composite_kernel(func: relax.Function, target: tvm.target.Target) -> CompositeKernel | None:
+    """The composite's ops legalized and fused into one PrimFunc, or None if TVM fuses them
+    into more than one kernel (such subgraphs keep their hand schedule)."""
+    mod = tvm.IRModule({"main": _plain_function(func)})
+    with target:
+        mod = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(LEGALIZE_AS_TPP),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+        ])(mod)
+    calls = []
+    main = mod["main"]
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+                calls.append(value)
+            elif not isinstance(value, relax.Var | relax.Tuple):
+                return None
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    prim = mod[call.args[0]]
+    args = tuple(call.args[1].fields)
+    if not all(isinstance(a, relax.Var | tvm.ir.Constant) for a in args):
+        return None
+    params = list(main.params)
+    if any(isinstance(a, relax.Var) and a not in params for a in args):
+        return None
+    prim = prim.with_attr("global_symbol", "main")
+    for attr in ("op_pattern", "tirx.is_scheduled"):
+        if prim.attrs and attr in prim.attrs:
+            prim = prim.without_attr(attr)
+    return CompositeKernel(prim, args, call.ty)
+
+
+def emit_tuned(bb: relax.BlockBuilder, func: relax.Function, call_args: list[relax.Expr],
+               kernel: CompositeKernel, scheduled: tirx.PrimFunc, name: str) -> relax.Expr:
+    """Call the tuned kernel in place of the composite call."""
+    scheduled = scheduled.without_attr("global_symbol").with_attrs(
+        {"op_pattern": 8, "tirx.is_scheduled": True, "tirx.noalias": True})
+    gv = bb.add_func(scheduled, name)
+    params = dict(zip(list(_plain_function(func).params), call_args))
+    args = [params.get(a, a) if isinstance(a, relax.Var) else a for a in kernel.args]
+    return relax.call_tir(gv, args, kernel.out)
+
+
+def subgraph_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: dict | None):
+    """One tuning task per distinct TPP subgraph of ``mod`` (weight = occurrences), each
+    with a comparison against its hand schedule."""
+    from ..tuning import Task, workload_key
+    from .pipeline import partition_passes
+
+    if params:
+        mod = relax.transform.BindParams("main", params)(mod)
+    with target:
+        mod = tvm.transform.Sequential(partition_passes())(mod)
+    seen: dict[str, Task] = {}
+    counts: Counter = Counter()
+    for gv, func in mod.functions_items():
+        if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
+            continue
+        kernel = composite_kernel(func, target)
+        if kernel is None:
+            log.debug("%s: TVM fuses it into several kernels; not tuned", gv.name_hint)
+            continue
+        key = workload_key(kernel.func)
+        counts[key] += 1
+        if key not in seen:
+            comp = str(func.attrs["Composite"]).replace(".", "_")
+            seen[key] = Task(f"{comp}_{len(seen)}", kernel.func,
+                             compare=_comparison(func, target))
+    tasks = list(seen.values())
+    for task in tasks:
+        task.weight = counts[task.key]
+    return tasks
+
+
+def _comparison(func: relax.Function, target: tvm.target.Target):
+    """Time the subgraph with its hand schedule and with the tuned kernel (same harness)."""
+
+    def compare(logs) -> dict:
+        from .pipeline import build
+
+        mod = tvm.IRModule({"main": _plain_function(func)})
+        rng = np.random.default_rng(0)
+        inputs = [np.asarray(rng.standard_normal([int(d) for d in p.ty.shape.values]),
+                             dtype=str(p.ty.dtype)) for p in func.params]
+        times = {}
+        for use, kwargs in (("hand", {}), ("tuned", {"tune_logs": logs, "force_tuned": True})):
+            exe = build(mod, target, **kwargs)
+            vm = relax.VirtualMachine(exe, tvm.cpu())
+            args = [tvm.runtime.tensor(x) for x in inputs]
+            vm["main"](*args)
+            ev = vm.time_evaluator("main", tvm.cpu(), number=10, repeat=5)
+            times[use] = float(np.median(ev(*args).results)) * 1e3
+        use = "tuned" if times["tuned"] < times["hand"] else "hand"
+        return {"hand_ms": times["hand"], "tuned_vm_ms": times["tuned"], "use": use}
+
+    return compare

@@ -1,0 +1,307 @@
+"""MetaSchedule rules that tile blocks around TPP tensor intrinsics.
+
+TVM's stock x86 rules tile a matmul for LLVM's auto-vectorizer and only know one int8
+dot-product intrinsic. These rules put a BRGEMM TPP at the centre of every contraction
+(recognised by :mod:`.contraction`, not by block names) and let the search choose what a
+hand schedule fixes:
+
+* the register tile (``mr x nr``) and K block of the TPP — one *design space* per
+  choice, because an intrinsic name cannot change under mutation;
+* the loop order around the TPP (rows or columns outer; K blocks inside or outside the
+  cache tile) — also per design space;
+* the cache tile and the parallel split — ``sample_perfect_tile`` decisions the
+  evolutionary search mutates.
+
+Element-wise epilogues are computed at the tile that produced their input and
+vectorized. Blocks that are not contractions get TVM's stock rules. Use
+:func:`default_rules` / :func:`default_postprocs` for a TPP target.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule import SBlockRV
+from tvm.target import Target
+
+from ..intrinsics import TPPSpec, intrinsic
+from ..target import isa_of
+from .contraction import ContractionRoles, contraction_roles
+from .elementwise import candidate_steps, match_equation, tensorize_equation
+from .gemm import _TILES
+
+log = logging.getLogger(__name__)
+
+#: Vector lanes of fp32 on the ISAs the rule tiles for (AVX-512; SVE at 128-bit minimum
+#: still packs 16-wide tiles well).
+_LANES = 16
+_VREGS = 32
+#: Design spaces per contraction: the best register tiles, K blocks and loop orders.
+MAX_TILES = 3
+MAX_K_BLOCKS = 2
+LOOP_ORDERS = ("rows_outer", "cols_outer", "k_outer")
+
+
+def register_tiles(m: int, n: int, limit: int = MAX_TILES) -> list[tuple[int, int]]:
+    """Register tiles (mr, nr) dividing (m, n), best first.
+
+    Known tiles are ranked by their measured efficiency (the GEMM schedule's table);
+    others fit ``mr * ceil(nr/16) + ceil(nr/16)`` accumulators and B rows in the 32
+    vector registers and rank by FMA chains (more independent accumulators hide latency).
+    """
+    scored = []
+    for nr in range(8, min(n, 64) + 1):
+        if n % nr:
+            continue
+        nv = -(-nr // _LANES)
+        for mr in range(2, min(m, 14) + 1):
+            if m % mr or (mr + 1) * nv > _VREGS:
+                continue
+            eff = _TILES.get((mr, nr))
+            if eff is None:  # unmeasured: accumulator chains x lane use, scaled below table
+                eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * _LANES)
+            scored.append((eff, mr * nr, (mr, nr)))
+    scored.sort(reverse=True)
+    return [tile for _, _, tile in scored[:limit]]
+
+
+def k_blocks(k: int, limit: int = MAX_K_BLOCKS) -> list[int]:
+    """K blocks for the TPP: all of K when short, else divisors between 64 and 512."""
+    if k <= 256:
+        return [k] if k >= 2 else []
+    divs = [d for d in range(64, 513) if k % d == 0]
+    divs.sort(key=lambda d: (abs(d - 256), d))
+    return divs[:limit] or ([k] if k <= 2048 else [])
+
+
+@derived_object
+class ContractionTPP(ms.schedule_rule.PyScheduleRule):
+    """Tile a contraction around a BRGEMM TPP; other blocks go to ``fallback`` (TVM's
+    multi-level tiling) so every PrimFunc still gets a search space."""
+
+    def __init__(self, isa: str = "avx512", fallback: ms.ScheduleRule | None = None) -> None:
+        self.isa = isa
+        self.fallback = fallback
+
+    def _initialize_with_tune_context(self, context) -> None:
+        if self.fallback is not None:
+            self.fallback._initialize_with_tune_context(context)  # noqa: SLF001
+
+    def clone(self) -> ContractionTPP:
+        return ContractionTPP(self.isa, self.fallback.clone() if self.fallback else None)
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        roles = contraction_roles(sch, block)
+        if roles is None:
+            return self.fallback.apply(sch, block) if self.fallback else [sch]
+        spaces = []
+        ext = roles.extents
+        for (mr, nr), kc, order in itertools.product(
+            register_tiles(ext[roles.inner_m], ext[roles.inner_n]),
+            k_blocks(ext[roles.inner_k]), LOOP_ORDERS,
+        ):
+            space = sch.copy()
+            try:
+                tile_contraction(space, space.get_sblock(sch.get(block).name_hint), roles,
+                                 mr, nr, kc, order, self.isa)
+            except Exception as err:  # noqa: BLE001 - TVM raises many types: skip the design
+                log.debug("TPP design %dx%d k%d %s rejected: %s", mr, nr, kc, order,
+                          str(err).splitlines()[-1])
+                continue
+            spaces.append(space)
+        if not spaces:
+            log.debug("contraction %s: no TPP design fits; stock tiling",
+                      sch.get(block).name_hint)
+            return self.fallback.apply(sch, block) if self.fallback else [sch]
+        return spaces
+
+
+def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr: int,
+                     nr: int, kc: int, order: str, isa: str) -> None:
+    """One design: loops around a ``mr x nr x kc`` GEMM TPP, cache tile and parallel split
+    sampled, epilogue at the tile."""
+    loops = sch.get_loops(block)
+    ext = roles.extents
+    mo, mi = sch.split(loops[roles.inner_m], [None, mr])
+    no, ni = sch.split(loops[roles.inner_n], [None, nr])
+    ko, ki = sch.split(loops[roles.inner_k], [None, kc])
+    m1, m2 = sch.split(mo, sch.sample_perfect_tile(mo, n=2, max_innermost_factor=16))
+    n1, n2 = sch.split(no, sch.sample_perfect_tile(no, n=2, max_innermost_factor=16))
+    outer_m = [loops[p] for p in roles.m if p != roles.inner_m]
+    outer_n = [loops[p] for p in roles.n if p != roles.inner_n]
+    outer_k = [loops[p] for p in roles.k if p != roles.inner_k]
+    batch = [loops[p] for p in roles.batch]
+    par = [*batch, *outer_m, m1, *outer_n, n1] if order != "cols_outer" else [
+        *batch, *outer_n, n1, *outer_m, m1]
+    tile = [m2, n2] if order == "rows_outer" else [n2, m2]
+    red = [*outer_k, ko]
+    inner = [mi, ni, ki]
+    if order == "k_outer":
+        sch.reorder(*par, *red, *tile, *inner)
+    else:
+        sch.reorder(*par, *tile, *red, *inner)
+    fused = sch.fuse(*par) if len(par) > 1 else par[0]
+    sch.parallel(fused)
+    whole_k = not outer_k and ext[roles.inner_k] == kc
+    epilogue_at = fused if order == "k_outer" else tile[-1]
+    for consumer in sch.get_consumers(block):
+        try:
+            sch.reverse_compute_at(consumer, epilogue_at)
+        except Exception as err:  # noqa: BLE001 - e.g. a consumer that is a reduction
+            log.debug("epilogue left in place: %s", str(err).splitlines()[-1])
+            continue
+        matched = match_equation(sch, consumer)
+        if matched is None or not tensorize_equation(sch, consumer, matched[0], mr, nr, isa):
+            sch.vectorize(sch.get_loops(consumer)[-1])
+    if not whole_k:
+        init = sch.decompose_reduction(block, red[0])
+        sch.vectorize(sch.get_loops(init)[-1])
+    spec = TPPSpec("gemm", roles.dtype, m=mr, n=nr, k=kc, beta=0 if whole_k else 1)
+    sch.tensorize(mi, intrinsic(spec, isa))
+
+
+_NAME = re.compile(r"^tpp\.(gemm|equation)\.f32\.(\w+)\.m(\d+)n(\d+)(?:k(\d+))?")
+
+
+def register_trace_intrinsics(names) -> None:
+    """Register the TPP intrinsics named in tuning records, so a record's trace replays
+    in a process that has not generated them (names come from :meth:`TPPSpec.name`)."""
+    for name in map(str, names):
+        hit = _NAME.match(name)
+        if not hit:
+            continue
+        op, isa, m, n, k = hit.groups()
+        if op == "gemm":
+            specs = [TPPSpec("gemm", "float32", m=int(m), n=int(n), k=int(k), beta=b)
+                     for b in (0, 1)]
+        else:
+            specs = [TPPSpec("equation", "float32", m=int(m), n=int(n), steps=steps)
+                     for steps in candidate_steps()]
+        for spec in specs:
+            if spec.name(isa) == name:
+                intrinsic(spec, isa)
+                break
+
+
+@derived_object
+class ElementwiseTPP(ms.schedule_rule.PyScheduleRule):
+    """A standalone element-wise block that is a TPP equation: rows in parallel, each
+    (rows x columns) tile one equation TPP. Other blocks pass through unchanged."""
+
+    def __init__(self, isa: str = "avx512") -> None:
+        self.isa = isa
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def clone(self) -> ElementwiseTPP:
+        return ElementwiseTPP(self.isa)
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        try:
+            matched = match_equation(sch, block)
+        except Exception:  # noqa: BLE001 - a block another rule already restructured
+            return [sch]
+        loops = sch.get_loops(block)
+        if matched is None or len(loops) < 2:
+            return [sch]
+        cols = sch.get(loops[-1]).extent
+        nr = next((d for d in (64, 48, 32, 16) if int(cols) % d == 0), None)
+        if nr is None:
+            return [sch]
+        space = sch.copy()
+        try:
+            blk = space.get_sblock(sch.get(block).name_hint)
+            lps = space.get_loops(blk)
+            rows = space.fuse(*lps[:-1]) if len(lps) > 2 else lps[0]
+            mr = next((d for d in (8, 4, 2) if int(space.get(rows).extent) % d == 0), None)
+            if mr is None:
+                return [sch]
+            ro, _ = space.split(rows, [None, mr])
+            if not tensorize_equation(space, blk, matched[0], mr, nr, self.isa):
+                return [sch]
+            space.parallel(space.get_loops(blk)[0])
+        except Exception as err:  # noqa: BLE001 - leave it to the stock rules
+            log.debug("element-wise TPP rejected: %s", str(err).splitlines()[-1])
+            return [sch]
+        return [space]
+
+
+@derived_object
+class ParallelizeVectorizeUnroll(ms.schedule_rule.PyScheduleRule):
+    """TVM's root-level parallelize/vectorize/unroll rule, but around TPP calls (which
+    bring their own parallel loop and vector code) only unrolling is left to sample.
+
+    Vectorizing a loop around a tensorized call breaks the build, and a second parallel
+    loop fails the postprocessor, so the design decides which variant applies.
+    """
+
+    def __init__(self) -> None:
+        self.plain = ms.schedule_rule.ParallelizeVectorizeUnroll(
+            max_jobs_per_core=16, max_vectorize_extent=64, unroll_max_steps=[0, 16, 64, 512],
+            unroll_explicit=True)
+        self.around_tpp = ms.schedule_rule.ParallelizeVectorizeUnroll(
+            max_jobs_per_core=-1, max_vectorize_extent=0, unroll_max_steps=[0, 16, 64],
+            unroll_explicit=True)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.plain._initialize_with_tune_context(context)  # noqa: SLF001
+        self.around_tpp._initialize_with_tune_context(context)  # noqa: SLF001
+
+    def clone(self) -> ParallelizeVectorizeUnroll:
+        return ParallelizeVectorizeUnroll()
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        has_tpp = any(inst.kind.name == "Tensorize" for inst in sch.trace.insts)
+        return (self.around_tpp if has_tpp else self.plain).apply(sch, block)
+
+
+def default_rules(target: Target | None = None) -> list[ms.ScheduleRule]:
+    """Schedule rules for a TPP target: TPP contractions first, TVM's rules for the rest.
+
+    The root-level parallelize/vectorize rule only unrolls around TPP calls.
+    """
+    isa = isa_of(target) if target is not None else "avx512"
+    stock = {type(r).__name__: r for r in ms.ScheduleRule.create("llvm")}
+    return [
+        stock["InlineConstantScalars"],
+        ms.schedule_rule.AutoInline(
+            into_producer=False, into_consumer=True, inline_const_tensor=True,
+            disallow_if_then_else=True, require_injective=True, require_ordered=True,
+            disallow_op=["tirx.exp"],
+        ),
+        ContractionTPP(isa, fallback=stock["MultiLevelTiling"]),
+        ElementwiseTPP(isa),
+        ParallelizeVectorizeUnroll(),
+        stock["RandomComputeLocation"],
+    ]
+
+
+def default_postprocs() -> list[ms.Postproc]:
+    return [
+        ms.postproc.DisallowDynamicLoop(),
+        ms.postproc.RewriteParallelVectorizeUnroll(),
+        ms.postproc.RewriteReductionBlock(),
+    ]
+
+
+def default_mutators() -> dict[ms.Mutator, float]:
+    return {
+        ms.mutator.MutateTileSize(): 0.9,
+        ms.mutator.MutateComputeLocation(): 0.05,
+        ms.mutator.MutateUnroll(): 0.03,
+        ms.mutator.MutateParallel(max_jobs_per_core=16): 0.02,
+    }
+
+
+def space_generator(target: Target | None = None) -> ms.space_generator.PostOrderApply:
+    """The search space of a TPP target: our rules, postprocessors and mutators."""
+    return ms.space_generator.PostOrderApply(
+        sch_rules=default_rules(target), postprocs=default_postprocs(),
+        mutator_probs=default_mutators(),
+    )
