@@ -7,6 +7,8 @@ The public API is small:
 * :func:`build` – a Relax module through the ``tpp`` pipeline (``relay.build``'s successor);
 * :func:`from_onnx` – robust ONNX import into Relax;
 * :func:`build_gemm` – one GEMM (+bias, +activation) compiled onto TPPs;
+* :func:`tune` – MetaSchedule tuning with the TPP rules, into a tuning log ``build`` and
+  ``compile_onnx`` apply;
 * :func:`registered` – the TPP tensor intrinsics; :class:`TPPError` – errors users can hit.
 
 Importing the module does not import the ``target`` submodule name over the function:
@@ -21,6 +23,7 @@ from .intrinsics import registered
 from .relay_passes import build
 from .schedules.gemm import build_gemm
 from .target import host_isa, target
+from .tuning import tune
 
 __all__ = [
     "CompiledModel",
@@ -35,5 +38,6 @@ __all__ = [
     "registered",
     "target",
     "target_info",
+    "tune",
 ]
 __version__ = "0.1.0"

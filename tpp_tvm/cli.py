@@ -119,6 +119,11 @@ def _target(args: argparse.Namespace) -> Any:
     return target(args.isa, num_cores=args.threads)
 
 
+def _tune_logs_arg(args: argparse.Namespace) -> str | None:
+    logs = getattr(args, "tune_logs", "shipped")
+    return None if logs == "none" else logs
+
+
 def _compile(
     model: onnx.ModelProto, label: str, args: argparse.Namespace, shapes: dict | None = None
 ) -> CompiledModel:
@@ -128,7 +133,8 @@ def _compile(
     print(f"compiling {label}... ", end="", flush=True)
     t0 = time.perf_counter()
     try:
-        compiled = compile_onnx(model, _target(args), shapes or None)
+        compiled = compile_onnx(model, _target(args), shapes or None,
+                                tune_logs=_tune_logs_arg(args))
     except BaseException as exc:
         print("failed", flush=True)
         if isinstance(exc, UnsupportedShapeError) and "shape_dict" in str(exc):
@@ -221,6 +227,27 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     out = compiled.export(args.output)
     print(f"wrote {out} (and {out.name}.tpp.json)")
     print(compiled.report())
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# tune
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Tune an ONNX model's TPP subgraphs with MetaSchedule; write a tuning log."""
+    from tpp_tvm.frontend import from_onnx
+    from tpp_tvm.tuning import make_runner, tune
+
+    model = _load_onnx(args.model)
+    mod = from_onnx(model, args.shape or None)
+    runner = make_runner(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
+    if args.rpc_key and not args.rpc_tracker:
+        raise CLIError("--rpc-key needs --rpc-tracker HOST:PORT")
+    result = tune(mod, _target(args), args.work_dir, trials_per_task=args.trials,
+                  runner=runner, name=args.name or Path(args.model).stem)
+    print(result.summary())
+    print(f"use it: tpp-tvm run {args.model} --tune-logs {result.log_dir}")
     return 0
 
 
@@ -389,6 +416,13 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_tune_logs_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tune-logs", default="shipped", metavar="PATH",
+        help="tuning log folder from `tune`, 'shipped' (default: logs shipped for this "
+             "target) or 'none' (hand schedules only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of ``tpp-tvm`` (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -406,13 +440,27 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", required=True, metavar="OUT.so", help="library to write")
     _add_target_options(comp)
     comp.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
+    _add_tune_logs_option(comp)
     comp.set_defaults(func=_cmd_compile)
+
+    tune = sub.add_parser("tune", help="tune an ONNX model's TPP kernels (MetaSchedule)")
+    tune.add_argument("model", metavar="MODEL.onnx")
+    _add_target_options(tune)
+    tune.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
+    tune.add_argument("--trials", type=int, default=64, help="trials per task (default 64)")
+    tune.add_argument("--work-dir", help="log folder (default tune_logs/<target>/<model>)")
+    tune.add_argument("--name", help="log name under tune_logs/<target>/ (default: file stem)")
+    tune.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                      help="measure on boards registered with this RPC tracker")
+    tune.add_argument("--rpc-key", metavar="KEY", help="device key of those boards")
+    tune.set_defaults(func=_cmd_tune)
 
     run = sub.add_parser("run", help="run an ONNX model or a compiled .so on example inputs")
     run.add_argument("model", metavar="MODEL", help="an ONNX model, or a .so from `compile`")
     _add_target_options(run)
     run.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
     run.add_argument("--bench", action="store_true", help="print the median latency")
+    _add_tune_logs_option(run)
     run.add_argument(
         "--compare",
         choices=["onnxruntime"],

@@ -146,19 +146,25 @@ def load(path: str | Path) -> CompiledModel:
     return CompiledModel(module, inputs, meta["report"], meta.get("threads", 1))
 
 
-def compile_relax(mod: tvm.IRModule, target=None) -> CompiledModel:
-    """Compile a Relax module (static input shapes) into a :class:`CompiledModel`."""
+def compile_relax(mod: tvm.IRModule, target=None, tune_logs="shipped") -> CompiledModel:
+    """Compile a Relax module (static input shapes) into a :class:`CompiledModel`.
+
+    ``tune_logs``: the tuning logs shipped for this target (default), a folder made by
+    ``tpp_tvm.tune``, or None for hand schedules only.
+    """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     report = LoweringReport()
-    exe = build(mod, tgt, report=report)
+    exe = build(mod, tgt, report=report, tune_logs=tune_logs)
     data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
             "compile_seconds": getattr(report, "compile_seconds", 0.0)}
     return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt))
 
 
-def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None) -> CompiledModel:
-    """Import an ONNX model (proto, path or bytes) and compile it onto TPPs."""
+def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
+                 tune_logs="shipped") -> CompiledModel:
+    """Import an ONNX model (proto, path or bytes) and compile it onto TPPs (with tuned
+    kernels from ``tune_logs`` where they are faster; see :func:`compile_relax`)."""
     from .frontend import from_onnx
 
-    return compile_relax(from_onnx(model_or_path, shape_dict), target)
+    return compile_relax(from_onnx(model_or_path, shape_dict), target, tune_logs)

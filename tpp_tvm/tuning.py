@@ -48,11 +48,11 @@ class TuningLogError(TPPError):
 
 
 def target_tag(target: tvm.target.Target) -> str:
-    """Folder name of a target's logs: ISA, CPU model and cores (``avx512-znver5-2c``)."""
+    """Folder name of a target's logs: ISA and CPU model (``avx512-znver5``). Thread count
+    is not part of it: a tuned kernel's parallel loop serves any number of threads."""
     attrs = target.attrs
     mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else "generic"
-    cores = int(attrs["num-cores"]) if "num-cores" in attrs else 1
-    return f"{isa_of(target)}-{mcpu}-{cores}c"
+    return f"{isa_of(target)}-{mcpu}"
 
 
 def _as_target(target) -> tvm.target.Target:
@@ -314,6 +314,39 @@ class TuneLogs:
                                   if inst.kind.name == "Tensorize")
         sch = self.database.query_schedule(mod, self.target, workload_name="main")
         return None if sch is None else sch.mod["main"]
+
+
+def shipped_logs(target: tvm.target.Target) -> TuneLogs | None:
+    """All logs shipped in ``tune_logs/<target tag>/`` as one, or None if there are none.
+
+    Records are keyed by the kernel's loop nest (shapes, not weights), so any model with a
+    tuned subgraph shape (e.g. any BERT-base layer) uses them.
+    """
+    folder = SHIPPED_LOGS / target_tag(target)
+    if not folder.is_dir():
+        return None
+    logs = [open_logs(d, target) for d in sorted(folder.iterdir())
+            if (d / "database_tuning_record.json").is_file()]
+    logs = [lg for lg in logs if lg is not None]
+    if not logs:
+        return None
+    if len(logs) == 1:
+        return logs[0]
+    choices: dict = {}
+    for lg in logs:
+        choices.update(lg.choices)
+    union = ms.database.UnionDatabase(*[lg.database for lg in logs])
+    return TuneLogs(folder, union, target, choices)
+
+
+def resolve_logs(tune_logs, target: tvm.target.Target) -> TuneLogs | None:
+    """``"shipped"`` (the logs shipped for this target, if any), a folder, an opened log or
+    None (hand schedules only)."""
+    if tune_logs is None or isinstance(tune_logs, TuneLogs):
+        return tune_logs
+    if str(tune_logs) == "shipped":
+        return shipped_logs(target)
+    return open_logs(tune_logs, target)
 
 
 def open_logs(path: str | os.PathLike, target: tvm.target.Target) -> TuneLogs | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from tvm import tirx
 from tvm.s_tir import TensorIntrin
@@ -48,9 +49,18 @@ def intrinsic(spec: TPPSpec, isa: str = "avx512") -> str:
             # implementation.
             raise RuntimeError(f"TPP name collision: {name} for {spec} and {_names[name][0]}")
         if name not in _names:
-            TensorIntrin.register(name, describe(spec), implementation(spec, isa), override=True)
+            desc, impl = on_short_stack(lambda: (describe(spec), implementation(spec, isa)))
+            TensorIntrin.register(name, desc, impl, override=True)
             _names[name] = (spec, isa)
     return name
+
+
+def on_short_stack(fn):
+    """Run ``fn`` in a fresh thread. TVMScript's parser inspects every frame of the calling
+    stack (``inspect.getouterframes``, each scanning ``sys.modules``): deep inside pytest or
+    a MetaSchedule rule that made one registration take seconds instead of milliseconds."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn).result()
 
 
 def spec_of(name: str) -> TPPSpec:

@@ -31,7 +31,7 @@ from tvm.relax.backend.cpu_generic.pipeline import (
 from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
-from ..tuning import TuneLogs, open_logs
+from ..tuning import TuneLogs, resolve_logs
 from .canonicalize import CanonicalizeActivations
 from .lower import LoweringReport, lower_tpp_composites
 from .patterns import pattern_table
@@ -104,16 +104,14 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
 
     ``params`` binds named parameters of ``main`` as constants first (so weights can be
     packed); ``report`` collects which subgraphs became TPP kernels; ``tune_logs`` (a
-    folder made by ``tpp_tvm.tune``) supplies tuned kernels where they beat the hand
-    schedules.
+    folder made by ``tpp_tvm.tune``, or ``"shipped"`` for the logs shipped for this
+    target) supplies tuned kernels where they beat the hand schedules.
     """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
-    logs = tune_logs
-    if tune_logs is not None and not isinstance(tune_logs, TuneLogs):
-        logs = open_logs(tune_logs, tgt)
+    logs = resolve_logs(tune_logs, tgt)
     t0 = time.perf_counter()
     with tgt:
         mod = tpp_pipeline(report, logs, force_tuned)(mod)

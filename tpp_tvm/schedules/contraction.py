@@ -116,4 +116,4 @@ def contraction_roles(sch: Schedule, block: SBlockRV) -> ContractionRoles | None
         return None
     return ContractionRoles(tuple(roles["batch"]), tuple(roles["m"]), tuple(roles["n"]),
                             tuple(roles["k"]), inner_m, inner_n, inner_k, tuple(extents),
-                            dtype)
+                            str(dtype))
