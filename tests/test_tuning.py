@@ -1,0 +1,146 @@
+"""Tests of tuning (tpp_tvm.tuning, relay_passes/tuned.py): tune a PrimFunc and a tiny
+model for a few trials, apply the log in a build, measure over RPC on loopback, and the
+errors of bad logs. Trials are few: these check the machinery, the benchmark checks speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+
+import tpp_tvm
+from tpp_tvm import cli, models, tuning
+from tpp_tvm.relay_passes.lower import LoweringReport
+from tpp_tvm.tuning import TuningLogError, open_logs, target_tag
+
+pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
+                                reason="tuned TPP kernels run AVX-512 code; no AVX-512 here")
+TARGET = tpp_tvm.target(num_cores=1)
+
+
+def _matmul(m=64, n=64, k=128):
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), "k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    return te.create_prim_func([A, B, C])
+
+
+@pytest.fixture(scope="module")
+def tuned_matmul(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mm")
+    result = tuning.tune(_matmul(), TARGET, out, trials_per_task=8)
+    return result, out
+
+
+def test_tune_primfunc_writes_a_log_that_compiles_correctly(tuned_matmul, capsys):
+    result, out = tuned_matmul
+    assert (out / "database_tuning_record.json").is_file()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tag"] == target_tag(TARGET) and meta["rules"] == "tpp"
+    assert result.tasks[0]["tuned_ms"] > 0
+    logs = open_logs(out, TARGET)
+    func = logs.schedule(_matmul().with_attr("global_symbol", "main"))
+    assert func is not None
+    rt = tvm.compile(tvm.IRModule({"main": func}), target=TARGET).jit()
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 128), "float32"), rng.standard_normal((128, 64), "float32")
+    c = tvm.runtime.tensor(np.zeros((64, 64), "float32"))
+    rt(tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_progress_lines_say_task_trials_best_and_time_left():
+    lines = []
+    progress = tuning.TuningProgress(["mm"], [2e6], 8, printer=lines.append)
+
+    ok = ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None)
+    failed = ms.runner.RunnerResult(run_secs=None, error_msg="build failed")
+    progress._inst.apply(None, 0, [], [], [ok, ok, failed])  # the Python side, no scheduler
+    assert lines and "task 1/1 mm: 3/8 trials, best 2.0 GFLOP/s" in lines[-1]
+    assert "left" in lines[-1]
+
+
+def test_tiny_model_tuned_from_the_cli_and_applied_in_a_build(tmp_path, capsys):
+    model = models.mlp(batch=8, dims=(32, 64, 16))
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(model.SerializeToString())
+    logs = tmp_path / "logs"
+    assert cli.main(["tune", str(path), "--trials", "4", "--threads", "1",
+                     "--work-dir", str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "[tune] task 1/2" in out and "tpp_dense_bias" in out
+    choices = json.loads((logs / "choices.json").read_text())
+    assert len(choices) == 2 and all(c["use"] in ("hand", "tuned") for c in choices.values())
+    assert all(c["hand_ms"] > 0 and c["tuned_vm_ms"] > 0 for c in choices.values())
+    # Forcing the tuned kernels: every subgraph runs tuned code and gives the same answer.
+    mod = tpp_tvm.from_onnx(model)
+    report = LoweringReport()
+    exe = tpp_tvm.build(mod, TARGET, report=report, tune_logs=logs, force_tuned=True)
+    assert sum(v for k, v in report.lowered.items() if k.endswith("(tuned)")) == 2
+    inputs = models.example_inputs(model)
+    vm = tvm.relax.VirtualMachine(exe, tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+    hand = tpp_tvm.compile_onnx(model, TARGET, tune_logs=None)(*inputs.values())[0]
+    np.testing.assert_allclose(got, hand, rtol=1e-4, atol=1e-5)
+    # Without forcing, the build takes whichever the log measured faster.
+    compiled = tpp_tvm.compile_onnx(model, TARGET, tune_logs=logs)
+    n_tuned = sum(c["use"] == "tuned" for c in choices.values())
+    assert compiled.report().count("(tuned)") == min(n_tuned, 2)
+
+
+def test_rpc_tracker_and_two_servers_on_loopback(tmp_path):
+    pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado")
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker("127.0.0.1", port=9190, port_end=9290, silent=True)
+    servers = [rpc.Server("127.0.0.1", port=9300, port_end=9400, key="tpp-test",
+                          tracker_addr=("127.0.0.1", tracker.port), silent=True)
+               for _ in range(2)]
+    try:
+        for _ in range(50):  # the servers register with the tracker asynchronously
+            summary = rpc.connect_tracker("127.0.0.1", tracker.port).summary()
+            if sum(1 for s in summary["server_info"] if "tpp-test" in s["key"]) == 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"RPC servers did not register with the tracker: {summary}")
+        runner = tuning.make_runner(f"127.0.0.1:{tracker.port}", "tpp-test")
+        result = tuning.tune(_matmul(32, 32, 64), TARGET, tmp_path, trials_per_task=4,
+                             runner=runner, progress=False)
+        assert result.tasks[0]["tuned_ms"] is not None  # measured on the RPC servers
+    finally:
+        for s in servers:
+            s.terminate()
+        tracker.terminate()
+
+
+def test_bad_logs_are_clear_errors_and_foreign_logs_are_skipped(tuned_matmul, tmp_path):
+    _, out = tuned_matmul
+    with pytest.raises(TuningLogError, match="does not exist"):
+        open_logs(tmp_path / "nope", TARGET)
+    with pytest.raises(TuningLogError, match="not a tuning log"):
+        open_logs(tmp_path, TARGET)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ("database_workload.json", "database_tuning_record.json"):
+        (bad / f).write_text((out / f).read_text())
+    (bad / "database_tuning_record.json").write_text("{not json\n")
+    with pytest.raises(TuningLogError, match="corrupt"):
+        open_logs(bad, TARGET)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for f in ("database_workload.json", "database_tuning_record.json"):
+        (foreign / f).write_text((out / f).read_text())
+    (foreign / "meta.json").write_text(json.dumps({"tag": "sve-neoverse-v1"}))
+    with pytest.warns(UserWarning, match="made for sve-neoverse-v1"):
+        assert open_logs(foreign, TARGET) is None
+    with pytest.raises(TuningLogError):
+        tpp_tvm.build(tpp_tvm.from_onnx(models.mlp(**models.TINY_ARGS["mlp"])), TARGET,
+                      tune_logs=tmp_path / "missing")
