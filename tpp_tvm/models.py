@@ -313,9 +313,8 @@ def _conv_bn(nn: Any, c_in: int, c_out: int, kernel: int, stride: int = 1) -> li
     ]
 
 
-def _resnet_module(width: int, blocks: Sequence[int], classes: int) -> Any:
-    torch = _torch()
-    nn = torch.nn
+def _bottleneck(nn: Any) -> Any:
+    """ResNet-50's bottleneck block class (v1.5: the stride on the 3x3)."""
 
     class Bottleneck(nn.Module):
         expansion = 4
@@ -339,6 +338,14 @@ def _resnet_module(width: int, blocks: Sequence[int], classes: int) -> Any:
 
         def forward(self, x: Any) -> Any:
             return self.relu(self.body(x) + self.down(x))
+
+    return Bottleneck
+
+
+def _resnet_module(width: int, blocks: Sequence[int], classes: int) -> Any:
+    torch = _torch()
+    nn = torch.nn
+    Bottleneck = _bottleneck(nn)
 
     layers: list[Any] = [
         *_conv_bn(nn, 3, width, 7, 2),
@@ -385,6 +392,31 @@ def resnet50(
 
     args = {"b": batch, "img": image, "w": width, "blk": blocks, "c": classes}
     return _cached("resnet", args, cache_dir, build)
+
+
+def resnet50_block(
+    batch: int = 1,
+    image: int = 56,
+    planes: int = 64,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+) -> onnx.ModelProto:
+    """One identity bottleneck block of ResNet-50 (stage 2 by default: 256 -> 64 -> 64 -> 256
+    channels at 56x56), BatchNorm folded: the unit ResNet-50 is made of, for tuning."""
+
+    def build() -> bytes:
+        torch = _torch()
+
+        def make() -> Any:
+            module = _bottleneck(torch.nn)(planes * 4, planes, 1)
+            _randomize_norms(module, calibrate=torch.randn(2, planes * 4, image, image))
+            return module
+
+        module = _seeded(make)
+        return _export(module, [torch.zeros(batch, planes * 4, image, image)], ["input"])
+
+    args = {"b": batch, "img": image, "p": planes}
+    return _cached("resnet_block", args, cache_dir, build)
 
 
 def small_cnn(
