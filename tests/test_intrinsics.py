@@ -242,8 +242,9 @@ def test_unknown_isa() -> None:
 
 def test_registered_lists_every_op_for_avx512() -> None:
     names = registered()
-    for op in OPS:
-        assert any(name.startswith(f"tpp.{op}.f32.avx512.") for name in names), op
+    for op, d in OPS.items():
+        prefix = f"tpp.{op}." if d.kind == "quant" else f"tpp.{op}.f32.avx512."
+        assert any(name.startswith(prefix) and ".avx512." in name for name in names), op
     assert registered(isa="avx512") == [n for n in names if ".avx512." in n]
     assert registered(dtype="f32") == registered(dtype="float32")
     assert registered(isa="avx512", dtype="float32")

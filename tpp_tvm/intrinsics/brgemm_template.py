@@ -7,6 +7,12 @@ packed" scheme). The batch-reduce loop walks A and B blocks by their batch strid
 is loaded and stored once per call however many blocks are reduced. A partial last vector
 (N not a multiple of the lane count) uses the ISA's masked loads/stores, so any M, N, K is
 exact and never touches memory outside the operands.
+
+Low-precision contractions (bf16, u8 x s8) keep the same structure with the FMA replaced by
+the ISA's dot-product step (``VectorISA.dot_step``): per step, one 32-bit group of A
+(``vnni`` elements of a row) is broadcast and meets ``lanes`` columns of a VNNI-packed row
+of B; the reduction walks K in groups. The step is LLVM IR imported into the kernel (see
+``llvm_ir.py``), because TIR cannot type its operands.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..errors import UnsupportedDTypeError
+from .llvm_ir import module_text
 from .spec import TPPSpec, contraction_geometry, free_strides, operand_reads
 from .vector_isa import VectorISA
 
@@ -24,11 +32,14 @@ def _loop_vars(ivs) -> tuple:
 
 
 def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """Implementation of ``gemm``/``brgemm``/``conv_brgemm`` fp32 for ``isa`` (FMA form)."""
+    """Implementation of ``gemm``/``brgemm``/``conv_brgemm`` for ``isa``: FMA form for fp32,
+    dot-product form for VNNI-packed low precision."""
     M, N, K = spec.m, spec.n, spec.k
     dt = spec.dtype
+    if spec.vnni > 1:
+        return dot_brgemm_impl(spec, isa)
     if dt != "float32":
-        raise NotImplementedError(f"{isa.name} FMA BRGEMM template is fp32-only, got {dt}")
+        raise UnsupportedDTypeError(f"{isa.name} FMA BRGEMM template is fp32-only, got {dt}")
     geo = contraction_geometry(spec)
     lanes = isa.static_lanes(dt)
     vt = isa.vtype(dt)
@@ -91,5 +102,72 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                     C[i, isa.ramp(v * lanes, dt)] = acc[i, v]
                 if tail > 0:
                     T.evaluate(isa.masked_store(acc[i, full], C[i, full * lanes], tail_mask()))
+
+    return impl
+
+
+def dot_brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Low-precision GEMM/BRGEMM: accumulators of ``spec.acc_dtype``, dot-product steps."""
+    M, N, dt, acc_dt = spec.m, spec.n, spec.dtype, spec.acc_dtype
+    bdt = spec.b_dtype or dt
+    if isa.dot_step is None or isa.scalable:
+        raise UnsupportedDTypeError(
+            f"TPP {spec.op} {dt} x {bdt}: {isa.name} has no dot-product step in this package")
+    geo = contraction_geometry(spec)
+    lanes = isa.static_lanes(acc_dt)
+    vt = isa.vtype(acc_dt)
+    NV = -(-N // lanes)
+    full = N // lanes
+    tail = N - full * lanes
+    beta0 = spec.beta == 0
+    step_full = isa.dot_step(dt, bdt, lanes, lanes)
+    step_tail = isa.dot_step(dt, bdt, lanes, tail) if tail else None
+    ir_text = module_text(*(s for s in (step_full, step_tail) if s is not None))
+    zero = isa.broadcast(tirx.const(0, acc_dt), acc_dt)
+
+    def dot(step, acc, A, B, ivs, i, col):
+        lv = _loop_vars(ivs)
+        return T.call_extern(vt, step.name, acc, T.address_of(A[geo.a_index(lv, i, 0)]),
+                             T.address_of(B[geo.b_index(lv, 0, col)]))
+
+    def tail_mask():
+        return isa.tail_mask(full * lanes, N, acc_dt)
+
+    def c_init(C, i, v):
+        return zero if beta0 else C[i, isa.ramp(v * lanes, acc_dt)]
+
+    def c_init_tail(C, i):
+        return zero if beta0 else isa.masked_load(C[i, full * lanes], tail_mask(), acc_dt)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.a_shape)))
+        B = T.match_buffer(b, geo.b_shape, bdt, offset_factor=1,
+                           strides=geo.b_buffer_strides())
+        C = T.match_buffer(c, (M, N), acc_dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(*operand_reads(beta0, C, A, B))
+            T.writes(C[0:M, 0:N])
+            acc = T.alloc_buffer((M, NV), vt, scope="local")
+            with T.attr(0, "pragma_import_llvm", ir_text):
+                for i in T.unroll(M):
+                    for v in T.unroll(full):
+                        acc[i, v] = c_init(C, i, v)
+                    if tail > 0:
+                        acc[i, full] = c_init_tail(C, i)
+                for ivs in T.grid(*geo.batch):
+                    for i in T.unroll(M):
+                        for v in T.unroll(full):
+                            acc[i, v] = dot(step_full, acc[i, v], A, B, ivs, i, v * lanes)
+                        if tail > 0:
+                            acc[i, full] = dot(step_tail, acc[i, full], A, B, ivs, i,
+                                               full * lanes)
+                for i in T.unroll(M):
+                    for v in T.unroll(full):
+                        C[i, isa.ramp(v * lanes, acc_dt)] = acc[i, v]
+                    if tail > 0:
+                        T.evaluate(isa.masked_store(acc[i, full], C[i, full * lanes],
+                                                    tail_mask()))
 
     return impl

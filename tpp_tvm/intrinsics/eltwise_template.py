@@ -651,6 +651,12 @@ _TEMPLATES = {
 
 def eltwise_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """The implementation PrimFunc of a non-contraction TPP on ``isa``."""
+    from .precision_template import convert_impl, is_llvm_conversion, quant_impl
+
+    if spec.kind == "quant":
+        return quant_impl(spec, isa)
+    if is_llvm_conversion(spec):
+        return convert_impl(spec, isa)
     if spec.kind not in _TEMPLATES:
         raise ValueError(f"TPP {spec.op} (kind {spec.kind}) has no element-wise template")
     check_supported(spec, isa)

@@ -9,6 +9,7 @@ vector registers the register-blocking may use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -20,12 +21,15 @@ class VectorISA:
     """A SIMD unit: ``vector_bits`` wide (None when scalable, e.g. SVE), ``num_vregs`` registers.
 
     ``min_vector_bits`` is the width used to size register blocking for a scalable ISA.
+    ``dot_step(a_dtype, b_dtype, lanes, width)`` gives the ISA's low-precision dot-product
+    step as an LLVM IR function (``llvm_ir.IRFunction``); None when it has none.
     """
 
     name: str
     vector_bits: int | None
     num_vregs: int
     min_vector_bits: int = 128
+    dot_step: Callable | None = None
 
     @property
     def scalable(self) -> bool:
