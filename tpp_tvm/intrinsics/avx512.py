@@ -10,11 +10,11 @@ from __future__ import annotations
 from tvm import tirx
 
 from .brgemm_template import brgemm_impl
-from .llvm_ir import dot_step
+from .llvm_ir import dot_brgemm
 from .spec import TPPSpec
 from .vector_isa import VectorISA
 
-AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_step=dot_step)
+AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm)
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:

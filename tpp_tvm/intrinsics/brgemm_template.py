@@ -8,10 +8,10 @@ is loaded and stored once per call however many blocks are reduced. A partial la
 (N not a multiple of the lane count) uses the ISA's masked loads/stores, so any M, N, K is
 exact and never touches memory outside the operands.
 
-Low-precision contractions (bf16, u8 x s8) keep the same structure with the FMA replaced by
-the ISA's dot-product step (``VectorISA.dot_step``): per step, one 32-bit group of A
-(``vnni`` elements of a row) is broadcast and meets ``lanes`` columns of a VNNI-packed row
-of B; the reduction walks K in groups. The step is LLVM IR imported into the kernel (see
+Low-precision contractions (bf16, u8 x s8) keep the same scheme with the FMA replaced by
+the ISA's dot product (``VectorISA.dot_brgemm``): per step, one 32-bit group of A (``vnni``
+elements of a row) is broadcast and meets ``lanes`` columns of a VNNI-packed row of B; the
+reduction walks K in groups. That microkernel is LLVM IR imported into the kernel (see
 ``llvm_ir.py``), because TIR cannot type its operands.
 """
 
@@ -107,37 +107,29 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
 
 def dot_brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """Low-precision GEMM/BRGEMM: accumulators of ``spec.acc_dtype``, dot-product steps."""
+    """Low-precision GEMM/BRGEMM: one call of the ISA's dot-product microkernel (LLVM IR)
+    with the operands' addresses and strides."""
     M, N, dt, acc_dt = spec.m, spec.n, spec.dtype, spec.acc_dtype
     bdt = spec.b_dtype or dt
-    if isa.dot_step is None or isa.scalable:
+    if isa.dot_brgemm is None or isa.scalable:
         raise UnsupportedDTypeError(
-            f"TPP {spec.op} {dt} x {bdt}: {isa.name} has no dot-product step in this package")
+            f"TPP {spec.op} {dt} x {bdt}: {isa.name} has no dot-product kernel in this package")
     geo = contraction_geometry(spec)
-    lanes = isa.static_lanes(acc_dt)
-    vt = isa.vtype(acc_dt)
-    NV = -(-N // lanes)
-    full = N // lanes
-    tail = N - full * lanes
+    batched = spec.op == "brgemm"
+    kernel = isa.dot_brgemm(dt, bdt, M, N, spec.k // spec.vnni, spec.batch if batched else 1,
+                            spec.beta)
+    ir_text = module_text(kernel)
     beta0 = spec.beta == 0
-    step_full = isa.dot_step(dt, bdt, lanes, lanes)
-    step_tail = isa.dot_step(dt, bdt, lanes, tail) if tail else None
-    ir_text = module_text(*(s for s in (step_full, step_tail) if s is not None))
-    zero = isa.broadcast(tirx.const(0, acc_dt), acc_dt)
 
-    def dot(step, acc, A, B, ivs, i, col):
-        lv = _loop_vars(ivs)
-        return T.call_extern(vt, step.name, acc, T.address_of(A[geo.a_index(lv, i, 0)]),
-                             T.address_of(B[geo.b_index(lv, 0, col)]))
+    def strides(A, B, C):
+        """lda, A's batch stride, B's k-group stride, B's batch stride, ldc."""
+        if batched:
+            return A.strides[1], A.strides[0], B.strides[1], B.strides[0], C.strides[0]
+        return A.strides[0], 0, B.strides[0], 0, C.strides[0]
 
-    def tail_mask():
-        return isa.tail_mask(full * lanes, N, acc_dt)
-
-    def c_init(C, i, v):
-        return zero if beta0 else C[i, isa.ramp(v * lanes, acc_dt)]
-
-    def c_init_tail(C, i):
-        return zero if beta0 else isa.masked_load(C[i, full * lanes], tail_mask(), acc_dt)
+    def first(buf):
+        # address_of, not access_ptr: bf16 legalisation rejects access_ptr on bf16 buffers
+        return T.address_of(buf[(0,) * len(buf.shape)])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle):
@@ -149,25 +141,8 @@ def dot_brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         with T.sblock("root"):
             T.reads(*operand_reads(beta0, C, A, B))
             T.writes(C[0:M, 0:N])
-            acc = T.alloc_buffer((M, NV), vt, scope="local")
             with T.attr(0, "pragma_import_llvm", ir_text):
-                for i in T.unroll(M):
-                    for v in T.unroll(full):
-                        acc[i, v] = c_init(C, i, v)
-                    if tail > 0:
-                        acc[i, full] = c_init_tail(C, i)
-                for ivs in T.grid(*geo.batch):
-                    for i in T.unroll(M):
-                        for v in T.unroll(full):
-                            acc[i, v] = dot(step_full, acc[i, v], A, B, ivs, i, v * lanes)
-                        if tail > 0:
-                            acc[i, full] = dot(step_tail, acc[i, full], A, B, ivs, i,
-                                               full * lanes)
-                for i in T.unroll(M):
-                    for v in T.unroll(full):
-                        C[i, isa.ramp(v * lanes, acc_dt)] = acc[i, v]
-                    if tail > 0:
-                        T.evaluate(isa.masked_store(acc[i, full], C[i, full * lanes],
-                                                    tail_mask()))
+                T.evaluate(T.call_extern("void", kernel.name, first(A), first(B), first(C),
+                                         *strides(A, B, C)))
 
     return impl

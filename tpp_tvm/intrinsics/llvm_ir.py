@@ -1,16 +1,17 @@
 """Low-precision vector steps as LLVM IR text, for the operations TIR cannot express.
 
 TIR in this TVM cannot carry LLVM's ``<32 x bfloat>`` operands (its bf16 legalisation turns
-them into integers), so the x86 low-precision steps -- a VNNI dot product into a vector of
-accumulators, and fp32 <-> bf16 conversion of one vector -- are small ``alwaysinline``
-LLVM functions generated here. A TPP implementation imports them with
+them into integers), so the x86 low-precision kernels -- the VNNI dot-product BRGEMM
+microkernel, and fp32 <-> bf16 conversion of one vector -- are ``alwaysinline`` LLVM
+functions generated here. A TPP implementation imports them with
 ``T.attr(0, "pragma_import_llvm", text)`` and calls them with ``T.call_extern``; after
-inlining, what remains is the instruction itself (``vdpbf16ps``, ``vpdpbusd``,
+inlining, what remains is the instructions (``vdpbf16ps``, ``vpdpbusd``,
 ``vcvtneps2bf16``) on registers.
 
-One generator serves every dtype and width: a :class:`DotOp` row says which instruction,
-element types and VNNI factor; ``width`` below the lane count makes the step load only
-``width`` columns (a constant mask), so tails never touch memory past a tile.
+One generator serves every dtype and tile: a :class:`DotOp` row says which instruction,
+element types and VNNI factor; a column count that is not a whole number of vectors makes
+the last vector's loads and stores masked (constant masks), so tails never touch memory
+past a tile.
 """
 
 from __future__ import annotations
@@ -103,37 +104,88 @@ def _suffix(dtype: str) -> str:
             "uint8": "i8"}[dtype]
 
 
-def dot_step(a_dtype: str, b_dtype: str, lanes: int, width: int) -> IRFunction:
-    """``acc' = dot(acc, broadcast(A[vnni elements at a]), B[lanes x vnni at b])``.
+def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
+               beta: int, lanes: int = 16) -> IRFunction:
+    """A whole register-blocked low-precision BRGEMM microkernel as one LLVM function.
 
-    Signature ``<lanes x acc> name(<lanes x acc> acc, ptr a, ptr b)``: the ``vnni``
-    consecutive A elements of one row (one 32-bit group) meet ``width`` columns of a VNNI
-    row of B (``width * vnni`` contiguous elements; lanes past ``width`` read as zero).
+    ``void name(ptr a, ptr b, ptr c, i32 lda, i32 a_batch, i32 b_group, i32 b_batch,
+    i32 ldc)`` (strides in elements): C (m x n, row stride ldc) (+)= sum over ``batch``
+    blocks and ``kgroups`` VNNI groups of broadcast(A's ``vnni`` elements of row i) dot B's
+    VNNI row (``n x vnni`` contiguous). The accumulators are SSA values carried by the
+    loop's phis, so they live in registers for the whole reduction; a partial last vector
+    of columns uses masked loads/stores. (Kept as one function rather than a per-step call
+    from a TIR loop: TVM puts a 1 KiB+ accumulator array on the heap, and the step's untyped
+    loads would then pin every accumulator to memory.)
     """
     op = X86_DOT.get((a_dtype, b_dtype))
     if op is None or lanes != 16:
         raise UnsupportedDTypeError(
-            f"no x86 dot-product step for {a_dtype} x {b_dtype} at {lanes} lanes; supported: "
+            f"no x86 dot-product BRGEMM for {a_dtype} x {b_dtype} at {lanes} lanes; supported: "
             + ", ".join(f"{a} x {b}" for a, b in X86_DOT) + " at 16 lanes (512-bit)")
-    v, acc = op.vnni, _vec(lanes, op.acc_dtype)
-    at, bt = _vec(lanes * v, a_dtype), _vec(lanes * v, b_dtype)
-    name = f"tpp_dot_{_suffix(a_dtype)}{_suffix(b_dtype)}_{lanes}x{v}_w{width}"
-    load_b, decl_b = _masked_load("%bv", lanes * v, b_dtype, "%b", width * v)
-    definition = "\n".join([
-        f"define linkonce_odr {acc} @{name}({acc} %acc, ptr %a, ptr %b) #ATTRS {{",
-        "  %a32 = load i32, ptr %a, align 1",
-        f"  %a1 = insertelement <{lanes} x i32> poison, i32 %a32, i64 0",
-        f"  %as = shufflevector <{lanes} x i32> %a1, <{lanes} x i32> poison, "
-        f"<{lanes} x i32> zeroinitializer",
-        f"  %av = bitcast <{lanes} x i32> %as to {at}",
-        load_b,
-        f"  %r = call {acc} @{op.intrinsic}({acc} %acc, {at} %av, {bt} %bv)",
-        f"  ret {acc} %r",
-        "}",
-    ])
-    declares = tuple(d for d in (f"declare {acc} @{op.intrinsic}({acc}, {at}, {bt})", decl_b)
-                     if d)
-    return IRFunction(name, definition, declares, op.features)
+    V, acc_dt = op.vnni, op.acc_dtype
+    acc, at, bt = _vec(lanes, acc_dt), _vec(lanes * V, a_dtype), _vec(lanes * V, b_dtype)
+    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
+    nv, full = -(-n // lanes), n // lanes
+    widths = [lanes] * full + ([n - full * lanes] if n % lanes else [])
+    steps = kgroups * batch
+    name = (f"tpp_brgemm_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}"
+            f"_beta{beta}")
+    declares = {f"declare {acc} @{op.intrinsic}({acc}, {at}, {bt})"}
+    body = [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
+            "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:"]
+
+    def emit(line_decl):
+        line, decl = line_decl
+        body.append(line)
+        if decl:
+            declares.add(decl)
+
+    init = {}
+    for i in range(m):
+        body.append(f"  %crow{i} = mul i32 {i}, %ldc")
+        for v, w in enumerate(widths):
+            init[i, v] = "zeroinitializer" if beta == 0 else f"%init{i}_{v}"
+            if beta == 0:
+                continue
+            body.append(f"  %coff{i}_{v} = add i32 %crow{i}, {v * lanes}")
+            body.append(f"  %pc{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
+                        f"i32 %coff{i}_{v}")
+            emit(_masked_load(f"%init{i}_{v}", lanes, acc_dt, f"%pc{i}_{v}", w))
+    body += ["  br label %loop", "loop:", "  %t = phi i32 [ 0, %entry ], [ %tn, %loop ]"]
+    body += [f"  %acc{i}_{v} = phi {acc} [ {init[i, v]}, %entry ], [ %new{i}_{v}, %loop ]"
+             for i in range(m) for v in range(nv)]
+    body += [f"  %r = udiv i32 %t, {kgroups}", f"  %g = urem i32 %t, {kgroups}",
+             "  %ra = mul i32 %r, %a_batch", f"  %ga = mul i32 %g, {V}",
+             "  %abase = add i32 %ra, %ga",
+             "  %rb = mul i32 %r, %b_batch", "  %gb = mul i32 %g, %b_group",
+             "  %bbase = add i32 %rb, %gb"]
+    for i in range(m):
+        body += [f"  %arow{i} = mul i32 {i}, %lda",
+                 f"  %aoff{i} = add i32 %abase, %arow{i}",
+                 f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
+                 f"  %a32_{i} = load i32, ptr %pa{i}, align 1",
+                 f"  %a1_{i} = insertelement <{lanes} x i32> poison, i32 %a32_{i}, i64 0",
+                 f"  %as{i} = shufflevector <{lanes} x i32> %a1_{i}, <{lanes} x i32> poison, "
+                 f"<{lanes} x i32> zeroinitializer",
+                 f"  %av{i} = bitcast <{lanes} x i32> %as{i} to {at}"]
+    for v, w in enumerate(widths):
+        body += [f"  %boff{v} = add i32 %bbase, {v * lanes * V}",
+                 f"  %pb{v} = getelementptr {eb}, ptr %b, i32 %boff{v}"]
+        emit(_masked_load(f"%bv{v}", lanes * V, b_dtype, f"%pb{v}", w * V))
+    for i in range(m):
+        for v in range(nv):
+            body.append(f"  %new{i}_{v} = call {acc} @{op.intrinsic}({acc} %acc{i}_{v}, "
+                        f"{at} %av{i}, {bt} %bv{v})")
+    body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps}",
+             "  br i1 %done, label %exit, label %loop", "exit:"]
+    for i in range(m):
+        for v, w in enumerate(widths):
+            body += [f"  %soff{i}_{v} = add i32 %crow{i}, {v * lanes}",
+                     f"  %ps{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
+                     f"i32 %soff{i}_{v}"]
+            emit(_masked_store(f"%new{i}_{v}", lanes, acc_dt, f"%ps{i}_{v}", w))
+    body += ["  ret void", "}"]
+    return IRFunction(name, "\n".join(body), tuple(sorted(declares)), op.features)
 
 
 #: Conversions :func:`convert_step` generates: (source, destination) -> LLVM cast.
