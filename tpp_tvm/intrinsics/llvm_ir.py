@@ -215,3 +215,103 @@ def convert_step(src: str, dst: str, lanes: int, width: int) -> IRFunction:
     ])
     return IRFunction(name, definition, tuple(d for d in (decl_l, decl_s) if d),
                       "+avx512f,+avx512bf16")
+
+
+#: AMX tile dot products by (A dtype, B dtype): the instruction and the VNNI factor.
+AMX_DOT: dict[tuple[str, str], tuple[str, int]] = {
+    ("bfloat16", "bfloat16"): ("llvm.x86.tdpbf16ps", 2),
+    ("uint8", "int8"): ("llvm.x86.tdpbusd", 4),
+}
+AMX_FEATURES = "+avx512f,+amx-tile,+amx-bf16,+amx-int8"
+#: Rows of a tile, and VNNI groups of K one tile dot product consumes (64-byte tile rows).
+AMX_ROWS = 16
+AMX_GROUPS = 16
+
+
+def amx_tile_config(m: int, n: int) -> tuple[str, list[tuple[int, int]]]:
+    """The 64-byte ``ldtilecfg`` palette-1 config of a (m x n) C block, and the tiles'
+    (rows, bytes per row) it declares: C tiles 0.. (row-major, 16 x 16 fp32/int32 each),
+    then one A tile per C tile row (16 x 64 bytes), then one B tile per C tile column
+    (16 VNNI groups x 64 bytes)."""
+    mt, nt = m // AMX_ROWS, n // 16
+    tiles = [(AMX_ROWS, 64)] * (mt * nt) + [(AMX_ROWS, 64)] * mt + [(AMX_GROUPS, 64)] * nt
+    cfg = [0] * 64
+    cfg[0] = 1  # palette 1
+    for t, (rows, colsb) in enumerate(tiles):
+        cfg[16 + 2 * t] = colsb & 0xFF
+        cfg[17 + 2 * t] = colsb >> 8
+        cfg[48 + t] = rows
+    return "[" + ", ".join(f"i8 {b}" for b in cfg) + "]", tiles
+
+
+def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
+               beta: int) -> IRFunction:
+    """An AMX BRGEMM microkernel (same signature and math as :func:`dot_brgemm`).
+
+    C is ``m / 16 x n / 16`` tiles of 16 x 16 accumulators; per step of 16 VNNI groups it
+    loads one A tile per tile row and one B tile per tile column (B's VNNI rows are
+    exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile. The
+    tile configuration is loaded on entry and released on exit.
+    """
+    op = AMX_DOT.get((a_dtype, b_dtype))
+    if op is None:
+        raise UnsupportedDTypeError(
+            f"no AMX tile dot product for {a_dtype} x {b_dtype}; supported: "
+            + ", ".join(f"{a} x {b}" for a, b in AMX_DOT))
+    intrinsic, V = op
+    if m % AMX_ROWS or n % 16 or not 1 <= (m // AMX_ROWS) * (n // 16) <= 4 \
+            or m > 32 or n > 32 or kgroups % AMX_GROUPS:
+        raise UnsupportedDTypeError(
+            f"AMX BRGEMM: tile {m}x{n} with K={kgroups * V} is not supported; C must be 16 "
+            f"or 32 rows by 16 or 32 columns and K a multiple of {AMX_GROUPS * V}")
+    mt, nt = m // AMX_ROWS, n // 16
+    acc_t = "float" if a_dtype == "bfloat16" else "i32"
+    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
+    esize = 2 if a_dtype == "bfloat16" else 1
+    steps = kgroups // AMX_GROUPS
+    name = f"tpp_amx_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}_beta{beta}"
+    cfg, _ = amx_tile_config(m, n)
+    c_tile = {(i, j): i * nt + j for i in range(mt) for j in range(nt)}
+    a_tile = {i: mt * nt + i for i in range(mt)}
+    b_tile = {j: mt * nt + mt + j for j in range(nt)}
+    body = [f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
+            f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
+            "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:",
+            f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)",
+            "  %ldc64 = sext i32 %ldc to i64", "  %ldcb = mul i64 %ldc64, 4",
+            "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
+            "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}"]
+    for (i, j), t in c_tile.items():
+        off = i * AMX_ROWS
+        body += [f"  %crow{t} = mul i32 {off}, %ldc", f"  %coff{t} = add i32 %crow{t}, {j * 16}",
+                 f"  %pc{t} = getelementptr {acc_t}, ptr %c, i32 %coff{t}"]
+        body.append(f"  call void @llvm.x86.tilezero(i8 {t})" if beta == 0 else
+                    f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pc{t}, i64 %ldcb)")
+    body += ["  br label %loop", "loop:", "  %t = phi i32 [ 0, %entry ], [ %tn, %loop ]",
+             f"  %r = udiv i32 %t, {steps}", f"  %s = urem i32 %t, {steps}",
+             "  %ra = mul i32 %r, %a_batch", f"  %sa = mul i32 %s, {AMX_GROUPS * V}",
+             "  %abase = add i32 %ra, %sa", "  %rb = mul i32 %r, %b_batch",
+             f"  %sg = mul i32 %s, {AMX_GROUPS}", "  %sb = mul i32 %sg, %b_group",
+             "  %bbase = add i32 %rb, %sb"]
+    for i, t in a_tile.items():
+        body += [f"  %arow{i} = mul i32 {i * AMX_ROWS}, %lda",
+                 f"  %aoff{i} = add i32 %abase, %arow{i}",
+                 f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
+                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pa{i}, i64 %ldab)"]
+    for j, t in b_tile.items():
+        body += [f"  %boff{j} = add i32 %bbase, {j * 16 * V}",
+                 f"  %pb{j} = getelementptr {eb}, ptr %b, i32 %boff{j}",
+                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pb{j}, i64 %ldbb)"]
+    for (i, j), t in c_tile.items():
+        body.append(f"  call void @{intrinsic}(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[j]})")
+    body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps * batch}",
+             "  br i1 %done, label %exit, label %loop", "exit:"]
+    body += [f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
+             for t in c_tile.values()]
+    body += ["  call void @llvm.x86.tilerelease()", "  ret void", "}"]
+    declares = ("declare void @llvm.x86.ldtilecfg(ptr)", "declare void @llvm.x86.tilerelease()",
+                "declare void @llvm.x86.tilezero(i8 immarg)",
+                "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
+                "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
+                f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)")
+    return IRFunction(name, "\n".join(body), declares, AMX_FEATURES)
