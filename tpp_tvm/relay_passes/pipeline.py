@@ -30,18 +30,19 @@ from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from .canonicalize import CanonicalizeActivations
-from .lower import LoweringReport, lower_tpp_composites
+from .lower import LoweringReport, check_precision, lower_tpp_composites
 from .patterns import pattern_table
 
 PIPELINE_NAME = "tpp"
 
 
-def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pass]:
+def tpp_graph_passes(isa: str, report: LoweringReport, precision: str = "float32"
+                     ) -> list[tvm.transform.Pass]:
     """Partition TPP subgraphs and lower them onto TPP kernels."""
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
     def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lower_tpp_composites(mod, isa, report)
+        return lower_tpp_composites(mod, isa, report, precision)
 
     return [
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
@@ -56,9 +57,11 @@ def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pas
     ]
 
 
-def tpp_pipeline(report: LoweringReport | None = None) -> tvm.transform.Pass:
+def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32"
+                 ) -> tvm.transform.Pass:
     """The whole ``tpp`` pipeline; the target comes from the enclosing ``with target``."""
     report = report if report is not None else LoweringReport()
+    precision = check_precision(precision)
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -71,7 +74,7 @@ def tpp_pipeline(report: LoweringReport | None = None) -> tvm.transform.Pass:
             CanonicalizeActivations,
         ]
         if is_tpp_target(target):
-            passes += tpp_graph_passes(isa_of(target), report)
+            passes += tpp_graph_passes(isa_of(target), report, precision)
         passes += library_dispatch_passes(target) + legalize_passes(target)
         passes.append(default_schedule_pass())
         passes += dataflow_lower_passes(target) + finalize_passes(target)
@@ -89,20 +92,23 @@ def register() -> None:
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
-          params: dict | None = None, report: LoweringReport | None = None
-          ) -> relax.VMExecutable:
+          params: dict | None = None, report: LoweringReport | None = None,
+          precision: str = "float32") -> relax.VMExecutable:
     """Compile a Relax module with the TPP pipeline (``relay.build``'s successor).
 
     ``params`` binds named parameters of ``main`` as constants first (so weights can be
-    packed); ``report`` collects which subgraphs became TPP kernels.
+    packed); ``report`` collects which subgraphs became TPP kernels. ``precision="bf16"``
+    runs dense layers/matmuls with constant weights and pointwise convolutions in bf16
+    (bf16 operands, fp32 accumulation and fp32 outputs); everything else stays fp32.
     """
+    precision = check_precision(precision)
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     t0 = time.perf_counter()
     with tgt:
-        mod = tpp_pipeline(report)(mod)
+        mod = tpp_pipeline(report, precision)(mod)
     exe = tvm.compile(mod, target=tgt, relax_pipeline=None)
     if report is not None:
         report.compile_seconds = time.perf_counter() - t0

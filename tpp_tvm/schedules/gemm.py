@@ -501,6 +501,42 @@ def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
     return sch
 
 
+def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
+                    lead: tuple[int, ...] = ()) -> s_tir.Schedule:
+    """fp32 A (..., m, k) -> bf16 A zero-padded to (..., mp, kp): the operand a bf16 GEMM
+    kernel takes (see :attr:`GemmPlan.a_prepadded`). Rows are parallel; unpadded rows are
+    fp32 -> bf16 copy TPPs (``vcvtneps2bf16``), padded ones a scalar loop (TVM cannot
+    vectorise predicated bf16 stores)."""
+    A = te.placeholder((*lead, m, k), "float32", name="A")
+    padded = (mp, kp) != (m, k)
+
+    def at(*ix):
+        i, j = ix[-2], ix[-1]
+        if not padded:
+            return tirx.Cast("bfloat16", A[ix])
+        inside = tirx.all(i < m, j < k)
+        src = A[(*ix[:-2], tirx.min(i, m - 1), tirx.min(j, k - 1))]
+        return tirx.if_then_else(inside, tirx.Cast("bfloat16", src), tirx.const(0, "bfloat16"))
+
+    out = te.compute((*lead, mp, kp), at, name="to_bf16")
+    sch = s_tir.Schedule(te.create_prim_func([A, out]))
+    blk = sch.get_sblock("to_bf16")
+    loops = sch.get_loops(blk)
+    rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    total = mp * int(np.prod(lead or (1,)))
+    r = next((d for d in (8, 4, 6, 2, 3, 5, 7) if total % d == 0 and total > d), None)
+    if not padded and r is not None:
+        ro, ri = sch.split(rows, [None, r])
+        sch.parallel(ro)
+        if _try_tensorize(sch, ri, TPPSpec("copy", "float32", m=r, n=kp,
+                                           out_dtype="bfloat16"), isa, "A to bf16"):
+            return sch
+        sch = s_tir.Schedule(te.create_prim_func([A, out]))
+        blk = sch.get_sblock("to_bf16")
+    sch.parallel(sch.get_loops(blk)[0])
+    return sch
+
+
 class GemmKernel:
     """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``).
 
