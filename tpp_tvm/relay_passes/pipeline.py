@@ -2,6 +2,7 @@
 
 ``tvm.compile(mod, target=tpp_tvm.target(), relax_pipeline="tpp")`` runs:
 
+0. quantized matmuls (ONNX dynamic / QDQ / QLinearMatMul forms) become int8 TPP GEMMs;
 1. inference simplification (batch norm folded, constants folded, decomposed GELU
    recognised);
 2. the TPP graph pass — ``FuseOpsByPattern`` with the TPP pattern table, then each
@@ -32,6 +33,7 @@ from ..target import target as tpp_target
 from .canonicalize import CanonicalizeActivations
 from .lower import LoweringReport, check_precision, lower_tpp_composites
 from .patterns import pattern_table
+from .quantized import lower_quantized
 
 PIPELINE_NAME = "tpp"
 
@@ -57,6 +59,16 @@ def tpp_graph_passes(isa: str, report: LoweringReport, precision: str = "float32
     ]
 
 
+def quantized_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
+    """Quantized matmuls (dynamic and QDQ forms) onto int8 TPP GEMMs."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.LowerQuantizedMatmuls")
+    def _quantized(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return lower_quantized(mod, isa, report)
+
+    return _quantized
+
+
 def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32"
                  ) -> tvm.transform.Pass:
     """The whole ``tpp`` pipeline; the target comes from the enclosing ``with target``."""
@@ -68,7 +80,11 @@ def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32
         target = tvm.target.Target.current()
         if target is None:
             raise ValueError("the tpp pipeline needs a target (tvm.compile(..., target=...))")
-        passes = [
+        passes = []
+        if is_tpp_target(target):
+            # Before constant folding, which would fold the s8 weights' casts away.
+            passes.append(quantized_pass(isa_of(target), report))
+        passes += [
             relax.transform.DecomposeOpsForInference(),
             relax.transform.FoldConstant(),
             CanonicalizeActivations,

@@ -1,0 +1,165 @@
+"""Quantized matmuls onto the int8 (u8 x s8 -> int32) TPP GEMM.
+
+ONNX quantized models reach Relax in two shapes (TVM's converter spells out the math):
+
+* dynamic (``onnxruntime.quantization.quantize_dynamic``: DynamicQuantizeLinear +
+  MatMulInteger + Cast + Mul): ``float(matmul(int32(a_q) - int32(a_zp), int32(W_q))) * s``;
+* QDQ (``quantize_static`` in QDQ format, and QLinearMatMul, which ``frontend.py`` imports
+  as dequantize -> matmul -> quantize): ``matmul(dequantize(a_q, s_a, z_a),
+  dequantize(W_q, s_w, 0))``.
+
+Both are ``C = (A_q - z_a) @ W_q * s_a * s_w[j]`` with a constant s8 weight of zero point 0
+(symmetric, as both tools quantize weights by default). That is one int8 GEMM kernel with
+its dequantize epilogue: ``Y = float(A_q @ W_q) * S[j] + O[j]``, ``S = s_a * s_w`` and
+``O = -z_a * colsum(W_q)[j] * S`` (a few tiny Relax ops compute S and O from the run-time
+activation scale). s8 activations are shifted to u8 (``+128``, zero point too) because the
+VNNI/AMX dot products take u8 x s8. Anything else (weight zero points, non-constant weights,
+blocked quantization) is left to TVM and counted as a fallback in the report.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from .lower import LoweringReport, _kernel_attrs
+
+
+def _shape(expr: relax.Expr) -> list[int]:
+    return [int(d) for d in expr.ty.shape.values]
+
+
+def _dtype(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _const(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
+
+
+class _Emitter:
+    """Builds int8 GEMM calls and collects the kernels they need (added to the module)."""
+
+    def __init__(self, bb: relax.BlockBuilder, isa: str, report: LoweringReport) -> None:
+        self.bb = bb
+        self.isa = isa
+        self.report = report
+        self.kernels = 0
+
+    def int8_matmul(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
+                    scale: relax.Expr, name: str) -> relax.Expr | None:
+        """``(a_q - a_zp) @ w_q * scale`` in fp32, or None (with a reported reason)."""
+        why = self._unsupported(a_q, a_zp, w_q, scale)
+        if why:
+            self.report.fallbacks[f"tpp.int8_matmul ({why})"] += 1
+            return None
+        xs = _shape(a_q)
+        k, n = w_q.shape
+        m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
+        sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True)
+        gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_matmul")
+        self.kernels += 1
+        a2 = relax.op.reshape(a_q, (m, k)) if len(xs) != 2 else a_q
+        zp = relax.op.astype(a_zp, "float32")
+        if _dtype(a_q) == "int8":  # u8 x s8 only: shift A (and its zero point) by 128
+            a2 = relax.op.astype(relax.op.add(relax.op.astype(a2, "int32"),
+                                              relax.const(128, "int32")), "uint8")
+            zp = relax.op.add(zp, relax.const(128.0, "float32"))
+        pad = plan.np_ - n
+        s = relax.op.reshape(scale, (1,)) if not _shape(scale) else scale
+        s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
+        colsum = w_q.astype(np.int64).sum(axis=0).astype("float32")
+        o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum), zp), s_row)
+        if pad:
+            s_row = relax.op.concat([s_row, relax.const(np.zeros(pad, "float32"))])
+            o_row = relax.op.concat([o_row, relax.const(np.zeros(pad, "float32"))])
+        packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
+        out = relax.call_tir(gv, [a2, packed, s_row, o_row],
+                             relax.TensorType((m, n), "float32"))
+        self.report.lowered[f"{name} [int8]"] += 1
+        return relax.op.reshape(out, (*xs[:-1], n)) if len(xs) != 2 else out
+
+    @staticmethod
+    def _unsupported(a_q, a_zp, w_q, scale) -> str | None:
+        if _dtype(a_q) not in ("uint8", "int8"):
+            return f"activation dtype {_dtype(a_q)}"
+        if w_q.ndim != 2 or w_q.min() < -128 or w_q.max() > 127:
+            return "weight is not a 2-D s8 constant"
+        if _shape(a_zp) not in ([], [1]):
+            return "per-row activation zero points"
+        if _shape(scale) not in ([], [1], [w_q.shape[1]]):
+            return f"scale of shape {_shape(scale)}"
+        return None
+
+
+def _matmul_integer_pattern():
+    a_q, a_zp, w, w_zp, scale = wildcard(), wildcard(), is_const(), is_const(), wildcard()
+    a32 = is_op("relax.astype")(a_q)
+    lhs = is_op("relax.subtract")(a32, is_op("relax.astype")(a_zp)) | a32
+    w32 = is_op("relax.astype")(w)
+    rhs = is_op("relax.subtract")(w32, is_op("relax.astype")(w_zp)) | w32
+    mm = is_op("relax.matmul")(lhs, rhs)
+    root = is_op("relax.multiply")(is_op("relax.astype")(mm), scale)
+    return root, a_q, a_zp, w, w_zp, scale
+
+
+def _qdq_pattern():
+    a_q, s_a, z_a = wildcard(), wildcard(), wildcard()
+    w, s_w, z_w = is_const(), is_const(), is_const()
+    dq_w = is_op("relax.dequantize")(w, s_w, z_w)
+    w_t = is_op("relax.permute_dims")(dq_w)  # a Gemm with transB (a linear layer)
+    root = is_op("relax.matmul")(is_op("relax.dequantize")(a_q, s_a, z_a), dq_w | w_t)
+    return root, a_q, s_a, z_a, w, s_w, z_w, w_t, dq_w
+
+
+def rewrite_quantized_matmuls(func: relax.Function, emitter: _Emitter) -> relax.Function:
+    """Replace the dynamic and QDQ quantized matmul forms in ``func`` with int8 GEMMs."""
+    root, a_q, a_zp, w, w_zp, scale = _matmul_integer_pattern()
+
+    def dynamic(orig, m):
+        wz = _const(m[w_zp]) if w_zp in m else None
+        if wz is not None and np.any(wz):
+            emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
+            return orig
+        if _dtype(m[w]) != "int8":
+            return orig
+        zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
+        out = emitter.int8_matmul(m[a_q], zp, _const(m[w]), m[scale], "tpp.matmul_integer")
+        return orig if out is None else out
+
+    func = rewrite_call(root, dynamic, func)
+    root, xq, s_a, z_a, wq, s_w, z_w, w_t, dq_w = _qdq_pattern()
+
+    def qdq(orig, m):
+        if _dtype(m[wq]) != "int8":
+            return orig
+        if np.any(_const(m[z_w])) or _shape(m[s_a]) not in ([], [1]):
+            emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
+            return orig
+        w = _const(m[wq])
+        transposed = w_t in m
+        if transposed:
+            if [int(a) for a in m[w_t].attrs.axes] != [1, 0]:
+                return orig
+            w = np.ascontiguousarray(w.T)
+        if _const(m[s_w]).size > 1 and int(m[dq_w].attrs.axis) % 2 != (0 if transposed else 1):
+            emitter.report.fallbacks["tpp.int8_matmul (per-row weight scales)"] += 1
+            return orig
+        s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
+        out = emitter.int8_matmul(m[xq], m[z_a], w, s, "tpp.qdq_matmul")
+        return orig if out is None else out
+
+    return rewrite_call(root, qdq, func)
+
+
+def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
+    """Apply :func:`rewrite_quantized_matmuls` to every Relax function; add the kernels."""
+    bb = relax.BlockBuilder(mod)
+    emitter = _Emitter(bb, isa, report)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            bb.update_func(gv, rewrite_quantized_matmuls(func, emitter))
+    return relax.transform.DeadCodeElimination()(bb.get()) if emitter.kernels else mod
