@@ -80,9 +80,10 @@ def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32
         target = tvm.target.Target.current()
         if target is None:
             raise ValueError("the tpp pipeline needs a target (tvm.compile(..., target=...))")
-        passes = []
+        passes = [CanonicalizeActivations]
         if is_tpp_target(target):
-            # Before constant folding, which would fold the s8 weights' casts away.
+            # Before constant folding, which would fold the s8 weights' casts away; after
+            # canonicalization, so a GELU after a quantized matmul fuses into its epilogue.
             passes.append(quantized_pass(isa_of(target), report))
         passes += [
             relax.transform.DecomposeOpsForInference(),

@@ -26,6 +26,7 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from .lower import LoweringReport, _kernel_attrs
+from .patterns import ACTIVATIONS
 
 
 def _shape(expr: relax.Expr) -> list[int]:
@@ -50,8 +51,10 @@ class _Emitter:
         self.kernels = 0
 
     def int8_matmul(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
-                    scale: relax.Expr, name: str) -> relax.Expr | None:
-        """``(a_q - a_zp) @ w_q * scale`` in fp32, or None (with a reported reason)."""
+                    scale: relax.Expr, name: str, bias: np.ndarray | None = None,
+                    activation: str | None = None) -> relax.Expr | None:
+        """``act((a_q - a_zp) @ w_q * scale + bias)`` in fp32, or None (with a reported
+        reason); bias and activation run in the GEMM's epilogue."""
         why = self._unsupported(a_q, a_zp, w_q, scale)
         if why:
             self.report.fallbacks[f"tpp.int8_matmul ({why})"] += 1
@@ -59,7 +62,8 @@ class _Emitter:
         xs = _shape(a_q)
         k, n = w_q.shape
         m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
-        sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True)
+        sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True,
+                                  bias=bias is not None, activation=activation)
         gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
         a2 = relax.op.reshape(a_q, (m, k)) if len(xs) != 2 else a_q
@@ -77,9 +81,13 @@ class _Emitter:
             s_row = relax.op.concat([s_row, relax.const(np.zeros(pad, "float32"))])
             o_row = relax.op.concat([o_row, relax.const(np.zeros(pad, "float32"))])
         packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
-        out = relax.call_tir(gv, [a2, packed, s_row, o_row],
-                             relax.TensorType((m, n), "float32"))
-        self.report.lowered[f"{name} [int8]"] += 1
+        args = [a2, packed, s_row, o_row]
+        if bias is not None:
+            args.append(relax.const(np.pad(bias.reshape(-1).astype("float32"), (0, pad))))
+        out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
+        epilogue = "_bias" if bias is not None else ""
+        epilogue += f"_{activation}" if activation else ""
+        self.report.lowered[f"{name}{epilogue} [int8]"] += 1
         return relax.op.reshape(out, (*xs[:-1], n)) if len(xs) != 2 else out
 
     @staticmethod
@@ -115,44 +123,83 @@ def _qdq_pattern():
     return root, a_q, s_a, z_a, w, s_w, z_w, w_t, dq_w
 
 
+def _bias_value(expr: relax.Expr, n: int) -> np.ndarray | None:
+    """A constant bias row of width n (or a dequantized constant one, as QDQ writes it)."""
+    value = _const(expr)
+    if value is None and isinstance(expr, relax.Call) and expr.op.name == "relax.dequantize":
+        q, sc, zp = (_const(a) for a in expr.args)
+        if q is None or sc is None or zp is None:
+            return None
+        value = (q.astype(np.float64) - zp.astype(np.float64)) * sc.astype(np.float64)
+    if value is None or value.shape[-1:] != (n,) or value.size != n:
+        return None
+    return value.reshape(n).astype(np.float32)
+
+
+def _with_epilogues(core):
+    """(pattern, bias, activation patterns) variants of ``core``, biggest first: act(core +
+    bias), core + bias, core. Each is rewritten in its own pass, so a matmul whose output
+    feeds a bias and an activation becomes one kernel, not three."""
+    bias = wildcard()
+    with_bias = is_op("relax.add")(core, bias)
+    variants = [(is_op(op)(with_bias), bias, ACTIVATIONS[op]) for op in ACTIVATIONS]
+    return [*variants, (with_bias, bias, None), (core, None, None)]
+
+
 def rewrite_quantized_matmuls(func: relax.Function, emitter: _Emitter) -> relax.Function:
-    """Replace the dynamic and QDQ quantized matmul forms in ``func`` with int8 GEMMs."""
-    root, a_q, a_zp, w, w_zp, scale = _matmul_integer_pattern()
+    """Replace the dynamic and QDQ quantized matmul forms in ``func`` with int8 GEMMs,
+    with a following constant bias and activation fused into the GEMM's epilogue."""
+    core, a_q, a_zp, w, w_zp, scale = _matmul_integer_pattern()
 
-    def dynamic(orig, m):
-        wz = _const(m[w_zp]) if w_zp in m else None
-        if wz is not None and np.any(wz):
-            emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
-            return orig
-        if _dtype(m[w]) != "int8":
-            return orig
-        zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
-        out = emitter.int8_matmul(m[a_q], zp, _const(m[w]), m[scale], "tpp.matmul_integer")
-        return orig if out is None else out
-
-    func = rewrite_call(root, dynamic, func)
-    root, xq, s_a, z_a, wq, s_w, z_w, w_t, dq_w = _qdq_pattern()
-
-    def qdq(orig, m):
-        if _dtype(m[wq]) != "int8":
-            return orig
-        if np.any(_const(m[z_w])) or _shape(m[s_a]) not in ([], [1]):
-            emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
-            return orig
-        w = _const(m[wq])
-        transposed = w_t in m
-        if transposed:
-            if [int(a) for a in m[w_t].attrs.axes] != [1, 0]:
+    def dynamic(bias, act):
+        def rewrite(orig, m):
+            wz = _const(m[w_zp]) if w_zp in m else None
+            if _dtype(m[w]) != "int8":
                 return orig
-            w = np.ascontiguousarray(w.T)
-        if _const(m[s_w]).size > 1 and int(m[dq_w].attrs.axis) % 2 != (0 if transposed else 1):
-            emitter.report.fallbacks["tpp.int8_matmul (per-row weight scales)"] += 1
-            return orig
-        s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
-        out = emitter.int8_matmul(m[xq], m[z_a], w, s, "tpp.qdq_matmul")
-        return orig if out is None else out
+            if wz is not None and np.any(wz):
+                emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
+                return orig
+            b = _bias_value(m[bias], _const(m[w]).shape[1]) if bias is not None else None
+            if bias is not None and b is None:
+                return orig
+            zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
+            out = emitter.int8_matmul(m[a_q], zp, _const(m[w]), m[scale],
+                                      "tpp.matmul_integer", b, act)
+            return orig if out is None else out
+        return rewrite
 
-    return rewrite_call(root, qdq, func)
+    for pattern, bias, act in _with_epilogues(core):
+        func = rewrite_call(pattern, dynamic(bias, act), func)
+    core, xq, s_a, z_a, wq, s_w, z_w, w_t, dq_w = _qdq_pattern()
+
+    def qdq(bias, act):
+        def rewrite(orig, m):
+            if _dtype(m[wq]) != "int8":
+                return orig
+            if np.any(_const(m[z_w])) or _shape(m[s_a]) not in ([], [1]):
+                emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
+                return orig
+            w = _const(m[wq])
+            transposed = w_t in m
+            if transposed:
+                if [int(a) for a in m[w_t].attrs.axes] != [1, 0]:
+                    return orig
+                w = np.ascontiguousarray(w.T)
+            if _const(m[s_w]).size > 1 and \
+                    int(m[dq_w].attrs.axis) % 2 != (0 if transposed else 1):
+                emitter.report.fallbacks["tpp.int8_matmul (per-row weight scales)"] += 1
+                return orig
+            b = _bias_value(m[bias], w.shape[1]) if bias is not None else None
+            if bias is not None and b is None:
+                return orig
+            s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
+            out = emitter.int8_matmul(m[xq], m[z_a], w, s, "tpp.qdq_matmul", b, act)
+            return orig if out is None else out
+        return rewrite
+
+    for pattern, bias, act in _with_epilogues(core):
+        func = rewrite_call(pattern, qdq(bias, act), func)
+    return func
 
 
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
