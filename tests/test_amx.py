@@ -94,3 +94,48 @@ def test_tile_kernels_run_like_numpy(spec: TPPSpec) -> None:
     ensure_tile_permission()
     got, want = h.run(spec, isa="amx")
     h.assert_matches(spec, got, want)
+
+
+@pytest.mark.parametrize(("dtype", "dot"), [("bfloat16", "tdpbf16ps"), ("int8", "tdpbusd")])
+def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None:
+    """Many 32 x 32 blocks, two threads: one ldtilecfg and one tilerelease in the whole
+    kernel (per thread at run time), not one per microkernel call."""
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    kernel = build_gemm(100, 70, 130, dtype=dtype, target=target("amx", num_cores=2))
+    asm = kernel.module.inspect_source("asm")
+    plan = kernel.plan
+    assert (plan.mr, plan.nr, plan.kp % (16 * (2 if dtype == "bfloat16" else 4))) == (32, 32, 0)
+    assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
+    assert _count(asm, dot) >= 4 and _count(asm, "tilestored") >= 4
+
+
+def test_amx_gemm_rejects_epilogues_clearly() -> None:
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    with pytest.raises(UnsupportedDTypeError, match="plain C = A @ B only"):
+        build_gemm(64, 64, 64, dtype="bfloat16", bias=True, target=target("amx"))
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
+    import numpy as np
+
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    rng = np.random.default_rng(0)
+    m, n, k = 100, 70, 130
+    kernel = build_gemm(m, n, k, dtype=dtype, target=target("amx", num_cores=1))
+    if dtype == "int8":
+        a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        np.testing.assert_array_equal(kernel(a, b), a.astype(np.int64) @ b.astype(np.int64))
+    else:
+        import ml_dtypes
+
+        a = rng.standard_normal((m, k), dtype="float32")
+        b = rng.standard_normal((k, n), dtype="float32")
+        want = (a.astype(ml_dtypes.bfloat16).astype(np.float32)
+                @ b.astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_allclose(kernel(a, b), want, rtol=1e-4, atol=1e-3)

@@ -244,14 +244,31 @@ def amx_tile_config(m: int, n: int) -> tuple[str, list[tuple[int, int]]]:
     return "[" + ", ".join(f"i8 {b}" for b in cfg) + "]", tiles
 
 
+def amx_configure(m: int, n: int) -> tuple[IRFunction, IRFunction]:
+    """``void tpp_amx_cfg_m<m>n<n>()`` (``ldtilecfg`` of :func:`amx_tile_config`) and
+    ``void tpp_amx_release()`` (``tilerelease``), for kernels that configure the tiles once
+    and then call :func:`amx_brgemm` microkernels built with ``configure=False``."""
+    cfg, _ = amx_tile_config(m, n)
+    name = f"tpp_amx_cfg_m{m}n{n}"
+    load = "\n".join([f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
+                      f"define linkonce_odr void @{name}() #ATTRS {{",
+                      f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)", "  ret void", "}"])
+    release = "\n".join(["define linkonce_odr void @tpp_amx_release() #ATTRS {",
+                         "  call void @llvm.x86.tilerelease()", "  ret void", "}"])
+    return (IRFunction(name, load, ("declare void @llvm.x86.ldtilecfg(ptr)",), AMX_FEATURES),
+            IRFunction("tpp_amx_release", release, ("declare void @llvm.x86.tilerelease()",),
+                       AMX_FEATURES))
+
+
 def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
-               beta: int) -> IRFunction:
+               beta: int, configure: bool = True) -> IRFunction:
     """An AMX BRGEMM microkernel (same signature and math as :func:`dot_brgemm`).
 
     C is ``m / 16 x n / 16`` tiles of 16 x 16 accumulators; per step of 16 VNNI groups it
     loads one A tile per tile row and one B tile per tile column (B's VNNI rows are
-    exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile. The
-    tile configuration is loaded on entry and released on exit.
+    exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile. With
+    ``configure`` (a self-contained TPP) the tile configuration is loaded on entry and
+    released on exit; without, the caller configures once (:func:`amx_configure`).
     """
     op = AMX_DOT.get((a_dtype, b_dtype))
     if op is None:
@@ -270,6 +287,7 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     esize = 2 if a_dtype == "bfloat16" else 1
     steps = kgroups // AMX_GROUPS
     name = f"tpp_amx_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}_beta{beta}"
+    name += "" if configure else "_nocfg"
     cfg, _ = amx_tile_config(m, n)
     c_tile = {(i, j): i * nt + j for i in range(mt) for j in range(nt)}
     a_tile = {i: mt * nt + i for i in range(mt)}
@@ -277,7 +295,7 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     body = [f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
             f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
             "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:",
-            f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)",
+            f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)" if configure else "",
             "  %ldc64 = sext i32 %ldc to i64", "  %ldcb = mul i64 %ldc64, 4",
             "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
             "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}"]
@@ -308,7 +326,8 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
              "  br i1 %done, label %exit, label %loop", "exit:"]
     body += [f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
              for t in c_tile.values()]
-    body += ["  call void @llvm.x86.tilerelease()", "  ret void", "}"]
+    body += ["  call void @llvm.x86.tilerelease()" if configure else "", "  ret void", "}"]
+    body = [line for line in body if line]
     declares = ("declare void @llvm.x86.ldtilecfg(ptr)", "declare void @llvm.x86.tilerelease()",
                 "declare void @llvm.x86.tilezero(i8 immarg)",
                 "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",

@@ -70,10 +70,17 @@ class GemmPlan:
     mr: int
     nr: int
     dtype: str = "float32"
+    amx: bool = False
+    """Tiles on AMX (``amx_gemm.py``): 32 x 32 blocks, K in whole 16-group tile steps."""
 
     @property
     def precision(self) -> Precision:
         return PRECISIONS[self.dtype]
+
+    @property
+    def c_shape(self) -> tuple[int, int]:
+        """Shape of the kernel's output: the AMX kernel writes whole (padded) blocks."""
+        return (self.mp, self.np_) if self.amx else (self.m, self.n)
 
     @property
     def mp(self) -> int:
@@ -88,14 +95,15 @@ class GemmPlan:
         """K padded to whole VNNI groups, and to at least 2 of them: a unit reduction loop
         cannot be tensorized (TVM drops it)."""
         v = self.precision.vnni
-        return max(-(-self.k // v) * v, 2 * v)
+        step = 16 * v if self.amx else v
+        return max(-(-self.k // step) * step, 2 * v)
 
     @property
     def a_prepadded(self) -> bool:
         """Whether the kernel takes A already zero-padded to (mp, kp): bf16 kernels do,
         because TVM's bf16 legalisation widens a bf16 buffer allocated inside a kernel (the
         padded copy of A) to fp32, which the bf16 microkernel cannot read."""
-        return self.precision.a == "bfloat16"
+        return self.precision.a == "bfloat16" or self.amx
 
     def a_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
         """Shape of the kernel's A parameter."""
@@ -121,8 +129,14 @@ _TILES: dict[tuple[int, int], float] = {
 }
 
 
-def plan_gemm(m: int, n: int, k: int, dtype: str = "float32") -> GemmPlan:
-    """Choose the register tile minimising padded work / tile efficiency."""
+def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512"
+              ) -> GemmPlan:
+    """Choose the register tile minimising padded work / tile efficiency (AMX: 32 x 32
+    tile blocks for bf16/int8)."""
+    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
+        from .amx_gemm import MR, NR
+
+        return GemmPlan(m, n, k, MR, NR, dtype, amx=True)
     best = None
     for (mr, nr), efficiency in _TILES.items():
         if mr > max(m, 2) and mr > 2:
@@ -630,7 +644,7 @@ class GemmKernel:
             args += [self._row(scale, "scale"), self._row(offset, "offset")]
         if self.bias:
             args.append(self._row(bias, "bias"))
-        out = np.empty((*lead, p.m, p.n), dtype=self.out_dtype)
+        out = np.empty((*lead, *p.c_shape), dtype=self.out_dtype)
         return [tvm.runtime.tensor(x, self._dev) for x in (*args, out)]
 
     def run_packed(self, a: np.ndarray, b_packed: np.ndarray,
@@ -638,7 +652,7 @@ class GemmKernel:
                    offset: np.ndarray | None = None) -> np.ndarray:
         args = self._args(a, b_packed, bias, scale, offset)
         self.module(*args)
-        return args[-1].numpy()
+        return args[-1].numpy()[..., : self.plan.m, : self.plan.n]
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, *,
                  scale: np.ndarray | None = None, offset: np.ndarray | None = None
@@ -672,6 +686,26 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 
 
+def _amx_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target,
+                  batch: int | None, bias: bool, activation: str | None, dequantize: bool
+                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+    """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
+    from ..intrinsics.amx import ensure_tile_permission
+    from .amx_gemm import amx_gemm_func
+
+    if batch or bias or activation or dequantize:
+        raise UnsupportedDTypeError(
+            f"GEMM {dtype} on AMX: plain C = A @ B only so far (no batch, bias, activation or "
+            "dequantize epilogue); use an avx512 target for those")
+    if host_isa().amx_tile:
+        ensure_tile_permission()  # before the first tile instruction, as Linux requires
+    plan = plan_gemm(m, n, k, dtype, "amx")
+    prec = plan.precision
+    func = amx_gemm_func(plan.mp, plan.np_, plan.kp, prec.a, prec.b, prec.acc, prec.vnni,
+                         target_threads(tgt))
+    return s_tir.Schedule(func), plan
+
+
 def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
                batch: int | None = None, bias: bool = False, activation: str | None = None,
                b_layout: str = "kn", dequantize: bool = False) -> GemmKernel:
@@ -689,11 +723,14 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     isa = isa_of(tgt)
-    if isa != "avx512":
-        raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 only so far, not {isa}")
     t0 = time.perf_counter()
-    sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation,
-                              dtype=dtype, dequantize=dequantize)
+    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
+        sch, plan = _amx_schedule(m, n, k, dtype, tgt, batch, bias, activation, dequantize)
+    elif isa not in ("avx512", "amx"):
+        raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
+    else:
+        sch, plan = gemm_schedule(m, n, k, "avx512", batch=batch, bias=bias,
+                                  activation=activation, dtype=dtype, dequantize=dequantize)
     rt = tvm.compile(sch.mod, target=tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
                       time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,
