@@ -25,6 +25,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .lower import LoweringReport, _kernel_attrs
 from .patterns import ACTIVATIONS
 
@@ -202,11 +203,37 @@ def rewrite_quantized_matmuls(func: relax.Function, emitter: _Emitter) -> relax.
     return func
 
 
+def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax.Function:
+    """``max(x)`` / ``min(x)`` over a whole fp32 tensor (DynamicQuantizeLinear's range)
+    through the vectorized partial-reduction kernel, then a 16-element reduction."""
+    x = wildcard()
+    pattern = is_op("relax.max")(x) | is_op("relax.min")(x)
+
+    def rewrite(orig, m):
+        if orig.attrs.axis is not None or _dtype(m[x]) != "float32" or not _shape(m[x]):
+            return orig
+        size = int(np.prod(_shape(m[x])))
+        if size % LANES or size < 64 * LANES:
+            return orig
+        op = "max" if orig.op.name == "relax.max" else "min"
+        gv = bb.add_func(_kernel_attrs(reduce_all_schedule(size, op).mod["main"]),
+                         f"tpp_reduce_all_{op}")
+        rows = relax.op.reshape(m[x], (size // LANES, LANES))
+        part = relax.call_tir(gv, [rows], relax.TensorType((LANES,), "float32"))
+        final = relax.op.max if op == "max" else relax.op.min
+        return final(part, keepdims=bool(orig.attrs.keepdims))
+
+    return rewrite_call(pattern, rewrite, func)
+
+
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_matmuls` to every Relax function; add the kernels."""
     bb = relax.BlockBuilder(mod)
     emitter = _Emitter(bb, isa, report)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            bb.update_func(gv, rewrite_quantized_matmuls(func, emitter))
+            func = rewrite_quantized_matmuls(func, emitter)
+            if emitter.kernels:  # a dynamically quantized model: its range reductions too
+                func = split_full_reductions(func, bb)
+            bb.update_func(gv, func)
     return relax.transform.DeadCodeElimination()(bb.get()) if emitter.kernels else mod
