@@ -141,6 +141,11 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
     for (mr, nr), efficiency in _TILES.items():
         if mr > max(m, 2) and mr > 2:
             continue
+        nv = -(-nr // 16)
+        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > 31:
+            # The dot-product kernel holds each row's broadcast A group in a register too
+            # (measured: 8x48 ran bf16 at a third of 4x64's rate, spilling).
+            continue
         plan = GemmPlan(m, n, k, mr, nr, dtype)
         cost = plan.mp * plan.np_ / efficiency
         if best is None or cost < best[0]:
