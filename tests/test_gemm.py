@@ -244,3 +244,12 @@ def test_vnni_packing_layout():
     np.testing.assert_array_equal(packed[0, 0, 1], b[0:4, 1])
     np.testing.assert_array_equal(packed[1, 1, 0], [b[4, 2], 0, 0, 0])
     assert not packed[1, :, 1].any()  # N padding
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_low_precision_tiles_fit_the_register_file(dtype):
+    """Accumulators + B vectors + one broadcast A group per row within 31 zmm registers."""
+    for m, n in [(128, 768), (127, 771), (33, 1000), (1024, 1024), (7, 300)]:
+        plan = plan_gemm(m, n, 64, dtype)
+        nv = -(-plan.nr // 16)
+        assert plan.mr * nv + nv + plan.mr <= 31, plan
