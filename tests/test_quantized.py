@@ -61,10 +61,13 @@ def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str
     ort_int8 = run_onnxruntime(model, inputs)[0]
     exact = run_onnxruntime(fp32, inputs)[0]
     scale = np.abs(exact).max()
-    # Same integer math as ORT; only fp32 rounding in the epilogues differs.
-    np.testing.assert_allclose(got, ort_int8, atol=1e-4 * scale, rtol=0)
     ort_err = np.abs(ort_int8 - exact).max()
     assert 0 < ort_err and np.abs(got - exact).max() <= 1.05 * ort_err + 1e-5 * scale
+    if kind == "dynamic":  # the same integer math as ORT; only fp32 rounding differs
+        np.testing.assert_allclose(got, ort_int8, atol=1e-4 * scale, rtol=0)
+    else:  # the QDQ pairs between element-wise ops are dropped: fp32 there, not int8
+        assert compiled.report_data["rewrites"]
+        assert np.abs(got - ort_int8).max() <= 2 * ort_err
     data = compiled.report_data
     ours = {k: v for k, v in data["lowered"].items() if k.startswith(kernel)}
     assert sum(ours.values()) == len(MLP["dims"]) - 1, data

@@ -117,6 +117,10 @@ class CompiledModel:
         falls = self._report.get("fallbacks", {})
         lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
         lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
+        rewrites = self._report.get("rewrites", {})
+        if rewrites:
+            lines.append("Graph rewrites:")
+            lines += [f"  {k}: {v}" for k, v in sorted(rewrites.items())]
         if "compile_seconds" in self._report:
             lines.append(f"compile time: {self._report['compile_seconds']:.1f} s")
         return "\n".join(lines)
@@ -164,6 +168,8 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32"
             "compile_seconds": getattr(report, "compile_seconds", 0.0)}
     if report.precision != "float32":
         data["precision"] = report.precision
+    if report.rewrites:
+        data["rewrites"] = dict(report.rewrites)
     return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt))
 
 

@@ -54,6 +54,8 @@ class LoweringReport:
     lowered: Counter = field(default_factory=Counter)
     fallbacks: Counter = field(default_factory=Counter)
     precision: str = "float32"
+    rewrites: Counter = field(default_factory=Counter)
+    """Graph rewrites that change no kernel count but the user should know about."""
 
     def summary(self) -> str:
         lines = [f"  {k}: {v}" for k, v in sorted(self.lowered.items())]

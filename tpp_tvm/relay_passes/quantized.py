@@ -226,6 +226,27 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
     return rewrite_call(pattern, rewrite, func)
 
 
+def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> relax.Function:
+    """``dequantize(quantize(x, s, z), s, z)`` -> ``x`` where no int8 kernel consumes it.
+
+    Static QDQ models wrap every op (GELU's Div, Erf, Add, Mul...) in fake quantization;
+    run after the matmul rewrite (which takes the quantized tensors it needs), the pairs
+    left only round an fp32 value to the int8 grid and back. Dropping them keeps the exact
+    fp32 value (closer to the fp32 model than ONNX Runtime's int8 result) and lets the
+    element-wise chain fuse into TPP kernels instead of running per element in TVM.
+    """
+    x, s_q, z_q, s_d, z_d = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
+    pattern = is_op("relax.dequantize")(is_op("relax.quantize")(x, s_q, z_q), s_d, z_d)
+
+    def rewrite(orig, m):
+        if _dtype(m[x]) != "float32" or _dtype(orig) != "float32":
+            return orig
+        report.rewrites["QDQ pair between fp32 ops dropped (fp32 value kept)"] += 1
+        return m[x]
+
+    return rewrite_call(pattern, rewrite, func)
+
+
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_matmuls` to every Relax function; add the kernels."""
     bb = relax.BlockBuilder(mod)
@@ -233,7 +254,7 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             func = rewrite_quantized_matmuls(func, emitter)
-            if emitter.kernels:  # a dynamically quantized model: its range reductions too
-                func = split_full_reductions(func, bb)
+            if emitter.kernels:  # a quantized model: its range reductions, its fake quant
+                func = split_full_reductions(drop_fake_quantization(func, report), bb)
             bb.update_func(gv, func)
     return relax.transform.DeadCodeElimination()(bb.get()) if emitter.kernels else mod
