@@ -128,7 +128,8 @@ def _compile(
     print(f"compiling {label}... ", end="", flush=True)
     t0 = time.perf_counter()
     try:
-        compiled = compile_onnx(model, _target(args), shapes or None)
+        compiled = compile_onnx(model, _target(args), shapes or None,
+                                precision=getattr(args, "precision", None) or "float32")
     except BaseException as exc:
         print("failed", flush=True)
         if isinstance(exc, UnsupportedShapeError) and "shape_dict" in str(exc):
@@ -386,6 +387,10 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--isa", help="avx512, amx or sve (default: best for this host)")
     parser.add_argument(
         "--threads", type=int, help="threads to compile and run for (default: all cores)"
+    )
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32",
+        help="bf16: matmuls in bf16 with fp32 accumulation (quantized models run int8 anyway)",
     )
 
 
