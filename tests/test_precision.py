@@ -59,3 +59,19 @@ def test_unknown_precision_is_a_clear_error() -> None:
     model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
     with pytest.raises(UnsupportedDTypeError, match="'fp16'.*bfloat16"):
         compile_onnx(model, precision="fp16")
+
+
+def test_bf16_on_an_amx_target_builds_without_fallbacks() -> None:
+    """Compile only (this host may lack AMX): fused bf16 GEMMs use the AVX-512 BF16 unit of
+    the AMX CPU, so nothing falls back to TVM."""
+    from tpp_tvm.frontend import from_onnx
+    from tpp_tvm.relay_passes.lower import LoweringReport
+    from tpp_tvm.relay_passes.pipeline import build
+    from tpp_tvm.target import target
+
+    model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
+
+    report = LoweringReport()
+    build(from_onnx(model), target("amx", num_cores=1), report=report, precision="bf16")
+    assert not report.fallbacks, report.fallbacks
+    assert any(k.endswith("[bf16]") for k in report.lowered)

@@ -684,6 +684,10 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
     [residual], output."""
     _check(m, n, k, dtype, activation)
+    if isa == "amx":
+        # Tensorized tiles here are register tiles; AMX's 32 x 32 tile blocks without an
+        # epilogue are ``amx_gemm.py``. An AMX CPU runs these on its AVX-512 unit.
+        isa = "avx512"
     plan = plan_gemm(m, n, k, dtype)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize)
