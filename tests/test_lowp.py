@@ -70,6 +70,24 @@ def test_bf16_conversion(pair, m, n) -> None:
     _check(TPPSpec("copy", pair[0], m=m, n=n, out_dtype=pair[1]))
 
 
+@needs_bf16
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["relu", "gelu", "tanh", "sigmoid", "exp", "negate", "square"]),
+       m=st.integers(2, 8), n=st.integers(2, 70))
+def test_bf16_unary(op: str, m: int, n: int) -> None:
+    """bf16 in and out, fp32 math in between (widened on load, rounded on store)."""
+    _check(TPPSpec(op, "bfloat16", m=m, n=n))
+
+
+@needs_bf16
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["add", "sub", "mul", "max", "min"]),
+       bcast=st.sampled_from(["none", "row", "col", "scalar"]),
+       m=st.integers(2, 8), n=st.integers(2, 70))
+def test_bf16_binary(op: str, bcast: str, m: int, n: int) -> None:
+    _check(TPPSpec(op, "bfloat16", m=m, n=n, bcast=bcast))
+
+
 @pytest.mark.skipif(not HOST.avx512f, reason="running AVX-512 kernels needs an AVX-512 host")
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(case=st.sampled_from([(op, a, b) for op, pairs in QUANT_DTYPES.items()
@@ -106,6 +124,7 @@ def _asm(spec: TPPSpec) -> str:
     (TPPSpec("gemm", "bfloat16", m=4, n=37, k=16, beta=0), "vdpbf16ps"),
     (TPPSpec("gemm", "uint8", b_dtype="int8", m=4, n=40, k=16, beta=0), "vpdpbusd"),
     (TPPSpec("copy", "float32", m=2, n=40, out_dtype="bfloat16"), "vcvtneps2bf16"),
+    (TPPSpec("gelu", "bfloat16", m=2, n=40), "vcvtneps2bf16"),
 ], ids=lambda v: v if isinstance(v, str) else v.name("avx512"))
 def test_dot_steps_are_single_instructions(spec: TPPSpec, instr: str) -> None:
     """The imported LLVM steps inline to the instruction on zmm registers (no calls left)."""

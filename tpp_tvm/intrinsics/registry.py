@@ -80,8 +80,8 @@ def catalogue(dtype: str = "float32") -> list[TPPSpec]:
 
 
 def low_precision_catalogue() -> list[TPPSpec]:
-    """The bf16 and u8 x s8 contractions (VNNI-packed B, with an N tail) and the fp32 <->
-    bf16 conversions, at representative tiles."""
+    """The bf16 and u8 x s8 contractions (VNNI-packed B, with an N tail), the fp32 <-> bf16
+    conversions and bf16 element-wise TPPs, at representative tiles."""
     specs = []
     for a, b in (("bfloat16", None), ("uint8", "int8")):
         for beta in (0, 1):
@@ -89,6 +89,8 @@ def low_precision_catalogue() -> list[TPPSpec]:
             specs.append(TPPSpec("brgemm", a, b_dtype=b, m=4, n=64, k=32, batch=4, beta=beta))
     specs.append(TPPSpec("copy", "float32", m=8, n=37, out_dtype="bfloat16"))
     specs.append(TPPSpec("copy", "bfloat16", m=8, n=37, out_dtype="float32"))
+    specs.append(TPPSpec("gelu", "bfloat16", m=8, n=37))
+    specs.append(TPPSpec("add", "bfloat16", m=8, n=37, bcast="row"))
     return specs
 
 
