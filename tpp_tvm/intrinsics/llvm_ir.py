@@ -1,12 +1,12 @@
-"""Low-precision vector steps as LLVM IR text, for the operations TIR cannot express.
+"""Low-precision kernels as LLVM IR text, for the operations TIR cannot express.
 
 TIR in this TVM cannot carry LLVM's ``<32 x bfloat>`` operands (its bf16 legalisation turns
-them into integers), so the x86 low-precision kernels -- the VNNI dot-product BRGEMM
-microkernel, and fp32 <-> bf16 conversion of one vector -- are ``alwaysinline`` LLVM
-functions generated here. A TPP implementation imports them with
-``T.attr(0, "pragma_import_llvm", text)`` and calls them with ``T.call_extern``; after
-inlining, what remains is the instructions (``vdpbf16ps``, ``vpdpbusd``,
-``vcvtneps2bf16``) on registers.
+them into integers) nor AMX tiles, so the x86 low-precision kernels -- the VNNI dot-product
+BRGEMM microkernel, the AMX tile BRGEMM and its tile configuration, and fp32 <-> bf16
+conversion of one vector -- are ``alwaysinline`` LLVM functions generated here. A TPP
+implementation imports them with ``T.attr(0, "pragma_import_llvm", text)`` and calls them
+with ``T.call_extern``; after inlining, what remains is the instructions (``vdpbf16ps``,
+``vpdpbusd``, ``tdpbf16ps``, ``vcvtneps2bf16``...) on registers and tiles.
 
 One generator serves every dtype and tile: a :class:`DotOp` row says which instruction,
 element types and VNNI factor; a column count that is not a whole number of vectors makes
