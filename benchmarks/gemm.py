@@ -1,4 +1,8 @@
-"""fp32 GEMM benchmark: tpp_tvm against torch, numpy (OpenBLAS), untuned TVM and the peak.
+"""GEMM benchmark: tpp_tvm against torch, numpy (OpenBLAS), untuned TVM and the peak.
+
+fp32, plus low-precision rows: bf16 (bf16 operands, fp32 accumulation; tpp_tvm and torch
+bf16 matmul, against the measured ``vdpbf16ps`` peak) and int8 (u8 x s8 -> int32, tpp_tvm,
+GOP/s against the measured ``vpdpbusd`` peak).
 
 Convention: ``C[M, N] = A[M, K] @ B[K, N]``, row-major fp32; a shape is written ``MxNxK``.
 GFLOP/s = 2*M*N*K / median seconds per call. Every implementation is checked once per shape
@@ -10,6 +14,7 @@ worker process per (implementation, thread count) and merges their JSON::
 
     python benchmarks/gemm.py                         # all shapes, 1 and 2 threads
     python benchmarks/gemm.py --quick --shapes 512x512x512 --threads 1
+    python benchmarks/gemm.py --quick --impls tpp_tvm,tpp_tvm_bf16,torch_bf16,tpp_tvm_int8
     python benchmarks/gemm.py --worker --impl torch --threads 2 --shapes 512x512x512
 
 Writes ``benchmarks/results/gemm.json`` (a list of rows) and ``gemm.md`` (a table).
@@ -51,12 +56,18 @@ SHAPES: tuple[tuple[int, int, int], ...] = (
     (33, 1000, 257),
 )
 IMPLS: tuple[str, ...] = ("tpp_tvm", "torch", "numpy", "tvm_default")
+LOWP_IMPLS: tuple[str, ...] = ("tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8")
 IMPL_TITLES = {
     "tpp_tvm": "tpp_tvm",
     "torch": "torch",
     "numpy": "numpy",
     "tvm_default": "TVM-default",
+    "tpp_tvm_bf16": "tpp_tvm bf16",
+    "torch_bf16": "torch bf16",
+    "tpp_tvm_int8": "tpp_tvm int8",
 }
+#: The peak (``benchmarks/peak.py`` instruction) each implementation's % of peak refers to.
+PEAK_OF = {"tpp_tvm_bf16": "bf16_dp", "torch_bf16": "bf16_dp", "tpp_tvm_int8": "int8_dp"}
 
 TOLERANCE = 1e-4
 """Normwise relative error above which a result is marked wrong (fp32, K <= 3072)."""
@@ -129,10 +140,10 @@ def _inputs(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def _rel_err(c: Any, m: int, n: int, k: int) -> float:
-    """Normwise max relative error of ``c`` against the float64 product."""
+def _rel_err(c: Any, m: int, n: int, k: int, ref: np.ndarray | None = None) -> float:
+    """Normwise max relative error of ``c`` against the float64 product (or ``ref``)."""
     _inputs(m, n, k)
-    ref = _INPUTS[(m, n, k)][2]
+    ref = _INPUTS[(m, n, k)][2] if ref is None else ref
     c = np.asarray(c, dtype=np.float64)
     if c.shape != ref.shape:
         return math.inf
@@ -190,6 +201,71 @@ def _run_tpp_tvm(m: int, n: int, k: int, threads: int) -> Measured:
     seconds = float(timer(a, b_arg, number=number, repeat=repeat))
     note = "B packed once, outside the timed loop" if pack_b is not None else ""
     return Measured(seconds, err, note=note)
+
+
+def _bf16_inputs(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fp32 inputs rounded to bf16 (as fp32 arrays) and their float64 product: a bf16
+    GEMM is checked against the exact product of what it multiplies."""
+    import ml_dtypes
+
+    a, b = (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in _inputs(m, n, k))
+    return a, b, a.astype(np.float64) @ b.astype(np.float64)
+
+
+def _int8_inputs(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Deterministic u8 A, s8 B and their exact product."""
+    rng = np.random.default_rng([m, n, k, 8])
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    return a, b, a.astype(np.int64) @ b.astype(np.int64)
+
+
+def _time_kernel(kernel, a: np.ndarray, b_packed: np.ndarray) -> float:
+    t0 = time.perf_counter()
+    kernel.run_packed(a, b_packed)
+    number, repeat = _plan(time.perf_counter() - t0)
+    return float(kernel.time(a, b_packed, number=number, repeat=repeat))
+
+
+def _run_tpp_tvm_bf16(m: int, n: int, k: int, threads: int) -> Measured:
+    """tpp_tvm bf16 GEMM (vdpbf16ps microkernel, fp32 accumulation and output)."""
+    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.target import target
+
+    a, b, ref = _bf16_inputs(m, n, k)
+    kernel = build_gemm(m, n, k, dtype="bfloat16", target=target(num_cores=threads))
+    b_packed = kernel.pack_b(b)
+    err = _rel_err(kernel.run_packed(a, b_packed), m, n, k, ref)
+    return Measured(_time_kernel(kernel, a, b_packed), err,
+                    note="bf16 in, fp32 out; B packed (VNNI-2) once, outside the timed loop")
+
+
+def _run_tpp_tvm_int8(m: int, n: int, k: int, threads: int) -> Measured:
+    """tpp_tvm u8 x s8 -> int32 GEMM (vpdpbusd microkernel)."""
+    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.target import target
+
+    a, b, ref = _int8_inputs(m, n, k)
+    kernel = build_gemm(m, n, k, dtype="int8", target=target(num_cores=threads))
+    b_packed = kernel.pack_b(b)
+    err = _rel_err(kernel.run_packed(a, b_packed), m, n, k, ref)
+    return Measured(_time_kernel(kernel, a, b_packed), err,
+                    note="u8 x s8 -> int32; B packed (VNNI-4) once, outside the timed loop")
+
+
+def _run_torch_bf16(m: int, n: int, k: int, threads: int) -> Measured:
+    """torch.matmul on bf16 tensors (oneDNN; bf16 out)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a_np, b_np, ref = _bf16_inputs(m, n, k)
+    a, b = (torch.from_numpy(x).to(torch.bfloat16) for x in (a_np, b_np))
+    with torch.inference_mode():
+        err = _rel_err(torch.matmul(a, b).float().numpy(), m, n, k, ref)
+        seconds = _median_time(lambda: torch.matmul(a, b))
+    return Measured(seconds, max(0.0, err - 2.0**-8),
+                    note="torch bf16 matmul rounds its output to bf16 (error checked net of "
+                         "that 2^-8)")
 
 
 def _run_torch(m: int, n: int, k: int, threads: int) -> Measured:
@@ -270,6 +346,9 @@ ADAPTERS: dict[str, Callable[[int, int, int, int], Measured]] = {
     "torch": _run_torch,
     "numpy": _run_numpy,
     "tvm_default": _run_tvm_default,
+    "tpp_tvm_bf16": _run_tpp_tvm_bf16,
+    "torch_bf16": _run_torch_bf16,
+    "tpp_tvm_int8": _run_tpp_tvm_int8,
 }
 
 
@@ -364,12 +443,12 @@ def _spawn_worker(
     return [_row(m, n, k, impl, threads, status="error", note=why[:300]) for m, n, k in shapes]
 
 
-def _measure_peaks(threads: list[int]) -> dict[int, float]:
+def _measure_peaks(threads: list[int], instr: str = "fp32_fma") -> dict[int, float]:
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
-    from peak import measure_fp32_peak
+    from peak import measure_peak
 
-    return {t: measure_fp32_peak(t) for t in threads}
+    return {t: measure_peak(instr, t) for t in threads}
 
 
 def _machine() -> str:
@@ -405,13 +484,14 @@ def _cell(row: dict | None) -> str:
 
 def render_markdown(
     rows: list[dict],
-    peaks: dict[int, float],
+    all_peaks: dict[str, dict[int, float]],
     command: str,
     machine: str,
     date: str,
     load: str = "",
 ) -> str:
-    """The gemm.md table: one line per (shape, threads), GFLOP/s per implementation."""
+    """The gemm.md tables: one line per (shape, threads), G(FL)OP/s per implementation."""
+    peaks = all_peaks["fp32_fma"]
     by_key = {(r["m"], r["n"], r["k"], r["impl"], r["threads"]): r for r in rows}
     shapes = list(dict.fromkeys(
         (r["m"], r["n"], r["k"]) for r in rows if r["impl"] not in ("peak", "tpp_microkernel")
@@ -447,6 +527,11 @@ def render_markdown(
         + " | tpp_tvm % peak | tpp_tvm / torch |",
         "|---|---:|" + "---:|" * len(IMPLS) + "---:|---:|",
     ]
+    fp32_shapes = [sh for sh in shapes if any((*sh, i, t) in by_key for i in IMPLS
+                                              for t in threads)]
+    lowp_shapes = [sh for sh in shapes if any((*sh, i, t) in by_key for i in LOWP_IMPLS
+                                              for t in threads)]
+    shapes = fp32_shapes
     for m, n, k in shapes:
         for t in threads:
             cells = [_cell(by_key.get((m, n, k, impl, t))) for impl in IMPLS]
@@ -457,6 +542,8 @@ def render_markdown(
             if tpp and torch_row and tpp["gflops"] and torch_row["gflops"]:
                 ratio = f"{tpp['gflops'] / torch_row['gflops']:.2f}"
             lines.append(f"| {m}×{n}×{k} | {t} | " + " | ".join(cells) + f" | {pct} | {ratio} |")
+    if lowp_shapes:
+        lines += _lowp_table(by_key, lowp_shapes, threads, all_peaks)
     micro = [r for r in rows if r["impl"] == "tpp_microkernel"]
     if micro:
         lines += [
@@ -482,6 +569,44 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
+def _lowp_table(by_key: dict, shapes: list, threads: list[int],
+                all_peaks: dict[str, dict[int, float]]) -> list[str]:
+    """Low-precision rows: bf16 GFLOP/s and int8 GOP/s with % of their own measured peaks."""
+    def peak_text(instr: str, unit: str) -> str:
+        got = all_peaks.get(instr, {})
+        return ", ".join(f"{got[t]:.0f} {unit} on {t} thread(s)" for t in sorted(got)) or "-"
+
+    def pct(row):
+        return f"{row['pct_peak']:.0f}%" if row and row.get("pct_peak") is not None else "-"
+
+    lines = [
+        "",
+        "## Low precision",
+        "",
+        f"- bf16 (bf16 × bf16, fp32 accumulation and output), GFLOP/s; measured `vdpbf16ps` "
+        f"peak {peak_text('bf16_dp', 'GFLOP/s')}. Checked against the float64 product of the "
+        "bf16-rounded inputs.",
+        f"- int8 (u8 × s8 → int32), GOP/s; measured `vpdpbusd` peak "
+        f"{peak_text('int8_dp', 'GOP/s')}. Checked exactly.",
+        "",
+        "| M×N×K | threads | tpp_tvm bf16 | % bf16 peak | torch bf16 | tpp_tvm bf16 / torch "
+        "bf16 | tpp_tvm bf16 / tpp_tvm fp32 | tpp_tvm int8 | % int8 peak |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m, n, k in shapes:
+        for t in threads:
+            bf, tb, i8, f32 = (by_key.get((m, n, k, impl, t)) for impl in
+                               ("tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8", "tpp_tvm"))
+
+            def ratio(x, y):
+                return f"{x['gflops'] / y['gflops']:.2f}" if x and y and x["gflops"] and \
+                    y["gflops"] else "-"
+
+            lines.append(f"| {m}×{n}×{k} | {t} | {_cell(bf)} | {pct(bf)} | {_cell(tb)} | "
+                         f"{ratio(bf, tb)} | {ratio(bf, f32)} | {_cell(i8)} | {pct(i8)} |")
+    return lines
+
+
 def _measure_microkernel() -> list[dict]:
     """The BRGEMM microkernel with operands in L1 (one thread, its own process)."""
     env = dict(os.environ, TVM_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -503,31 +628,34 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     """Run every (impl, threads) worker, attach % of peak, write gemm.json and gemm.md."""
     shapes = parse_shapes(args.shapes)
     threads = [int(t) for t in args.threads.split(",")]
-    impls = args.impls.split(",") if args.impls else list(IMPLS)
+    impls = args.impls.split(",") if args.impls else list(IMPLS + LOWP_IMPLS)
+    instrs = ["fp32_fma"] + sorted({PEAK_OF[i] for i in impls if i in PEAK_OF})
     load_before = os.getloadavg()[0]
-    print(f"measuring fp32 peak on {threads} thread(s) ...", file=sys.stderr)
-    peaks = _measure_peaks(threads)
+    print(f"measuring {', '.join(instrs)} peaks on {threads} thread(s) ...", file=sys.stderr)
+    all_peaks = {instr: _measure_peaks(threads, instr) for instr in instrs}
     rows: list[dict] = []
     for t in threads:
-        rows.append(
-            _row(None, None, None, "peak", t, status="ok", gflops=peaks[t], pct_peak=100.0)
-            | {"peak_gflops": peaks[t]}
-        )
+        for instr in instrs:
+            rows.append(_row(None, None, None, "peak", t, status="ok", instr=instr,
+                             pct_peak=100.0))
         for impl in impls:
             print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
             rows.extend(_spawn_worker(impl, t, shapes, args.quick))
     print("BRGEMM microkernel in L1 ...", file=sys.stderr)
     rows.extend(_measure_microkernel())
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
-    peaks = {t: max(p, q) for (t, p), q in zip(peaks.items(), _measure_peaks(threads).values())}
+    for instr in instrs:
+        again = _measure_peaks(threads, instr)
+        all_peaks[instr] = {t: max(p, again[t]) for t, p in all_peaks[instr].items()}
     for row in rows:
         if row["impl"] == "peak":
-            row["gflops"] = row["peak_gflops"] = peaks[row["threads"]]
+            row["gflops"] = row["peak_gflops"] = all_peaks[row["instr"]][row["threads"]]
         elif row["gflops"] is not None:
-            row["pct_peak"] = 100.0 * row["gflops"] / peaks[row["threads"]]
+            peak = all_peaks[PEAK_OF.get(row["impl"], "fp32_fma")][row["threads"]]
+            row["pct_peak"] = 100.0 * row["gflops"] / peak
     write_results(args.out, "gemm", argv, rows, load_before,
-                  lambda command, date, load: render_markdown(rows, peaks, command, _machine(),
-                                                              date, load))
+                  lambda command, date, load: render_markdown(rows, all_peaks, command,
+                                                              _machine(), date, load))
     return 0
 
 
@@ -551,14 +679,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", help="comma-separated MxNxK (default: all)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument("--impls",
+                        help=f"comma-separated subset of {','.join(IMPLS + LOWP_IMPLS)}")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats")
     parser.add_argument("--out", default=str(RESULTS), help="folder for gemm.json/gemm.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--impl", choices=IMPLS + LOWP_IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.impls and not set(args.impls.split(",")) <= set(IMPLS):
-        parser.error(f"--impls must be a subset of {','.join(IMPLS)}")
+    if args.impls and not set(args.impls.split(",")) <= set(IMPLS + LOWP_IMPLS):
+        parser.error(f"--impls must be a subset of {','.join(IMPLS + LOWP_IMPLS)}")
     if not args.worker:
         return run_parent(args, argv)
     if args.quick:

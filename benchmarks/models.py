@@ -19,6 +19,13 @@ Reported per model: median latency (ms), compile time (s) of tpp_tvm and TVM-def
 error against ONNX Runtime, tpp_tvm's speed relative to ONNX Runtime, the model's FLOPs
 (GEMM/MatMul/Conv multiply-adds x 2) and GFLOP/s as % of the measured fp32 peak
 (``benchmarks/peak.py``). Writes ``models.json`` (rows) and ``models.md`` (tables).
+
+Low-precision rows (their own table): bf16 (``compile_onnx(precision="bf16")`` against
+torch eager under bf16 autocast) on the MLP and BERT, and int8 on the MLP (the model
+quantized by ONNX Runtime, dynamic and static QDQ, run by tpp_tvm and by ONNX Runtime)::
+
+    python benchmarks/models.py --quick --models mlp,bert \
+        --impls tpp_tvm_bf16,torch_bf16,tpp_tvm_int8_dynamic,onnxruntime_int8_dynamic
 """
 
 from __future__ import annotations
@@ -58,6 +65,22 @@ IMPL_TITLES = {
     "torch_compile": "torch.compile",
     "tvm_default": "TVM-default",
 }
+
+LOWP_IMPLS: tuple[str, ...] = (
+    "tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8_dynamic", "onnxruntime_int8_dynamic",
+    "tpp_tvm_int8_qdq", "onnxruntime_int8_qdq",
+)
+IMPL_TITLES.update({
+    "tpp_tvm_bf16": "tpp_tvm bf16",
+    "torch_bf16": "torch bf16 autocast",
+    "tpp_tvm_int8_dynamic": "tpp_tvm int8 dynamic",
+    "onnxruntime_int8_dynamic": "ORT int8 dynamic",
+    "tpp_tvm_int8_qdq": "tpp_tvm int8 QDQ",
+    "onnxruntime_int8_qdq": "ORT int8 QDQ",
+})
+#: Models each low-precision implementation runs on (int8: the MLP, whose matmuls all have
+#: constant weights; BERT's attention matmuls would stay int32 in TVM's default path).
+LOWP_MODELS = {impl: ("mlp",) if "int8" in impl else ("mlp", "bert") for impl in LOWP_IMPLS}
 
 TVM_DEFAULT_MAX_S = 60.0
 """TVM without tpp_tvm runs ~100x slower: a model whose one run would take longer is skipped."""
@@ -222,6 +245,59 @@ def _run_tpp_tvm(case: Case) -> Measured:
     return Measured(seconds, outputs, compile_s, note)
 
 
+def _quantized(case: Case, kind: str) -> onnx.ModelProto:
+    """The model quantized by ONNX Runtime (``dynamic`` or static ``qdq``, u8 activations,
+    s8 weights; QDQ calibrated on the example inputs), cached next to the fp32 export."""
+    digest = hashlib.sha256(case.model.SerializeToString()).hexdigest()[:12]
+    path = case.cache_dir / f"{case.name}_{case.size}_{kind}_{digest}.onnx"
+    if not path.exists():
+        from onnxruntime import quantization as q
+
+        src = case.cache_dir / f"{case.name}_{case.size}_fp32_{digest}.onnx"
+        onnx.save(case.model, src)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
+        if kind == "dynamic":
+            q.quantize_dynamic(str(src), str(tmp), weight_type=q.QuantType.QInt8)
+        else:
+            class Reader(q.CalibrationDataReader):
+                def __init__(self) -> None:
+                    self.batches = iter([case.inputs])
+
+                def get_next(self):
+                    return next(self.batches, None)
+
+            q.quantize_static(str(src), str(tmp), Reader(), quant_format=q.QuantFormat.QDQ,
+                              activation_type=q.QuantType.QUInt8,
+                              weight_type=q.QuantType.QInt8)
+        tmp.replace(path)
+    return onnx.load(str(path))
+
+
+def _tpp_tvm(case: Case, model: onnx.ModelProto, precision: str = "float32") -> Measured:
+    from tpp_tvm import compile_onnx, target
+
+    t0 = time.perf_counter()
+    compiled = compile_onnx(model, target=target(num_cores=case.threads), precision=precision)
+    compile_s = time.perf_counter() - t0
+    values = list(case.inputs.values())
+    outputs = compiled(*values)
+    fallbacks = compiled.report_data.get("fallbacks", {})
+    note = f"{_FALLBACKS}{dict(fallbacks)}" if fallbacks else ""
+    seconds = gemm._median_time(lambda: compiled(*values))
+    return Measured(seconds, outputs, compile_s, note)
+
+
+def _ort(case: Case, model: onnx.ModelProto) -> Measured:
+    import onnxruntime
+
+    from tpp_tvm.onnxruntime_ref import onnxruntime_session
+
+    session = onnxruntime_session(model, case.threads)
+    outputs = session.run(None, case.inputs)
+    seconds = gemm._median_time(lambda: session.run(None, case.inputs))
+    return Measured(seconds, list(outputs), note=f"onnxruntime {onnxruntime.__version__}")
+
+
 def _run_onnxruntime(case: Case) -> Measured:
     """ONNX Runtime's CPU EP, ``threads`` intra-op threads, sequential execution."""
     import onnxruntime
@@ -305,6 +381,20 @@ def _run_torch(case: Case) -> Measured:
     return _torch_call(case, compile_=False)
 
 
+def _run_torch_bf16(case: Case) -> Measured:
+    """torch eager under ``torch.autocast("cpu", dtype=torch.bfloat16)``."""
+    import torch
+
+    torch.set_num_threads(case.threads)
+    module = torch_module(case.name, case.size)
+    tensors = [torch.from_numpy(v) for v in case.inputs.values()]
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module(*tensors)
+        outputs = [o.float().numpy() for o in (out if isinstance(out, tuple | list) else [out])]
+        seconds = gemm._median_time(lambda: module(*tensors))
+    return Measured(seconds, outputs, note=f"torch {torch.__version__}, bf16 autocast")
+
+
 def _run_torch_compile(case: Case) -> Measured:
     """``torch.compile`` (default inductor backend) of the same module."""
     return _torch_call(case, compile_=True)
@@ -372,6 +462,12 @@ def _run_tvm_default(case: Case) -> Measured:
 
 
 ADAPTERS: dict[str, Adapter] = {
+    "tpp_tvm_bf16": lambda case: _tpp_tvm(case, case.model, "bfloat16"),
+    "torch_bf16": _run_torch_bf16,
+    "tpp_tvm_int8_dynamic": lambda case: _tpp_tvm(case, _quantized(case, "dynamic")),
+    "onnxruntime_int8_dynamic": lambda case: _ort(case, _quantized(case, "dynamic")),
+    "tpp_tvm_int8_qdq": lambda case: _tpp_tvm(case, _quantized(case, "qdq")),
+    "onnxruntime_int8_qdq": lambda case: _ort(case, _quantized(case, "qdq")),
     "tpp_tvm": _run_tpp_tvm,
     "onnxruntime": _run_onnxruntime,
     "torch": _run_torch,
@@ -554,10 +650,50 @@ def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, fl
                 _cell(by_key.get((name, i, t)), "max_abs_err") for i in impls if i != "onnxruntime"
             ]
             lines.append(f"| {name} | {t} | " + " | ".join(compiles + errs) + " |")
+    lines += _lowp_table(by_key, info, threads)
     notes = _notes(rows)
     if notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _lowp_table(by_key: dict, info: dict[str, dict], threads: list[int]) -> list[str]:
+    """Low precision: latency (ms) and max abs error vs fp32 ONNX Runtime, with speed ratios
+    against the peer in the same precision."""
+    present = [i for i in LOWP_IMPLS if any(k[1] == i for k in by_key)]
+    if not present:
+        return []
+    pairs = [("tpp_tvm_bf16", "torch_bf16"), ("tpp_tvm_int8_dynamic", "onnxruntime_int8_dynamic"),
+             ("tpp_tvm_int8_qdq", "onnxruntime_int8_qdq")]
+    pairs = [p for p in pairs if p[0] in present and p[1] in present]
+    lines = [
+        "",
+        "## Low precision: median latency (ms) / max abs error vs fp32 ONNX Runtime",
+        "",
+        "bf16: matmuls in bf16 with fp32 accumulation (tpp_tvm `precision=\"bf16\"`; torch "
+        "eager under bf16 autocast). int8: the model quantized by ONNX Runtime "
+        "(`quantize_dynamic`, or `quantize_static` QDQ calibrated on the example input; u8 "
+        "activations, s8 weights), run by tpp_tvm and by ONNX Runtime. Ratios > 1: tpp_tvm "
+        "is faster than the peer in the same precision.",
+        "",
+        "| model | threads | " + " | ".join(IMPL_TITLES[i] for i in present)
+        + "".join(f" | {IMPL_TITLES[a]} speed / {IMPL_TITLES[b]}" for a, b in pairs) + " |",
+        "|---|---:|" + "---:|" * (len(present) + len(pairs)),
+    ]
+    for name in info:
+        for t in threads:
+            rows = {i: by_key.get((name, i, t)) for i in present}
+            if not any(rows.values()):
+                continue
+            cells = [f"{_cell(r)} / {_cell(r, 'max_abs_err')}" if r else "-"
+                     for r in rows.values()]
+            ratios = []
+            for a, b in pairs:
+                ra, rb = rows[a], rows[b]
+                ok = ra and rb and ra["median_ms"] and rb["median_ms"]
+                ratios.append(f"{rb['median_ms'] / ra['median_ms']:.2f}×" if ok else "-")
+            lines.append(f"| {name} | {t} | " + " | ".join(cells + ratios) + " |")
+    return lines
 
 
 def _notes(rows: list[dict]) -> list[str]:
@@ -578,7 +714,7 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     """Generate models and references, run every (impl, threads) worker, write the results."""
     names = args.models.split(",")
     threads = [int(t) for t in args.threads.split(",")]
-    impls = args.impls.split(",") if args.impls else list(IMPLS)
+    impls = args.impls.split(",") if args.impls else list(IMPLS + LOWP_IMPLS)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     info: dict[str, dict] = {}
     refs: dict[str, str] = {}
@@ -598,8 +734,11 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     rows: list[dict] = []
     for t in threads:
         for impl in impls:
+            run = [n for n in names if n in LOWP_MODELS.get(impl, names)]
+            if not run:
+                continue
             print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
-            rows.extend(_spawn_worker(impl, t, names, args, refs))
+            rows.extend(_spawn_worker(impl, t, run, args, refs))
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
     after = gemm._measure_peaks(threads)
     peaks = {t: max(p, after[t]) for t, p in peaks.items()}
@@ -625,7 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument("--impls",
+                        help=f"comma-separated subset of {','.join(IMPLS + LOWP_IMPLS)}")
     parser.add_argument("--quick", action="store_true",
                         help="BERT 2 layers, a smaller ResNet, shorter timing")
     parser.add_argument("--tiny", action="store_true",
@@ -634,12 +774,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE,
                         help="where generated ONNX models and references are kept")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--impl", choices=IMPLS + LOWP_IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=("full", "quick", "tiny"), help=argparse.SUPPRESS)
     parser.add_argument("--refs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.impls and not set(args.impls.split(",")) <= set(IMPLS):
-        parser.error(f"--impls must be a subset of {','.join(IMPLS)}")
+    if args.impls and not set(args.impls.split(",")) <= set(IMPLS + LOWP_IMPLS):
+        parser.error(f"--impls must be a subset of {','.join(IMPLS + LOWP_IMPLS)}")
     if not set(args.models.split(",")) <= set(MODELS):
         parser.error(f"--models must be a subset of {','.join(MODELS)}")
     args.quick = args.quick or args.tiny

@@ -70,13 +70,19 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
     if spec.kind == "brgemm":
         geo = contraction_geometry(spec)
         out = a[-1].copy() if spec.beta == 1 else np.zeros((spec.m, spec.n))
-        for idx in np.ndindex(*geo.batch, spec.k):
+        for idx in np.ndindex(*geo.batch, geo.k):
             rs, k = idx[:-1], idx[-1]
             col = np.array([a[0][geo.a_index(rs, i, k)] for i in range(spec.m)])
             out += np.outer(col, a[1][geo.b_index(rs, k, slice(None))])
         return out
     if op == "zero":
         return np.zeros((spec.m, spec.n))
+    if spec.kind == "quant":
+        v = a[0].astype(np.float32) * args[1] + args[2]  # fp32 math, as the TPP states it
+        if op == "dequantize":
+            return v
+        info = np.iinfo(spec.acc_dtype)
+        return np.clip(np.rint(v), info.min, info.max)
     if spec.kind == "unary":
         return UNARY[op](a[0])
     if spec.kind == "unary_bwd":
@@ -116,6 +122,16 @@ def inputs_for(spec: TPPSpec, shapes, dtypes, rng: np.random.Generator) -> list[
     """Random operands in each op's domain (positive for sqrt/rsqrt, away from 0 for 1/x)."""
     out = []
     for shape, dt in zip(shapes, dtypes):
+        if dt in ("uint8", "int8", "int32") and spec.kind in ("brgemm", "quant"):
+            lo, hi = (-5000, 5000) if dt == "int32" else (np.iinfo(dt).min, np.iinfo(dt).max)
+            out.append(rng.integers(lo, hi + 1, shape).astype(dt))
+            continue
+        if spec.kind == "quant" and len(out) in (1, 2):  # scale, offset
+            scale = {"quantize": 20.0, "requantize": 0.03, "dequantize": 0.05}[spec.op]
+            x = rng.uniform(0.5, 1.5, shape) * scale if len(out) == 1 else (
+                np.round(rng.uniform(-20, 20, shape)))
+            out.append(x.astype(dt))
+            continue
         x = rng.standard_normal(shape) * 2
         if spec.op in ("sqrt", "rsqrt") or (spec.op in ("reciprocal",)):
             x = np.abs(x) + 0.5
@@ -123,8 +139,17 @@ def inputs_for(spec: TPPSpec, shapes, dtypes, rng: np.random.Generator) -> list[
             x = np.sign(x) * (np.abs(x) + 0.5)
         if spec.op in ("tanh_inv", "sigmoid_inv") and len(out) == 1:
             x = np.tanh(x) if spec.op == "tanh_inv" else special.expit(x)
-        out.append(x.astype(dt))
+        out.append(x.astype(numpy_dtype(dt)))
     return out
+
+
+def numpy_dtype(dtype: str):
+    """The numpy dtype of a TVM dtype string (bfloat16 through ml_dtypes)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
 
 
 def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +165,13 @@ def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> tuple[np.ndarray, 
 def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
     """fp32 results within ``rtol`` (absolute ``rtol`` x the result's scale near zero, where
     sums cancel); other dtypes (conversions, data movement) bit-exact."""
+    if got.dtype.name == "bfloat16" and spec.kind in ("unary", "binary") and spec.op != "copy":
+        # Computed in fp32, rounded once to bf16: within one bf16 rounding (2^-8 relative)
+        # of the exact value, plus the fp32 vector math's own error.
+        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2.0**-7,
+                                   atol=2.0**-7 * scale, err_msg=spec.name("avx512"))
+        return
     if got.dtype != np.float32:
         np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=spec.name("avx512"))
         return

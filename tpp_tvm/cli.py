@@ -134,6 +134,7 @@ def _compile(
     t0 = time.perf_counter()
     try:
         compiled = compile_onnx(model, _target(args), shapes or None,
+                                precision=getattr(args, "precision", None) or "float32",
                                 tune_logs=_tune_logs_arg(args))
     except BaseException as exc:
         print("failed", flush=True)
@@ -413,6 +414,10 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--isa", help="avx512, amx or sve (default: best for this host)")
     parser.add_argument(
         "--threads", type=int, help="threads to compile and run for (default: all cores)"
+    )
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32",
+        help="bf16: matmuls in bf16 with fp32 accumulation (quantized models run int8 anyway)",
     )
 
 

@@ -107,11 +107,20 @@ class CompiledModel:
 
     def report(self) -> str:
         """Which subgraphs went to TPP kernels and which fell back, counted by pattern."""
-        lines = ["TPP kernels:"]
+        precision = self._report.get("precision", "float32")
+        lines = []
+        if precision != "float32":
+            lines.append(f"Precision: {precision} for matmuls marked [bf16] (bf16 operands, "
+                         "fp32 accumulation and outputs); all other ops fp32")
+        lines.append("TPP kernels:")
         lines += [f"  {k}: {v}" for k, v in sorted(self._report.get("lowered", {}).items())]
         falls = self._report.get("fallbacks", {})
         lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
         lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
+        rewrites = self._report.get("rewrites", {})
+        if rewrites:
+            lines.append("Graph rewrites:")
+            lines += [f"  {k}: {v}" for k, v in sorted(rewrites.items())]
         if "compile_seconds" in self._report:
             lines.append(f"compile time: {self._report['compile_seconds']:.1f} s")
         return "\n".join(lines)
@@ -146,25 +155,33 @@ def load(path: str | Path) -> CompiledModel:
     return CompiledModel(module, inputs, meta["report"], meta.get("threads", 1))
 
 
-def compile_relax(mod: tvm.IRModule, target=None, tune_logs="shipped") -> CompiledModel:
+def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
+                  tune_logs="shipped") -> CompiledModel:
     """Compile a Relax module (static input shapes) into a :class:`CompiledModel`.
 
+    ``precision="bf16"``: matmuls with constant weights run in bf16 (see ``build``).
     ``tune_logs``: the tuning logs shipped for this target (default), a folder made by
     ``tpp_tvm.tune``, or None for hand schedules only.
     """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     report = LoweringReport()
-    exe = build(mod, tgt, report=report, tune_logs=tune_logs)
+    exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
     data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
             "compile_seconds": getattr(report, "compile_seconds", 0.0)}
+    if report.precision != "float32":
+        data["precision"] = report.precision
+    if report.rewrites:
+        data["rewrites"] = dict(report.rewrites)
     return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt))
 
 
 def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
-                 tune_logs="shipped") -> CompiledModel:
-    """Import an ONNX model (proto, path or bytes) and compile it onto TPPs (with tuned
-    kernels from ``tune_logs`` where they are faster; see :func:`compile_relax`)."""
+                 precision: str = "float32", tune_logs="shipped") -> CompiledModel:
+    """Import an ONNX model (proto, path or bytes) and compile it onto TPPs.
+
+    ``precision="bf16"`` runs its matmuls in bf16 with fp32 accumulation; ``tune_logs``
+    supplies tuned kernels where they are faster (see :func:`compile_relax`)."""
     from .frontend import from_onnx
 
-    return compile_relax(from_onnx(model_or_path, shape_dict), target, tune_logs)
+    return compile_relax(from_onnx(model_or_path, shape_dict), target, precision, tune_logs)

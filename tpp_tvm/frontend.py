@@ -491,7 +491,7 @@ def unsupported_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Nodes (subgraphs included) that TVM's ONNX converter has no converter for."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    known = set(_get_convert_map()) | _DIRECT_OPS
+    known = set(_get_convert_map()) | _DIRECT_OPS | set(_EXTRA_CONVERTERS)
 
     def walk(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
         for node in graph.node:
@@ -520,17 +520,43 @@ def _check_supported(model: onnx.ModelProto) -> None:
     )
 
 
+def _qlinear_matmul(inputs: Any, attrs: dict[str, Any]) -> Any:
+    """QLinearMatMul as dequantize -> matmul -> quantize (what it computes, by its spec);
+    ``relay_passes/quantized.py`` turns the dequantize -> matmul part into an int8 GEMM."""
+    from tvm import relax
+
+    a, sa, za, b, sb, zb, sy, zy = inputs
+
+    def deq(x, s, z):
+        per_axis = len(s.ty.shape.values) == 1 and int(s.ty.shape.values[0]) > 1
+        axis = len(x.ty.shape.values) - 1 if per_axis else 0
+        return relax.op.dequantize(x, s, z, axis=axis, out_dtype="float32")
+
+    y = relax.op.matmul(deq(a, sa, za), deq(b, sb, zb))
+    return relax.op.quantize(y, sy, zy, axis=0, out_dtype=str(zy.ty.dtype))
+
+
+#: Converters for ONNX ops TVM's importer lacks, by op type.
+_EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {"QLinearMatMul": _qlinear_matmul}
+
+
 @functools.cache
 def _importer_class() -> type:
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
     class Importer(ONNXGraphImporter):
-        """TVM's importer, with conversion failures naming the node that failed."""
+        """TVM's importer, with conversion failures naming the node that failed, and the
+        converters of :data:`_EXTRA_CONVERTERS`."""
+
+        def _check_for_unsupported_ops(self, graph: onnx.GraphProto) -> None:
+            pass  # from_onnx checked the model against TVM's table plus ours already
 
         def _convert_operator(
             self, op_name: str, inputs: Any, attrs: dict[str, Any], opset: int
         ) -> Any:
             try:
+                if op_name in _EXTRA_CONVERTERS:
+                    return _EXTRA_CONVERTERS[op_name](inputs, attrs)
                 return super()._convert_operator(op_name, inputs, attrs, opset)
             except ModelLoadError:
                 raise

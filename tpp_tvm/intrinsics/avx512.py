@@ -1,4 +1,5 @@
-"""AVX-512 implementations of the TPP set (fp32): 16 lanes, 32 zmm registers, k-masks for tails.
+"""AVX-512 implementations of the TPP set: 16 lanes, 32 zmm registers, k-masks for tails;
+bf16 (AVX512_BF16) and u8 x s8 (AVX512_VNNI) dot products for low-precision contractions.
 
 Nothing here is op-specific: the templates generate every primitive from its spec; this
 module only says what AVX-512 is.
@@ -9,10 +10,11 @@ from __future__ import annotations
 from tvm import tirx
 
 from .brgemm_template import brgemm_impl
+from .llvm_ir import dot_brgemm
 from .spec import TPPSpec
 from .vector_isa import VectorISA
 
-AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32)
+AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm)
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:

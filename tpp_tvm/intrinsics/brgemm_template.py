@@ -7,6 +7,12 @@ packed" scheme). The batch-reduce loop walks A and B blocks by their batch strid
 is loaded and stored once per call however many blocks are reduced. A partial last vector
 (N not a multiple of the lane count) uses the ISA's masked loads/stores, so any M, N, K is
 exact and never touches memory outside the operands.
+
+Low-precision contractions (bf16, u8 x s8) keep the same scheme with the FMA replaced by
+the ISA's dot product (``VectorISA.dot_brgemm``): per step, one 32-bit group of A (``vnni``
+elements of a row) is broadcast and meets ``lanes`` columns of a VNNI-packed row of B; the
+reduction walks K in groups. That microkernel is LLVM IR imported into the kernel (see
+``llvm_ir.py``), because TIR cannot type its operands.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..errors import UnsupportedDTypeError
+from .llvm_ir import module_text
 from .spec import TPPSpec, contraction_geometry, free_strides, operand_reads
 from .vector_isa import VectorISA
 
@@ -24,11 +32,14 @@ def _loop_vars(ivs) -> tuple:
 
 
 def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """Implementation of ``gemm``/``brgemm``/``conv_brgemm`` fp32 for ``isa`` (FMA form)."""
+    """Implementation of ``gemm``/``brgemm``/``conv_brgemm`` for ``isa``: FMA form for fp32,
+    dot-product form for VNNI-packed low precision."""
     M, N, K = spec.m, spec.n, spec.k
     dt = spec.dtype
+    if spec.vnni > 1:
+        return dot_brgemm_impl(spec, isa)
     if dt != "float32":
-        raise NotImplementedError(f"{isa.name} FMA BRGEMM template is fp32-only, got {dt}")
+        raise UnsupportedDTypeError(f"{isa.name} FMA BRGEMM template is fp32-only, got {dt}")
     geo = contraction_geometry(spec)
     lanes = isa.static_lanes(dt)
     vt = isa.vtype(dt)
@@ -91,5 +102,47 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                     C[i, isa.ramp(v * lanes, dt)] = acc[i, v]
                 if tail > 0:
                     T.evaluate(isa.masked_store(acc[i, full], C[i, full * lanes], tail_mask()))
+
+    return impl
+
+
+def dot_brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Low-precision GEMM/BRGEMM: one call of the ISA's dot-product microkernel (LLVM IR)
+    with the operands' addresses and strides."""
+    M, N, dt, acc_dt = spec.m, spec.n, spec.dtype, spec.acc_dtype
+    bdt = spec.b_dtype or dt
+    if isa.dot_brgemm is None or isa.scalable:
+        raise UnsupportedDTypeError(
+            f"TPP {spec.op} {dt} x {bdt}: {isa.name} has no dot-product kernel in this package")
+    geo = contraction_geometry(spec)
+    batched = spec.op == "brgemm"
+    kernel = isa.dot_brgemm(dt, bdt, M, N, spec.k // spec.vnni, spec.batch if batched else 1,
+                            spec.beta)
+    ir_text = module_text(kernel)
+    beta0 = spec.beta == 0
+
+    def strides(A, B, C):
+        """lda, A's batch stride, B's k-group stride, B's batch stride, ldc."""
+        if batched:
+            return A.strides[1], A.strides[0], B.strides[1], B.strides[0], C.strides[0]
+        return A.strides[0], 0, B.strides[0], 0, C.strides[0]
+
+    def first(buf):
+        # address_of, not access_ptr: bf16 legalisation rejects access_ptr on bf16 buffers
+        return T.address_of(buf[(0,) * len(buf.shape)])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
+                           strides=free_strides(len(geo.a_shape)))
+        B = T.match_buffer(b, geo.b_shape, bdt, offset_factor=1,
+                           strides=geo.b_buffer_strides())
+        C = T.match_buffer(c, (M, N), acc_dt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(*operand_reads(beta0, C, A, B))
+            T.writes(C[0:M, 0:N])
+            with T.attr(0, "pragma_import_llvm", ir_text):
+                T.evaluate(T.call_extern("void", kernel.name, first(A), first(B), first(C),
+                                         *strides(A, B, C)))
 
     return impl

@@ -651,6 +651,20 @@ _TEMPLATES = {
 
 def eltwise_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """The implementation PrimFunc of a non-contraction TPP on ``isa``."""
+    from .precision_template import (
+        bf16_map_impl,
+        convert_impl,
+        is_bf16_map,
+        is_llvm_conversion,
+        quant_impl,
+    )
+
+    if spec.kind == "quant":
+        return quant_impl(spec, isa)
+    if is_bf16_map(spec):
+        return bf16_map_impl(spec, isa, vector_fn(spec.op))
+    if is_llvm_conversion(spec):
+        return convert_impl(spec, isa)
     if spec.kind not in _TEMPLATES:
         raise ValueError(f"TPP {spec.op} (kind {spec.kind}) has no element-wise template")
     check_supported(spec, isa)

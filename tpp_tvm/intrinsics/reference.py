@@ -23,6 +23,7 @@ from .spec import (
     equation_expr,
     equation_operands,
     pool_geometry,
+    quant_expr,
     reduce_combine,
     reduce_identity,
     transform_out_shape,
@@ -50,6 +51,8 @@ def operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
         return [(m, n), (n,) if spec.op.endswith("_rows") else (m,)]
     if kind == "pool":
         return [pool_geometry(spec).a_shape, (m, n)]
+    if kind == "quant":
+        return [(m, n), (n,), (n,), (m, n)]
     if kind == "equation":
         extra = [(n,) if k == "bias" else (m, n) for k in equation_operands(spec.steps)]
         return [(m, n), *extra, (m, n)]
@@ -58,6 +61,10 @@ def operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
 
 def operand_dtypes(spec: TPPSpec) -> list[str]:
     """Dtypes of the description's parameters, in order."""
+    if spec.kind == "brgemm":
+        return [spec.dtype, spec.b_dtype or spec.dtype, spec.acc_dtype]
+    if spec.kind == "quant":
+        return [spec.dtype, "float32", "float32", spec.acc_dtype]
     return [spec.dtype] * (len(operand_shapes(spec)) - 1) + [spec.acc_dtype]
 
 
@@ -108,6 +115,10 @@ def te_compute(
         out = te.compute(
             oshape, lambda i, j: fn(x[i, j], y[bcast_index(spec.bcast, i, j)]), name=name
         )
+    elif kind == "quant":
+        x, sc, off = inputs
+        out = te.compute(oshape, lambda i, j: quant_expr(op, x[i, j], sc[j], off[j], odt),
+                         name=name)
     elif kind == "reduce":
         x, red = inputs[0], _reducer(op)
         if op.endswith("_rows"):
@@ -143,7 +154,7 @@ def te_compute(
         a, b = inputs
         geo = contraction_geometry(spec)
         rs = [te.reduce_axis((0, e), f"r{d}") for d, e in enumerate(geo.batch)]
-        k = te.reduce_axis((0, spec.k), "k")
+        k = te.reduce_axis((0, geo.k), "k")
 
         def mac(i, j):
             av, bv = a[geo.a_index(rs, i, k)], b[geo.b_index(rs, k, j)]

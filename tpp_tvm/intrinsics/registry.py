@@ -16,7 +16,7 @@ from tvm import tirx
 from tvm.s_tir import TensorIntrin
 
 from ..errors import UnsupportedISAError
-from .spec import BCASTS, DTYPE_SHORT, OPS, TPPSpec, describe
+from .spec import BCASTS, DTYPE_SHORT, OPS, QUANT_DTYPES, TPPSpec, describe
 
 #: ISAs with a TPP implementation module in this package.
 ISAS = ("avx512", "amx", "sve")
@@ -82,8 +82,25 @@ def catalogue(dtype: str = "float32") -> list[TPPSpec]:
             specs.append(TPPSpec(op, dtype, m=8, n=37, batch=3, k=3, stride=74))
         elif d.kind == "equation":
             specs.extend(TPPSpec(op, dtype, m=8, n=37, steps=steps) for steps in EXAMPLE_EQUATIONS)
+        elif d.kind == "quant":  # their dtypes are part of the op
+            specs.extend(TPPSpec(op, a, m=8, n=37, out_dtype=b) for a, b in QUANT_DTYPES[op])
         else:
             specs.append(TPPSpec(op, dtype, m=8, n=37))
+    return specs
+
+
+def low_precision_catalogue() -> list[TPPSpec]:
+    """The bf16 and u8 x s8 contractions (VNNI-packed B, with an N tail), the fp32 <-> bf16
+    conversions and bf16 element-wise TPPs, at representative tiles."""
+    specs = []
+    for a, b in (("bfloat16", None), ("uint8", "int8")):
+        for beta in (0, 1):
+            specs.append(TPPSpec("gemm", a, b_dtype=b, m=6, n=37, k=64, beta=beta))
+            specs.append(TPPSpec("brgemm", a, b_dtype=b, m=4, n=64, k=32, batch=4, beta=beta))
+    specs.append(TPPSpec("copy", "float32", m=8, n=37, out_dtype="bfloat16"))
+    specs.append(TPPSpec("copy", "bfloat16", m=8, n=37, out_dtype="float32"))
+    specs.append(TPPSpec("gelu", "bfloat16", m=8, n=37))
+    specs.append(TPPSpec("add", "bfloat16", m=8, n=37, bcast="row"))
     return specs
 
 
@@ -106,7 +123,7 @@ def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
     """
     for cat_isa in _CATALOGUE_ISAS if isa is None else (isa,):
         if cat_isa in _CATALOGUE_ISAS:
-            for spec in catalogue():
+            for spec in catalogue() + low_precision_catalogue():
                 intrinsic(spec, cat_isa)
     short = DTYPE_SHORT.get(dtype, dtype) if dtype else None
     out = []

@@ -137,6 +137,25 @@ OPS: dict[str, OpDef] = {
     "max": OpDef("binary", tirx.max, "Z = max(X, Y)"),
     "min": OpDef("binary", tirx.min, "Z = min(X, Y)"),
     "muladd": OpDef("muladd", lambda x, y, z: x * y + z, "Z = X * Y + Z"),
+    # precision conversions (copy converts fp32 <-> bf16 too)
+    "quantize": OpDef(
+        "quant",
+        None,
+        "Y = saturate(round_half_even(X * S[j] + O[j])); X fp32, Y u8/s8, S = 1/scale and "
+        "O = zero point per column (ONNX QuantizeLinear with a per-column or repeated scale)",
+    ),
+    "requantize": OpDef(
+        "quant",
+        None,
+        "Y = saturate(round_half_even(float(X) * S[j] + O[j])); X int32 (an int8 GEMM's "
+        "accumulator), Y u8/s8",
+    ),
+    "dequantize": OpDef(
+        "quant",
+        None,
+        "Y = float(X) * S[j] + O[j]; X int32/u8/s8, Y fp32 (S = scale, O = -zero point * "
+        "scale; for an int8 GEMM, S = scale_A * scale_B[j], O folds the zero-point terms)",
+    ),
     # pooling
     "pool_max": OpDef(
         "pool",
@@ -183,6 +202,39 @@ OPS: dict[str, OpDef] = {
 
 BCASTS = ("none", "row", "col", "scalar")
 
+#: (A, B) dtypes a contraction TPP takes: fp32 FMA, bf16 dot products into fp32
+#: (AVX512_BF16 ``vdpbf16ps``, AMX ``tdpbf16ps``), u8 x s8 dot products into int32
+#: (AVX512_VNNI ``vpdpbusd``, AMX ``tdpbusd``).
+CONTRACTION_DTYPES = (("float32", "float32"), ("bfloat16", "bfloat16"), ("uint8", "int8"))
+
+
+#: (input, output) dtypes of the quantization TPPs.
+QUANT_DTYPES = {
+    "quantize": (("float32", "uint8"), ("float32", "int8")),
+    "requantize": (("int32", "uint8"), ("int32", "int8")),
+    "dequantize": (("int32", "float32"), ("uint8", "float32"), ("int8", "float32")),
+}
+
+
+def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
+               out_dtype: str) -> tirx.Expr:
+    """The math of a quantization TPP on one element or one vector (``out_dtype`` is the
+    scalar output type); descriptions, TE workloads and implementations share it."""
+    lanes = dtype_of(x).partition("x")[2]
+    vec = (lambda d: f"{d}x{lanes}") if lanes else (lambda d: d)
+    v = tirx.Cast(vec("float32"), x) if _elem(x) != "float32" else x
+    v = v * scale + offset
+    if op == "dequantize":
+        return v
+    lo, hi = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0)}[out_dtype]
+    v = tirx.max(tirx.min(tirx.round(v), const(v, hi)), const(v, lo))
+    return tirx.Cast(vec(out_dtype), v)
+
+
+def vnni_factor(dtype: str) -> int:
+    """Elements of ``dtype`` one 32-bit dot-product lane consumes (1 for fp32 FMA)."""
+    return {"bfloat16": 2, "float16": 2, "uint8": 4, "int8": 4}.get(dtype, 1)
+
 
 @dataclass(frozen=True)
 class TPPSpec:
@@ -190,7 +242,10 @@ class TPPSpec:
 
     ``m``/``n`` are the tile's rows/columns (for GEMM/BRGEMM, C's); ``k`` and ``batch``
     only for contractions. ``out_dtype`` for converting copies and for contractions'
-    accumulator (defaults to ``dtype``, int32 for int8 inputs).
+    accumulator (defaults to ``dtype``, int32 for int8 inputs). ``b_dtype`` is a
+    contraction's B dtype when it differs from A's (u8 x s8). Low-precision contractions
+    (see :data:`CONTRACTION_DTYPES`) take B in VNNI layout: ``vnni`` consecutive k of one
+    column are adjacent, B is ``(K / vnni, N, vnni)``, and K is a multiple of ``vnni``.
     """
 
     op: str
@@ -202,6 +257,7 @@ class TPPSpec:
     beta: int = 1
     bcast: str = "none"
     out_dtype: str | None = None
+    b_dtype: str | None = None
     stride: int = 1
     steps: tuple[str, ...] = ()
     tap_stride: int = 0
@@ -224,6 +280,12 @@ class TPPSpec:
                 f"TPP {self.op}: needs k >= 1, batch >= 1, beta in (0, 1); got "
                 f"k={self.k} batch={self.batch} beta={self.beta}"
             )
+        if self.kind == "quant":
+            self._check_quant_dtypes()
+        if self.kind == "brgemm":
+            self._check_contraction_dtypes()
+        elif self.b_dtype is not None:
+            raise UnsupportedDTypeError(f"TPP {self.op}: only contractions take a b_dtype")
         if self.op not in ("conv_brgemm", "pool_max") and self.stride != 1:
             raise UnsupportedShapeError(f"TPP {self.op}: only conv_brgemm takes a stride")
         if self.op == "gemm" and self.batch != 1:
@@ -244,9 +306,41 @@ class TPPSpec:
                 f"TPP equation: unknown steps {bad}; steps are {', '.join(EQUATION_STEPS)}"
             )
 
+    def _check_contraction_dtypes(self) -> None:
+        pair = (self.dtype, self.b_dtype or self.dtype)
+        if pair not in CONTRACTION_DTYPES:
+            supported = ", ".join(f"{a} x {b}" for a, b in CONTRACTION_DTYPES)
+            raise UnsupportedDTypeError(
+                f"TPP {self.op}: A x B dtypes {pair[0]} x {pair[1]} are not supported; "
+                f"supported: {supported}"
+            )
+        if self.vnni > 1 and self.op == "conv_brgemm":
+            raise UnsupportedDTypeError(
+                f"TPP conv_brgemm is fp32 only, got {self.dtype}; run a low-precision "
+                "convolution as a GEMM over im2col rows"
+            )
+        if self.k % self.vnni:
+            raise UnsupportedShapeError(
+                f"TPP {self.op} {self.dtype}: k={self.k} must be a multiple of the VNNI "
+                f"factor {self.vnni} (pad K with zeros)"
+            )
+
+    def _check_quant_dtypes(self) -> None:
+        pair = (self.dtype, self.out_dtype)
+        if pair not in QUANT_DTYPES[self.op]:
+            supported = ", ".join(f"{a}->{b}" for a, b in QUANT_DTYPES[self.op])
+            raise UnsupportedDTypeError(
+                f"TPP {self.op}: {pair[0]}->{pair[1]} is not supported; supported: {supported}"
+            )
+
     @property
     def kind(self) -> str:
         return OPS[self.op].kind
+
+    @property
+    def vnni(self) -> int:
+        """How many consecutive k of B a contraction packs together (1: plain layout)."""
+        return vnni_factor(self.dtype) if self.kind == "brgemm" else 1
 
     @property
     def taps(self) -> int:
@@ -263,8 +357,11 @@ class TPPSpec:
         return self.dtype
 
     def name(self, isa: str) -> str:
-        """``tpp.<op>.<dtype>.<isa>.m<M>n<N>[k<K>b<batch>][.beta0][.bcast_<b>][.to_<dt>]``."""
-        parts = ["tpp", self.op, DTYPE_SHORT[self.dtype], isa, f"m{self.m}n{self.n}"]
+        """``tpp.<op>.<dtype>[<b_dtype>].<isa>.m<M>n<N>[k<K>b<batch>][.beta0][.bcast_<b>][.to_<dt>]``."""
+        dts = DTYPE_SHORT[self.dtype]
+        if self.b_dtype and self.b_dtype != self.dtype:
+            dts += DTYPE_SHORT[self.b_dtype]
+        parts = ["tpp", self.op, dts, isa, f"m{self.m}n{self.n}"]
         if self.kind == "brgemm":
             parts[-1] += f"k{self.k}" + (f"b{self.batch}" if self.op != "gemm" else "")
             if self.op == "conv_brgemm":
@@ -444,6 +541,26 @@ def reduce_combine(op: str, acc, val):
     return tirx.max(acc, val) if "_max_" in op else acc + val
 
 
+def _describe_quant(spec: TPPSpec) -> tirx.PrimFunc:
+    M, N, dt, odt, op = spec.m, spec.n, spec.dtype, spec.acc_dtype, spec.op
+
+    @T.prim_func(s_tir=True)
+    def desc(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
+        S = T.match_buffer(s, (N,), "float32", offset_factor=1)
+        Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
+        Y = T.match_buffer(y, (M, N), odt, offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N], S[0:N], Off[0:N])
+            T.writes(Y[0:M, 0:N])
+            for i, j in T.grid(M, N):
+                with T.sblock("tpp"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Y[vi, vj] = quant_expr(op, X[vi, vj], S[vj], Off[vj], odt)
+
+    return desc
+
+
 def _describe_reduce(spec: TPPSpec) -> tirx.PrimFunc:
     M, N, dt, op = spec.m, spec.n, spec.dtype, spec.op
     fn = OPS[op].fn
@@ -540,8 +657,9 @@ def operand_reads(beta0: bool, C, A, B) -> list:
 class ContractionGeometry:
     """Operand shapes and addressing of a GEMM-family TPP, shared by description and impls.
 
-    ``batch`` are the reduction dims besides k (none for GEMM, the batch for BRGEMM, the
-    filter rows for a convolution's BRGEMM, none when it has one row);
+    ``batch`` are the reduction dims besides the innermost ``k`` (none for GEMM, the batch
+    for BRGEMM, the filter rows for a convolution's BRGEMM, none when it has one row; plus
+    K / vnni for a VNNI-packed B, whose innermost reduction is then the ``vnni`` pack);
     ``a_index(rs, i, k)`` / ``b_index(rs, k, j)``
     give the element of A / B that row i / column j meets at reduction point (rs, k).
     """
@@ -551,25 +669,49 @@ class ContractionGeometry:
     b_shape: tuple[int, ...]
     a_index: Callable[..., tuple]
     b_index: Callable[..., tuple]
+    k: int = 0
+    b_strides: Callable[[], list] | None = None
+
+    def b_buffer_strides(self) -> list:
+        """B's strides for ``match_buffer``: free, but a VNNI pack of a column is contiguous
+        with the next column's (one vector load covers lanes x vnni elements)."""
+        return self.b_strides() if self.b_strides else free_strides(len(self.b_shape))
 
 
 def contraction_geometry(spec: TPPSpec) -> ContractionGeometry:
     """The geometry of ``spec`` (a gemm, brgemm or conv_brgemm)."""
-    M, N, K = spec.m, spec.n, spec.k
+    M, N, K, V = spec.m, spec.n, spec.k, spec.vnni
+    if V > 1:
+        return _vnni_geometry(spec)
     if spec.op == "gemm":
         return ContractionGeometry((), (M, K), (K, N), lambda rs, i, k: (i, k),
-                                   lambda rs, k, j: (k, j))
+                                   lambda rs, k, j: (k, j), K)
     if spec.op == "brgemm":
         R = spec.batch
         return ContractionGeometry((R,), (R, M, K), (R, K, N), lambda rs, i, k: (rs[0], i, k),
-                                   lambda rs, k, j: (rs[0], k, j))
+                                   lambda rs, k, j: (rs[0], k, j), K)
     R, st, span = spec.batch, spec.stride, (M - 1) * spec.stride + K
     if R == 1:  # a unit reduction loop cannot be tensorized: no batch dim at all
         return ContractionGeometry((), (span,), (K, N), lambda rs, i, k: (i * st + k,),
-                                   lambda rs, k, j: (k, j))
+                                   lambda rs, k, j: (k, j), K)
     return ContractionGeometry((R,), (R, span), (R, K, N),
                                lambda rs, i, k: (rs[0], i * st + k),
-                               lambda rs, k, j: (rs[0], k, j))
+                               lambda rs, k, j: (rs[0], k, j), K)
+
+
+def _vnni_geometry(spec: TPPSpec) -> ContractionGeometry:
+    """GEMM/BRGEMM with B packed ``(K/V, N, V)``: k splits into (k // V, k % V), the first a
+    batch-like dim, the second the innermost reduction (one dot-product lane)."""
+    M, N, K, V = spec.m, spec.n, spec.k, spec.vnni
+    KO = K // V
+    if spec.op == "gemm":
+        return ContractionGeometry(
+            (KO,), (M, K), (KO, N, V), lambda rs, i, v: (i, rs[-1] * V + v),
+            lambda rs, v, j: (rs[-1], j, v), V, lambda: [T.int32(), V, 1])
+    R = spec.batch
+    return ContractionGeometry(
+        (R, KO), (R, M, K), (R, KO, N, V), lambda rs, i, v: (rs[0], i, rs[-1] * V + v),
+        lambda rs, v, j: (rs[0], rs[-1], j, v), V, lambda: [T.int32(), T.int32(), V, 1])
 
 
 def free_strides(ndim: int) -> list:
@@ -627,9 +769,10 @@ def _describe_pool(spec: TPPSpec) -> tirx.PrimFunc:
 
 def _describe_contraction(spec: TPPSpec) -> tirx.PrimFunc:
     M, N, dt, acc = spec.m, spec.n, spec.dtype, spec.acc_dtype
+    bdt = spec.b_dtype or dt
     geo = contraction_geometry(spec)
     beta0 = spec.beta == 0
-    dims = (M, N, *geo.batch, spec.k)
+    dims = (M, N, *geo.batch, geo.k)
     kinds = "SS" + "R" * (len(geo.batch) + 1)
 
     def mac(a, b):
@@ -645,8 +788,8 @@ def _describe_contraction(spec: TPPSpec) -> tirx.PrimFunc:
     def desc(a: T.handle, b: T.handle, c: T.handle):
         A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
                            strides=free_strides(len(geo.a_shape)))
-        B = T.match_buffer(b, geo.b_shape, dt, offset_factor=1,
-                           strides=free_strides(len(geo.b_shape)))
+        B = T.match_buffer(b, geo.b_shape, bdt, offset_factor=1,
+                           strides=geo.b_buffer_strides())
         C = T.match_buffer(c, (M, N), acc, offset_factor=1, strides=[T.int32(), 1])
         with T.sblock("root"):
             T.reads(*operand_reads(beta0, C, A, B))
@@ -754,6 +897,7 @@ _DESCRIBERS = {
     "transform": _describe_transform,
     "equation": _describe_equation,
     "pool": _describe_pool,
+    "quant": _describe_quant,
 }
 
 

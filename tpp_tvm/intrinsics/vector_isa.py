@@ -9,6 +9,7 @@ vector registers the register-blocking may use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -20,12 +21,16 @@ class VectorISA:
     """A SIMD unit: ``vector_bits`` wide (None when scalable, e.g. SVE), ``num_vregs`` registers.
 
     ``min_vector_bits`` is the width used to size register blocking for a scalable ISA.
+    ``dot_brgemm(a_dtype, b_dtype, m, n, kgroups, batch, beta)`` gives the ISA's
+    low-precision (VNNI dot-product) BRGEMM microkernel as an LLVM IR function
+    (``llvm_ir.IRFunction``); None when this package has none for the ISA.
     """
 
     name: str
     vector_bits: int | None
     num_vregs: int
     min_vector_bits: int = 128
+    dot_brgemm: Callable | None = None
 
     @property
     def scalable(self) -> bool:

@@ -19,9 +19,10 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..errors import UnsupportedDTypeError
 from ..schedules.attention import AttentionShape, attention_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
-from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from ..schedules.gemm import bf16_a_schedule, gemm_schedule, numpy_dtype, pack_b_numpy
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table
@@ -30,12 +31,32 @@ from .tuned import composite_kernel, emit_tuned
 log = logging.getLogger(__name__)
 
 
+#: Graph precisions: ``float32``, or ``bfloat16`` for matmuls (bf16 operands, fp32
+#: accumulation, fp32 activations between ops).
+PRECISIONS = ("float32", "bfloat16")
+
+
+def check_precision(precision: str) -> str:
+    """The canonical precision name (``bf16`` is accepted for ``bfloat16``)."""
+    name = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32"}.get(precision, precision)
+    if name not in PRECISIONS:
+        raise UnsupportedDTypeError(
+            f"precision {precision!r} is not supported; one of {', '.join(PRECISIONS)} "
+            "(bf16); int8 comes from quantized ONNX models (QDQ, MatMulInteger, QLinearMatMul)")
+    return name
+
+
 @dataclass
 class LoweringReport:
-    """What the graph pass did: kernels per pattern, and fallbacks with their reasons."""
+    """What the graph pass did: kernels per pattern, and fallbacks with their reasons.
+
+    Kernels that ran in a precision other than fp32 are counted as ``<pattern> [bf16]``."""
 
     lowered: Counter = field(default_factory=Counter)
     fallbacks: Counter = field(default_factory=Counter)
+    precision: str = "float32"
+    rewrites: Counter = field(default_factory=Counter)
+    """Graph rewrites that change no kernel count but the user should know about."""
 
     def summary(self) -> str:
         lines = [f"  {k}: {v}" for k, v in sorted(self.lowered.items())]
@@ -56,18 +77,29 @@ def _shape(expr: relax.Expr) -> list[int]:
 
 
 def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str, isa: str,
-               x: relax.Expr, w_kn: np.ndarray, out_shape: list[int]) -> relax.Expr:
-    """One GEMM kernel over x flattened to rows: (+bias)(+act)(+residual)(+act), reshaped."""
+               x: relax.Expr, w_kn: np.ndarray, out_shape: list[int],
+               precision: str = "float32") -> relax.Expr:
+    """One GEMM kernel over x flattened to rows: (+bias)(+act)(+residual)(+act), reshaped.
+
+    In bf16 the weight is packed as bf16 VNNI panels now, and x is converted (and padded)
+    to bf16 by a small kernel before the GEMM; the epilogue and the output stay fp32."""
     xs = _shape(x)
     k, n = w_kn.shape
     m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
     sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
                               activation=matched.get("activation"),
                               residual="residual" in matched,
-                              post_activation=matched.get("post_activation"))
+                              post_activation=matched.get("post_activation"),
+                              dtype=precision)
     gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
-    args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x,
-            relax.const(pack_b_numpy(w_kn, plan.nr, "kn", plan.kp))]
+    a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
+    prec = plan.precision
+    if plan.a_prepadded:
+        cvt = bb.add_func(_kernel_attrs(bf16_a_schedule(m, k, plan.mp, plan.kp, isa).mod["main"]),
+                          name.replace(".", "_") + "_a_bf16")
+        a2 = bb.emit(relax.call_tir(cvt, [a2], relax.TensorType((plan.mp, plan.kp), prec.a)))
+    w_packed = pack_b_numpy(w_kn.astype(numpy_dtype(prec.b)), plan.nr, "kn", plan.kp, prec.vnni)
+    args = [a2, relax.const(w_packed)]
     if "bias" in matched:
         bias = matched["bias"].value.numpy().reshape(-1)
         args.append(relax.const(np.pad(bias, (0, plan.np_ - n)).astype("float32")))
@@ -79,11 +111,11 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
 
 
 def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                 isa: str) -> relax.Expr:
+                 isa: str, precision: str = "float32") -> relax.Expr:
     """Dense (+bias)(+act)(+residual): flatten to 2D, one GEMM kernel, reshape back."""
     x, weight = matched["lhs"], matched["weight"]
     w = weight.value.numpy()
-    return _emit_gemm(bb, matched, name, isa, x, w, [*_shape(x)[:-1], w.shape[1]])
+    return _emit_gemm(bb, matched, name, isa, x, w, [*_shape(x)[:-1], w.shape[1]], precision)
 
 
 def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
@@ -101,8 +133,15 @@ def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     return relax.op.reshape(out, [*xs[:-2], m, n]) if len(xs) != 3 else out
 
 
+def _pointwise(call: relax.Call, weight: np.ndarray) -> bool:
+    attrs = call.attrs
+    layout = str(attrs.kernel_layout)
+    r, s = (weight.shape[layout.index(ax)] for ax in "HW")
+    return (r, s, int(attrs.strides[0])) == (1, 1, 1) and not any(int(p) for p in attrs.padding)
+
+
 def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                  isa: str) -> relax.Expr:
+                  isa: str, precision: str = "float32") -> relax.Expr:
     """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now."""
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     attrs = call.attrs
@@ -117,7 +156,7 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
         # A pointwise convolution is a GEMM over all pixels: far longer M than one row.
         w_kn = np.ascontiguousarray(w_oihw[:, :, 0, 0].T)
-        return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc])
+        return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision)
     sch, plan = conv_schedule(shape, isa, bias="bias" in matched,
                               activation=matched.get("activation"),
                               residual="residual" in matched,
@@ -236,6 +275,18 @@ _LOWERINGS = {
 }
 
 
+def _lowered_precision(kind: str, matched: dict[str, relax.Expr], precision: str) -> str:
+    """The precision a composite runs in: ``precision`` for dense layers and pointwise
+    convolutions (GEMMs with constant weights), fp32 for everything else."""
+    if precision == "float32":
+        return precision
+    if kind == "tpp.dense":
+        return precision
+    if kind == "tpp.conv2d" and _pointwise(matched["root"], matched["weight"].value.numpy()):
+        return precision
+    return "float32"
+
+
 def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
            ) -> dict[str, relax.Expr] | None:
     """Annotated expressions of ``pattern`` in a composite ``func``, in the caller's terms."""
@@ -265,12 +316,13 @@ def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, isa: str, report: LoweringReport, logs=None,
-                 force_tuned: bool = False) -> None:
+    def __init__(self, mod: tvm.IRModule, isa: str, report: LoweringReport,
+                 precision: str = "float32", logs=None, force_tuned: bool = False) -> None:
         super().__init__(mod)
         self.mod_ = mod
         self.isa = isa
         self.report = report
+        self.precision = precision
         self.logs, self.force_tuned = logs, force_tuned
         self.patterns = {p.name: p for p in pattern_table()}
 
@@ -297,7 +349,12 @@ class _Lowerer(relax.PyExprMutator):
         try:
             if matched is None:
                 raise ValueError("pattern no longer matches its composite function")
-            out = _LOWERINGS[kind](self.builder_, matched, comp, self.isa)
+            prec = _lowered_precision(kind, matched, self.precision)
+            if prec != "float32":
+                out = _LOWERINGS[kind](self.builder_, matched, comp, self.isa, prec)
+                comp = f"{comp} [bf16]"
+            else:
+                out = _LOWERINGS[kind](self.builder_, matched, comp, self.isa)
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
             reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
             log.info("TPP lowering of %s fell back to TVM: %s", comp, reason)
@@ -317,11 +374,15 @@ class _Lowerer(relax.PyExprMutator):
                           comp.replace(".", "_") + "_tuned")
 
 
-def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport, logs=None,
-                         force_tuned: bool = False) -> tvm.IRModule:
+def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
+                         precision: str = "float32", logs=None, force_tuned: bool = False
+                         ) -> tvm.IRModule:
     """Replace calls of ``tpp.*`` composites with TPP kernels (tuned ones from ``logs``
-    where faster); inline the rest back."""
-    mod = _Lowerer(mod, isa, report, logs, force_tuned).transform()
+    where faster); inline the rest back.
+
+    ``precision="bfloat16"`` runs dense layers and pointwise convolutions on bf16 TPPs."""
+    report.precision = precision
+    mod = _Lowerer(mod, isa, report, precision, logs, force_tuned).transform()
     mod = relax.transform.DeadCodeElimination()(mod)
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.

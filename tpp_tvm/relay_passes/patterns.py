@@ -191,7 +191,7 @@ def _eltwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
         if not _static_f32(y):
             return False
         ys = [int(d) for d in y.ty.shape.values]
-        if ys != xs and not (ys[-1] == xs[-1] and all(d == 1 for d in ys[:-1])):
+        if ys != xs and not (ys and ys[-1] == xs[-1] and all(d == 1 for d in ys[:-1])):
             return False
     return True
 

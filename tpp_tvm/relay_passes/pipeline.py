@@ -2,6 +2,7 @@
 
 ``tvm.compile(mod, target=tpp_tvm.target(), relax_pipeline="tpp")`` runs:
 
+0. quantized matmuls (ONNX dynamic / QDQ / QLinearMatMul forms) become int8 TPP GEMMs;
 1. inference simplification (batch norm folded, constants folded, decomposed GELU
    recognised);
 2. the TPP graph pass — ``FuseOpsByPattern`` with the TPP pattern table, then each
@@ -33,18 +34,43 @@ from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from ..tuning import TuneLogs, resolve_logs
 from .canonicalize import CanonicalizeActivations
-from .lower import LoweringReport, lower_tpp_composites
+from .lower import LoweringReport, check_precision, lower_tpp_composites
 from .patterns import pattern_table
+from .quantized import lower_quantized
 
 PIPELINE_NAME = "tpp"
 
 
-def partition_passes() -> list[tvm.transform.Pass]:
-    """Inference simplification and TPP partitioning: each match becomes a composite."""
-    return [
+def quantized_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
+    """Quantized matmuls (dynamic and QDQ forms) onto int8 TPP GEMMs."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.LowerQuantizedMatmuls")
+    def _quantized(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return lower_quantized(mod, isa, report)
+
+    return _quantized
+
+
+def simplify_passes(isa: str | None = None, report: LoweringReport | None = None
+                    ) -> list[tvm.transform.Pass]:
+    """Inference simplification; on a TPP ISA, quantized matmuls become int8 TPPs first."""
+    passes = [CanonicalizeActivations]
+    if isa is not None:
+        # Before constant folding, which would fold the s8 weights' casts away; after
+        # canonicalization, so a GELU after a quantized matmul fuses into its epilogue.
+        passes.append(quantized_pass(isa, report if report is not None else LoweringReport()))
+    return passes + [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
         CanonicalizeActivations,
+    ]
+
+
+def partition_passes(isa: str, report: LoweringReport | None = None
+                     ) -> list[tvm.transform.Pass]:
+    """Simplification and TPP partitioning: each matched subgraph becomes a composite."""
+    return [
+        *simplify_passes(isa, report),
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
         relax.transform.FoldConstant(),
@@ -56,14 +82,16 @@ def partition_passes() -> list[tvm.transform.Pass]:
     ]
 
 
-def tpp_pipeline(report: LoweringReport | None = None, logs: TuneLogs | None = None,
-                 force_tuned: bool = False) -> tvm.transform.Pass:
+def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32",
+                 logs: TuneLogs | None = None, force_tuned: bool = False
+                 ) -> tvm.transform.Pass:
     """The whole ``tpp`` pipeline; the target comes from the enclosing ``with target``.
 
     ``logs`` (an opened tuning log) replaces hand-scheduled subgraphs by tuned kernels
     where tuning found faster ones (``force_tuned``: wherever it has a record).
     """
     report = report if report is not None else LoweringReport()
+    precision = check_precision(precision)
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -71,15 +99,15 @@ def tpp_pipeline(report: LoweringReport | None = None, logs: TuneLogs | None = N
         if target is None:
             raise ValueError("the tpp pipeline needs a target (tvm.compile(..., target=...))")
         if is_tpp_target(target):
-            passes = partition_passes()
+            isa = isa_of(target)
 
             @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
             def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-                return lower_tpp_composites(mod, isa_of(target), report, logs, force_tuned)
+                return lower_tpp_composites(mod, isa, report, precision, logs, force_tuned)
 
-            passes.append(lower)
+            passes = [*partition_passes(isa, report), lower]
         else:
-            passes = partition_passes()[:3]
+            passes = simplify_passes()
         passes += library_dispatch_passes(target) + legalize_passes(target)
         passes.append(default_schedule_pass())
         passes += dataflow_lower_passes(target) + finalize_passes(target)
@@ -98,15 +126,19 @@ def register() -> None:
 
 def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
           params: dict | None = None, report: LoweringReport | None = None,
+          precision: str = "float32",
           tune_logs: str | os.PathLike | TuneLogs | None = None, force_tuned: bool = False
           ) -> relax.VMExecutable:
     """Compile a Relax module with the TPP pipeline (``relay.build``'s successor).
 
     ``params`` binds named parameters of ``main`` as constants first (so weights can be
-    packed); ``report`` collects which subgraphs became TPP kernels; ``tune_logs`` (a
-    folder made by ``tpp_tvm.tune``, or ``"shipped"`` for the logs shipped for this
-    target) supplies tuned kernels where they beat the hand schedules.
+    packed); ``report`` collects which subgraphs became TPP kernels. ``precision="bf16"``
+    runs dense layers/matmuls with constant weights and pointwise convolutions in bf16
+    (bf16 operands, fp32 accumulation and fp32 outputs); everything else stays fp32.
+    ``tune_logs`` (a folder made by ``tpp_tvm.tune``, or ``"shipped"`` for the logs shipped
+    for this target) supplies tuned kernels where they beat the hand schedules.
     """
+    precision = check_precision(precision)
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     if params:
@@ -114,7 +146,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
     logs = resolve_logs(tune_logs, tgt)
     t0 = time.perf_counter()
     with tgt:
-        mod = tpp_pipeline(report, logs, force_tuned)(mod)
+        mod = tpp_pipeline(report, precision, logs, force_tuned)(mod)
     exe = tvm.compile(mod, target=tgt, relax_pipeline=None)
     if report is not None:
         report.compile_seconds = time.perf_counter() - t0

@@ -19,6 +19,7 @@ import tvm
 from tvm import relax, tirx
 
 from ..schedules.elementwise import LEGALIZE_AS_TPP
+from ..target import isa_of
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def subgraph_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: dict | 
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     with target:
-        mod = tvm.transform.Sequential(partition_passes())(mod)
+        mod = tvm.transform.Sequential(partition_passes(isa_of(target)))(mod)
     seen: dict[str, Task] = {}
     counts: Counter = Counter()
     for gv, func in mod.functions_items():

@@ -8,6 +8,12 @@ the microkernel streams one contiguous panel; packing is done once for constant 
 (``GemmKernel.pack_b``). Tile sizes come from the register file and cache sizes, so no
 tuning is needed; output tiles are distributed over threads as one flat parallel loop.
 
+Low precision (``dtype="bfloat16"``: bf16 x bf16 -> fp32; ``dtype="int8"``: u8 x s8 ->
+int32) runs the same nest on the dot-product microkernels: B's panels are VNNI-packed
+``(ceil(N / nr), K / V, nr, V)`` (V = 2 or 4 consecutive k of a column adjacent), K is
+padded to a multiple of V, and an int8 GEMM's int32 tile is dequantized to fp32 in its
+epilogue (``Y = float(C) * scale[j] + offset[j]``) before the fp32 epilogue steps.
+
 Shapes that are not multiples of the tile are padded internally (A rows only when M has
 no good tile divisor, C through a per-tile copy fused into the epilogue), never read or
 written out of bounds.
@@ -25,7 +31,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec, intrinsic
-from ..intrinsics.spec import equation_expr, equation_operands
+from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
 from ..runtime import configure_threads, target_threads
 from ..target import host_isa, isa_of
 from ..target import target as tpp_target
@@ -37,6 +43,24 @@ ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "
 
 
 @dataclass(frozen=True)
+class Precision:
+    """A GEMM precision: A, B and accumulator dtypes and B's VNNI factor."""
+
+    a: str
+    b: str
+    acc: str
+    vnni: int
+
+
+#: GEMM precisions by the ``dtype`` a user asks for.
+PRECISIONS: dict[str, Precision] = {
+    "float32": Precision("float32", "float32", "float32", 1),
+    "bfloat16": Precision("bfloat16", "bfloat16", "float32", 2),
+    "int8": Precision("uint8", "int8", "int32", 4),
+}
+
+
+@dataclass(frozen=True)
 class GemmPlan:
     """Blocking of one GEMM: the register tile (mr x nr) and the padded extents."""
 
@@ -45,6 +69,18 @@ class GemmPlan:
     k: int
     mr: int
     nr: int
+    dtype: str = "float32"
+    amx: bool = False
+    """Tiles on AMX (``amx_gemm.py``): 32 x 32 blocks, K in whole 16-group tile steps."""
+
+    @property
+    def precision(self) -> Precision:
+        return PRECISIONS[self.dtype]
+
+    @property
+    def c_shape(self) -> tuple[int, int]:
+        """Shape of the kernel's output: the AMX kernel writes whole (padded) blocks."""
+        return (self.mp, self.np_) if self.amx else (self.m, self.n)
 
     @property
     def mp(self) -> int:
@@ -56,8 +92,29 @@ class GemmPlan:
 
     @property
     def kp(self) -> int:
-        """K, padded to 2: a unit reduction loop cannot be tensorized (TVM drops it)."""
-        return max(self.k, 2)
+        """K padded to whole VNNI groups, and to at least 2 of them: a unit reduction loop
+        cannot be tensorized (TVM drops it)."""
+        v = self.precision.vnni
+        step = 16 * v if self.amx else v
+        return max(-(-self.k // step) * step, 2 * v)
+
+    @property
+    def a_prepadded(self) -> bool:
+        """Whether the kernel takes A already zero-padded to (mp, kp): bf16 kernels do,
+        because TVM's bf16 legalisation widens a bf16 buffer allocated inside a kernel (the
+        padded copy of A) to fp32, which the bf16 microkernel cannot read."""
+        return self.precision.a == "bfloat16" or self.amx
+
+    def a_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Shape of the kernel's A parameter."""
+        return (*lead, self.mp, self.kp) if self.a_prepadded else (*lead, self.m, self.k)
+
+    def b_packed_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Shape of packed B: ``(N/nr, kp, nr)``, or VNNI ``(N/nr, kp/V, nr, V)``."""
+        v = self.precision.vnni
+        if v == 1:
+            return (*lead, self.np_ // self.nr, self.kp, self.nr)
+        return (*lead, self.np_ // self.nr, self.kp // v, self.nr, v)
 
 
 #: Register tiles (mr, nr) with mr * ceil(nr/16) accumulators plus one row of B inside the
@@ -72,13 +129,24 @@ _TILES: dict[tuple[int, int], float] = {
 }
 
 
-def plan_gemm(m: int, n: int, k: int) -> GemmPlan:
-    """Choose the register tile minimising padded work / tile efficiency."""
+def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512"
+              ) -> GemmPlan:
+    """Choose the register tile minimising padded work / tile efficiency (AMX: 32 x 32
+    tile blocks for bf16/int8)."""
+    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
+        from .amx_gemm import MR, NR
+
+        return GemmPlan(m, n, k, MR, NR, dtype, amx=True)
     best = None
     for (mr, nr), efficiency in _TILES.items():
         if mr > max(m, 2) and mr > 2:
             continue
-        plan = GemmPlan(m, n, k, mr, nr)
+        nv = -(-nr // 16)
+        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > 31:
+            # The dot-product kernel holds each row's broadcast A group in a register too
+            # (measured: 8x48 ran bf16 at a third of 4x64's rate, spilling).
+            continue
+        plan = GemmPlan(m, n, k, mr, nr, dtype)
         cost = plan.mp * plan.np_ / efficiency
         if best is None or cost < best[0]:
             best = (cost, plan)
@@ -86,8 +154,10 @@ def plan_gemm(m: int, n: int, k: int) -> GemmPlan:
 
 
 def _check(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
-    if dtype != "float32":
-        raise UnsupportedDTypeError(f"GEMM: dtype {dtype!r} unsupported; fp32 is (bf16/int8 later)")
+    if dtype not in PRECISIONS:
+        raise UnsupportedDTypeError(
+            f"GEMM: dtype {dtype!r} unsupported; one of {', '.join(PRECISIONS)} (int8 is "
+            "u8 activations x s8 weights into int32)")
     if min(m, n, k) < 1:
         raise UnsupportedShapeError(f"GEMM: M, N, K must be >= 1, got {m}x{n}x{k}")
     if activation is not None and activation not in ACTIVATIONS:
@@ -165,12 +235,20 @@ def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
 
 
 def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int,
-                  stages: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, TPPSpec]]:
-    """Move the epilogue stages under the tile loop (before the tile is tensorized)."""
+                  stages: list[tuple[str, tuple[str, ...]]], copy_dtype: str = "float32"
+                  ) -> list[tuple[str, TPPSpec]]:
+    """Move the epilogue stages under the tile loop (before the tile is tensorized).
+
+    ``copy_dtype`` is the element type a plain unpadding copy moves (int32 for an int8
+    GEMM without dequantization)."""
     epilogue = []
     for name, steps in stages:
-        spec = TPPSpec("equation", m=mr, n=nr, steps=steps) if steps else TPPSpec(
-            "copy", m=mr, n=nr)
+        if steps == ("dequantize",):
+            spec = TPPSpec("dequantize", "int32", m=mr, n=nr, out_dtype="float32")
+        elif steps:
+            spec = TPPSpec("equation", m=mr, n=nr, steps=steps)
+        else:
+            spec = TPPSpec("copy", copy_dtype, m=mr, n=nr)
         sch.reverse_compute_at(sch.get_sblock(name), tile_loop)
         epilogue.append((name, spec))
     return epilogue
@@ -206,24 +284,48 @@ def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]],
 
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True,
-            post_activation: str | None = None):
-    """TE stages of the GEMM; returns (inputs, output).
+            post_activation: str | None = None, dequantize: bool = False):
+    """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
     Inputs in order: A, B (packed panels, or plain (K, N) when ``b_packed`` is False, as
-    for an activation operand), bias (padded to the packed width), residual (M, N).
+    for an activation operand), then for int8 with ``dequantize`` the per-column scale and
+    offset (padded to the packed width), bias (likewise), residual (M, N).
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
+    prec = plan.precision
+    V = prec.vnni
     lead = (batch,) if batch else ()
-    A = te.placeholder((*lead, m, k), "float32", name="A")
+    A = te.placeholder(plan.a_shape(lead), prec.a, name="A")
     if b_packed:
-        B = te.placeholder((*lead, np_ // nr, kp, nr), "float32", name="B_packed")
+        B = te.placeholder(plan.b_packed_shape(lead), prec.b, name="B_packed")
+    elif V > 1:
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: B must be a packed constant (VNNI layout); a {plan.dtype} "
+            "matmul of two activations is not supported")
     else:
-        B = te.placeholder((*lead, k, n), "float32", name="B")
+        B = te.placeholder((*lead, k, n), prec.b, name="B")
     inputs = [A, B]
-    A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if (mp, kp) != (m, k) else A
-    r = te.reduce_axis((0, kp), name="k")
-    if b_packed:
+    padded_a = (mp, kp) != (m, k) and not plan.a_prepadded
+    A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if padded_a else A
+
+    def mac(a, b):
+        if prec.acc == prec.a:
+            return a * b
+        return tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
+
+    if V > 1:
+        ko = te.reduce_axis((0, kp // V), name="ko")
+        kv = te.reduce_axis((0, V), name="kv")
+        C = te.compute(
+            (*lead, mp, np_),
+            lambda *ix: te.sum(mac(A_in[(*ix[:-2], ix[-2], ko * V + kv)],
+                                   B[(*ix[:-2], ix[-1] // nr, ko, ix[-1] % nr, kv)]),
+                               axis=[ko, kv]),
+            name="C",
+        )
+    elif b_packed:
+        r = te.reduce_axis((0, kp), name="k")
         C = te.compute(
             (*lead, mp, np_),
             lambda *ix: te.sum(
@@ -232,15 +334,29 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             name="C",
         )
     else:
+        r = te.reduce_axis((0, kp), name="k")
         B_in = _padded(B, (*lead, kp, np_), (k, n), "B_pad") if (kp, np_) != (k, n) else B
         C = te.compute(
             (*lead, mp, np_),
             lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
             name="C",
         )
+    deq_inputs, deq_stages = [], []
+    if dequantize:
+        if prec.acc != "int32":
+            raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
+        scale = te.placeholder((np_,), "float32", name="dq_scale")
+        offset = te.placeholder((np_,), "float32", name="dq_offset")
+        src = C
+        C = te.compute((*lead, mp, np_), lambda *ix: quant_expr(
+            "dequantize", src[ix], scale[ix[-1]], offset[ix[-1]], "float32"), name="dequant")
+        deq_inputs, deq_stages = [scale, offset], [("dequant", ("dequantize",))]
+    elif prec.acc != "float32" and (bias or activation or residual or post_activation):
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
                                                post_activation)
-    return inputs + epilogue_inputs, out, stages
+    return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
 
 
 def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
@@ -309,48 +425,67 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
     """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
     sch = s_tir.Schedule(func)
     mr, nr, k = plan.mr, plan.nr, plan.kp
+    prec = plan.precision
     blk = sch.get_sblock("C")
-    loops = sch.get_loops(blk)
-    if batched:
-        b, i, j, kk = loops
-    else:
-        i, j, kk = loops
+    loops = list(sch.get_loops(blk))
+    b = loops.pop(0) if batched else None
+    i, j, *red = loops  # red: (k,) or, VNNI-packed, (k // V, V)
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
-    kc = k_block(k, nr)
+    # K-blocking is for fp32 panels; a low-precision panel is 2-4x smaller per k.
+    kc = k_block(k, nr) if prec.vnni == 1 else None
     if kc is not None:
         return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
-                                   [b] if batched else [], io, ii, jo, ji, kk)
-    if weights_outer(plan.mp * k, k * plan.np_):
-        sch.reorder(jo, io, ii, ji, kk)
+                                   [b] if batched else [], io, ii, jo, ji, red[0])
+    elem = 4 // prec.vnni
+    if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
+        sch.reorder(jo, io, ii, ji, *red)
         outer = [b, jo, io] if batched else [jo, io]
     else:
-        sch.reorder(io, jo, ii, ji, kk)
+        sch.reorder(io, jo, ii, ji, *red)
         outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad", "B_pad"))
-    epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages)
-    gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
+    epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
+    b_dtype = prec.b if prec.b != prec.a else None
+    gemm = TPPSpec("gemm", prec.a, b_dtype=b_dtype, m=mr, n=nr, k=k, beta=0)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
     tensorize_epilogue(sch, epilogue, isa)
     return sch
 
 
-def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = None
-                 ) -> np.ndarray:
-    """Pack B ((..., K, N), or (..., N, K) for ``nk``) into zero-padded (..., N/nr, kp, nr)."""
+def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = None,
+                 vnni: int = 1) -> np.ndarray:
+    """Pack B ((..., K, N), or (..., N, K) for ``nk``) into zero-padded (..., N/nr, kp, nr),
+    or with ``vnni`` > 1 into (..., N/nr, kp/vnni, nr, vnni) (kp a multiple of vnni)."""
     if b_layout == "nk":
         b = np.swapaxes(b, -1, -2)
     *lead, k, n = b.shape
-    kp = kp or k
+    kp = kp or -(-k // vnni) * vnni
     np_ = -(-n // nr) * nr
     padded = np.zeros((*lead, kp, np_), dtype=b.dtype)
     padded[..., :k, :n] = b
-    return np.ascontiguousarray(
-        np.moveaxis(padded.reshape(*lead, kp, np_ // nr, nr), -2, -3)
-    )
+    panels = np.moveaxis(padded.reshape(*lead, kp, np_ // nr, nr), -2, -3)
+    if vnni > 1:
+        panels = np.swapaxes(panels.reshape(*lead, np_ // nr, kp // vnni, vnni, nr), -1, -2)
+    return np.ascontiguousarray(panels)
+
+
+def pad_a(a: np.ndarray, plan: GemmPlan) -> np.ndarray:
+    """A zero-padded to the plan's (mp, kp), for kernels that take it pre-padded."""
+    pad = [(0, 0)] * (a.ndim - 2) + [(0, plan.mp - plan.m), (0, plan.kp - plan.k)]
+    return np.ascontiguousarray(np.pad(a, pad)) if any(p[1] for p in pad) else a
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """numpy's dtype for a TVM dtype (bf16 through ml_dtypes, which TVM depends on)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
 
 
 def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
@@ -385,18 +520,60 @@ def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
     return sch
 
 
+def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
+                    lead: tuple[int, ...] = ()) -> s_tir.Schedule:
+    """fp32 A (..., m, k) -> bf16 A zero-padded to (..., mp, kp): the operand a bf16 GEMM
+    kernel takes (see :attr:`GemmPlan.a_prepadded`). Rows are parallel; unpadded rows are
+    fp32 -> bf16 copy TPPs (``vcvtneps2bf16``), padded ones a scalar loop (TVM cannot
+    vectorise predicated bf16 stores)."""
+    A = te.placeholder((*lead, m, k), "float32", name="A")
+    padded = (mp, kp) != (m, k)
+
+    def at(*ix):
+        i, j = ix[-2], ix[-1]
+        if not padded:
+            return tirx.Cast("bfloat16", A[ix])
+        inside = tirx.all(i < m, j < k)
+        src = A[(*ix[:-2], tirx.min(i, m - 1), tirx.min(j, k - 1))]
+        return tirx.if_then_else(inside, tirx.Cast("bfloat16", src), tirx.const(0, "bfloat16"))
+
+    out = te.compute((*lead, mp, kp), at, name="to_bf16")
+    sch = s_tir.Schedule(te.create_prim_func([A, out]))
+    blk = sch.get_sblock("to_bf16")
+    loops = sch.get_loops(blk)
+    rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    total = mp * int(np.prod(lead or (1,)))
+    r = next((d for d in (8, 4, 6, 2, 3, 5, 7) if total % d == 0 and total > d), None)
+    if not padded and r is not None:
+        ro, ri = sch.split(rows, [None, r])
+        sch.parallel(ro)
+        if _try_tensorize(sch, ri, TPPSpec("copy", "float32", m=r, n=kp,
+                                           out_dtype="bfloat16"), isa, "A to bf16"):
+            return sch
+        sch = s_tir.Schedule(te.create_prim_func([A, out]))
+        blk = sch.get_sblock("to_bf16")
+    sch.parallel(sch.get_loops(blk)[0])
+    return sch
+
+
 class GemmKernel:
-    """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``)."""
+    """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``).
+
+    A bf16 kernel takes fp32 (or bf16) A and B and rounds them to bf16; an int8 kernel
+    takes u8 A and s8 B as they are, and returns int32 unless built with ``dequantize``
+    (then ``scale``/``offset`` per output column turn the int32 result into fp32).
+    """
 
     def __init__(self, plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
                  b_layout: str, rt_mod: tvm.runtime.Module, sch: s_tir.Schedule,
                  compile_seconds: float, threads: int = 1, isa: str = "avx512",
-                 target: tvm.target.Target | None = None) -> None:
+                 target: tvm.target.Target | None = None, dequantize: bool = False) -> None:
         self.plan = plan
         self.batch = batch
         self.bias = bias
         self.activation = activation
         self.b_layout = b_layout
+        self.dequantize = dequantize
         self.module = rt_mod
         self.schedule = sch
         self.compile_seconds = compile_seconds
@@ -409,15 +586,22 @@ class GemmKernel:
     def flops(self) -> int:
         return 2 * self.plan.m * self.plan.n * self.plan.k * (self.batch or 1)
 
+    @property
+    def out_dtype(self) -> str:
+        return "float32" if self.dequantize else self.plan.precision.acc
+
     def pack_b(self, b: np.ndarray) -> np.ndarray:
         """B in the kernel's packed panel layout (do this once for constant weights)."""
         p = self.plan
+        prec = p.precision
         lead = (self.batch,) if self.batch else ()
         want = (*lead, p.k, p.n) if self.b_layout == "kn" else (*lead, p.n, p.k)
         if np.shape(b) != want:
             raise UnsupportedShapeError(
                 f"GEMM: B has shape {np.shape(b)}, expected {want} ({self.b_layout} layout)"
             )
+        if prec.vnni > 1:  # VNNI panels: a one-off numpy reshuffle of constant weights
+            return pack_b_numpy(self._as(b, prec.b, "B"), p.nr, self.b_layout, p.kp, prec.vnni)
         if self.batch:  # batched B: per-entry panels, the same layout as the TPP kernel's
             return pack_b_numpy(np.asarray(b, dtype="float32"), p.nr, self.b_layout, p.kp)
         if self._pack is None:
@@ -428,6 +612,15 @@ class GemmKernel:
         self._pack(src, out)
         return out.numpy()
 
+    def _as(self, x: np.ndarray, dtype: str, what: str) -> np.ndarray:
+        """``x`` as ``dtype``: floats round to bf16; integer operands must already be it."""
+        x = np.asarray(x)
+        want = numpy_dtype(dtype)
+        if dtype in ("uint8", "int8") and x.dtype != want:
+            raise UnsupportedDTypeError(
+                f"GEMM {self.plan.dtype}: {what} must be {dtype} (quantized), got {x.dtype}")
+        return np.ascontiguousarray(x.astype(want, copy=False))
+
     def _check_a(self, a: np.ndarray) -> None:
         p = self.plan
         lead = (self.batch,) if self.batch else ()
@@ -436,58 +629,102 @@ class GemmKernel:
                 f"GEMM: A has shape {np.shape(a)}, expected {(*lead, p.m, p.k)}"
             )
 
-    def _args(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None):
+    def _row(self, v: np.ndarray | None, what: str) -> np.ndarray:
         p = self.plan
+        if v is None or np.shape(v) != (p.n,):
+            raise UnsupportedShapeError(f"GEMM: {what} must have shape ({p.n},)")
+        return np.pad(np.asarray(v, "float32"), (0, p.np_ - p.n))
+
+    def _args(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None,
+              scale: np.ndarray | None = None, offset: np.ndarray | None = None):
+        p = self.plan
+        prec = p.precision
         lead = (self.batch,) if self.batch else ()
         self._check_a(a)
-        args = [a, b_packed]
+        a = self._as(a, prec.a, "A")
+        if p.a_prepadded:
+            a = pad_a(a, p)
+        args = [a, self._as(b_packed, prec.b, "packed B")]
+        if self.dequantize:
+            args += [self._row(scale, "scale"), self._row(offset, "offset")]
         if self.bias:
-            if bias is None or bias.shape != (p.n,):
-                raise UnsupportedShapeError(f"GEMM: bias must have shape ({p.n},)")
-            args.append(np.pad(bias, (0, p.np_ - p.n)))
-        out = np.empty((*lead, p.m, p.n), dtype="float32")
-        return [tvm.runtime.tensor(np.ascontiguousarray(x, dtype="float32"), self._dev)
-                for x in (*args, out)]
+            args.append(self._row(bias, "bias"))
+        out = np.empty((*lead, *p.c_shape), dtype=self.out_dtype)
+        return [tvm.runtime.tensor(x, self._dev) for x in (*args, out)]
 
     def run_packed(self, a: np.ndarray, b_packed: np.ndarray,
-                   bias: np.ndarray | None = None) -> np.ndarray:
-        args = self._args(a, b_packed, bias)
+                   bias: np.ndarray | None = None, *, scale: np.ndarray | None = None,
+                   offset: np.ndarray | None = None) -> np.ndarray:
+        args = self._args(a, b_packed, bias, scale, offset)
         self.module(*args)
-        return args[-1].numpy()
+        return args[-1].numpy()[..., : self.plan.m, : self.plan.n]
 
-    def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, *,
+                 scale: np.ndarray | None = None, offset: np.ndarray | None = None
+                 ) -> np.ndarray:
         self._check_a(a)
-        return self.run_packed(a, self.pack_b(b), bias)
+        return self.run_packed(a, self.pack_b(b), bias, scale=scale, offset=offset)
 
     def time(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None = None,
-             number: int = 10, repeat: int = 7) -> float:
+             number: int = 10, repeat: int = 7, *, scale: np.ndarray | None = None,
+             offset: np.ndarray | None = None) -> float:
         """Median seconds per call (operands already packed and resident)."""
-        args = self._args(a, b_packed, bias)
+        args = self._args(a, b_packed, bias, scale, offset)
         ev = self.module.time_evaluator("main", self._dev, number=number, repeat=repeat)
         return float(np.median(ev(*args).results))
 
 
 def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   bias: bool = False, activation: str | None = None, residual: bool = False,
-                  b_packed: bool = True, post_activation: str | None = None
+                  b_packed: bool = True, post_activation: str | None = None,
+                  dtype: str = "float32", dequantize: bool = False
                   ) -> tuple[s_tir.Schedule, GemmPlan]:
-    """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking."""
-    _check(m, n, k, "float32", activation)
-    plan = plan_gemm(m, n, k)
+    """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
+
+    Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
+    [residual], output."""
+    _check(m, n, k, dtype, activation)
+    if isa == "amx":
+        # Tensorized tiles here are register tiles; AMX's 32 x 32 tile blocks without an
+        # epilogue are ``amx_gemm.py``. An AMX CPU runs these on its AVX-512 unit.
+        isa = "avx512"
+    plan = plan_gemm(m, n, k, dtype)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
-                                  post_activation)
+                                  post_activation, dequantize)
     func = te.create_prim_func([*inputs, out])
     return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 
 
+def _amx_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target,
+                  batch: int | None, bias: bool, activation: str | None, dequantize: bool
+                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+    """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
+    from ..intrinsics.amx import ensure_tile_permission
+    from .amx_gemm import amx_gemm_func
+
+    if batch or bias or activation or dequantize:
+        raise UnsupportedDTypeError(
+            f"GEMM {dtype} on AMX: plain C = A @ B only so far (no batch, bias, activation or "
+            "dequantize epilogue); use an avx512 target for those")
+    if host_isa().amx_tile:
+        ensure_tile_permission()  # before the first tile instruction, as Linux requires
+    plan = plan_gemm(m, n, k, dtype, "amx")
+    prec = plan.precision
+    func = amx_gemm_func(plan.mp, plan.np_, plan.kp, prec.a, prec.b, prec.acc, prec.vnni,
+                         target_threads(tgt))
+    return s_tir.Schedule(func), plan
+
+
 def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
                batch: int | None = None, bias: bool = False, activation: str | None = None,
-               b_layout: str = "kn") -> GemmKernel:
+               b_layout: str = "kn", dequantize: bool = False) -> GemmKernel:
     """Compile C = A @ B (+ bias) (+ activation) onto TPPs for ``target`` (default: host).
 
-    ``batch`` makes it a batched matmul (A (batch, M, K), B (batch, K, N)); ``b_layout``
-    says how unpacked B is given to ``__call__``/``pack_b``: ``"kn"`` (K, N) or ``"nk"``
-    (N, K, a linear layer's weight).
+    ``dtype``: ``float32``; ``bfloat16`` (bf16 operands, fp32 accumulation and output);
+    ``int8`` (u8 A x s8 B into int32; with ``dequantize``, fp32 out = int32 * scale[j] +
+    offset[j], then bias/activation). ``batch`` makes it a batched matmul (A (batch, M, K),
+    B (batch, K, N)); ``b_layout`` says how unpacked B is given to ``__call__``/``pack_b``:
+    ``"kn"`` (K, N) or ``"nk"`` (N, K, a linear layer's weight).
     """
     _check(m, n, k, dtype, activation)
     if b_layout not in ("kn", "nk"):
@@ -495,14 +732,19 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     isa = isa_of(tgt)
-    if isa != "avx512":
-        raise UnsupportedDTypeError(f"GEMM: fp32 kernels exist for avx512 only so far, not {isa}")
     t0 = time.perf_counter()
-    sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation)
+    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
+        sch, plan = _amx_schedule(m, n, k, dtype, tgt, batch, bias, activation, dequantize)
+    elif isa not in ("avx512", "amx"):
+        raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
+    else:
+        sch, plan = gemm_schedule(m, n, k, "avx512", batch=batch, bias=bias,
+                                  activation=activation, dtype=dtype, dequantize=dequantize)
     rt = tvm.compile(sch.mod, target=tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
                       time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,
-                      target=tgt)
+                      target=tgt, dequantize=dequantize)
 
 
-__all__ = ["ACTIVATIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm", "host_isa"]
+__all__ = ["ACTIVATIONS", "PRECISIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm",
+           "host_isa"]

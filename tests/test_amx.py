@@ -1,0 +1,141 @@
+"""AMX TPPs: bf16/int8 tile BRGEMMs compiled for ``mcpu=sapphirerapids`` and checked in the
+generated assembly (this machine has no AMX); the same kernels run against numpy where the
+CPU has AMX and the OS grants tile state."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tpp_harness as h
+import tvm
+from tvm import s_tir
+
+from tpp_tvm.errors import TPPError, UnsupportedDTypeError
+from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.intrinsics.amx import ensure_tile_permission
+from tpp_tvm.intrinsics.llvm_ir import amx_tile_config
+from tpp_tvm.intrinsics.reference import BLOCK, workload
+from tpp_tvm.target import host_isa, target
+
+HOST = host_isa()
+needs_amx = pytest.mark.skipif(
+    not (HOST.amx_bf16 and HOST.amx_int8 and HOST.amx_permitted),
+    reason=f"running AMX kernels needs an AMX CPU with OS-granted tile state ({HOST.summary()})")
+
+BF16 = TPPSpec("gemm", "bfloat16", m=32, n=32, k=64, beta=0)
+INT8 = TPPSpec("brgemm", "uint8", b_dtype="int8", m=16, n=32, k=128, batch=2, beta=1)
+
+
+def _asm(spec: TPPSpec) -> str:
+    sch = s_tir.Schedule(workload(spec))
+    sch.tensorize(sch.get_loops(sch.get_sblock(BLOCK))[0], intrinsic(spec, "amx"))
+    return tvm.compile(sch.mod, target=target("amx", num_cores=1)).jit().inspect_source("asm")
+
+
+def _count(asm: str, mnemonic: str) -> int:
+    return len(re.findall(rf"^\s*{mnemonic}\b", asm, re.M))
+
+
+@pytest.mark.parametrize(("spec", "dot", "c_tiles"), [(BF16, "tdpbf16ps", 4),
+                                                       (INT8, "tdpbusd", 2)],
+                         ids=["bf16", "int8"])
+def test_tile_kernel_assembly(spec: TPPSpec, dot: str, c_tiles: int) -> None:
+    """Config loaded once, tiles loaded and multiplied, C stored, tiles released."""
+    asm = _asm(spec)
+    assert str(target("amx").attrs["mcpu"]) in ("sapphirerapids", str(
+        tvm.target.codegen.llvm_get_system_cpu()))
+    assert _count(asm, "ldtilecfg") == 1
+    assert _count(asm, "tilerelease") == 1
+    assert _count(asm, "tileloadd") >= c_tiles  # A and B tiles per step (+ C for beta 1)
+    assert _count(asm, dot) >= c_tiles and _count(asm, dot) % c_tiles == 0
+    assert _count(asm, "tilestored") == c_tiles
+    assert (_count(asm, "tilezero") == c_tiles) == (spec.beta == 0)
+    assert re.search(rf"{dot}\s+%tmm\d, %tmm\d, %tmm\d", asm)
+
+
+def test_tile_config_shapes() -> None:
+    """Palette 1; C tiles 16 rows x 64 bytes; A tiles 16 x 64 bytes; B tiles 16 groups."""
+    text, tiles = amx_tile_config(32, 32)
+    assert tiles == [(16, 64)] * 4 + [(16, 64)] * 2 + [(16, 64)] * 2
+    cfg = [int(b.split()[1]) for b in text.strip("[]").split(",")]
+    assert len(cfg) == 64 and cfg[0] == 1
+    assert cfg[16:32] == [64, 0] * 8 and cfg[48:56] == [16] * 8 and not any(cfg[56:])
+    _, tiles = amx_tile_config(16, 32)
+    assert len(tiles) == 2 + 1 + 2
+
+
+@pytest.mark.parametrize("spec", [
+    TPPSpec("gemm", "bfloat16", m=24, n=32, k=64),  # rows not whole tiles
+    TPPSpec("gemm", "uint8", b_dtype="int8", m=16, n=16, k=32),  # K not whole tile steps
+], ids=lambda s: s.name("amx"))
+def test_unsupported_tiles_name_the_rule(spec: TPPSpec) -> None:
+    with pytest.raises(UnsupportedDTypeError, match="16 or 32 rows"):
+        intrinsic(spec, "amx")
+
+
+def test_non_tile_tpps_use_the_avx512_unit() -> None:
+    spec = TPPSpec("relu", m=4, n=37)
+    asm = _asm(spec)
+    assert "zmm" in asm and _count(asm, "ldtilecfg") == 0
+
+
+def test_tile_permission() -> None:
+    if HOST.amx_tile and HOST.amx_permitted:
+        ensure_tile_permission()
+    else:
+        with pytest.raises(TPPError, match="cannot run AMX kernels here"):
+            ensure_tile_permission()
+
+
+@needs_amx
+@pytest.mark.parametrize("spec", [BF16, INT8], ids=["bf16", "int8"])
+def test_tile_kernels_run_like_numpy(spec: TPPSpec) -> None:
+    ensure_tile_permission()
+    got, want = h.run(spec, isa="amx")
+    h.assert_matches(spec, got, want)
+
+
+@pytest.mark.parametrize(("dtype", "dot"), [("bfloat16", "tdpbf16ps"), ("int8", "tdpbusd")])
+def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None:
+    """Many 32 x 32 blocks, two threads: one ldtilecfg and one tilerelease in the whole
+    kernel (per thread at run time), not one per microkernel call."""
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    kernel = build_gemm(100, 70, 130, dtype=dtype, target=target("amx", num_cores=2))
+    asm = kernel.module.inspect_source("asm")
+    plan = kernel.plan
+    assert (plan.mr, plan.nr, plan.kp % (16 * (2 if dtype == "bfloat16" else 4))) == (32, 32, 0)
+    assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
+    assert _count(asm, dot) >= 4 and _count(asm, "tilestored") >= 4
+
+
+def test_amx_gemm_rejects_epilogues_clearly() -> None:
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    with pytest.raises(UnsupportedDTypeError, match="plain C = A @ B only"):
+        build_gemm(64, 64, 64, dtype="bfloat16", bias=True, target=target("amx"))
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
+    import numpy as np
+
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    rng = np.random.default_rng(0)
+    m, n, k = 100, 70, 130
+    kernel = build_gemm(m, n, k, dtype=dtype, target=target("amx", num_cores=1))
+    if dtype == "int8":
+        a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        np.testing.assert_array_equal(kernel(a, b), a.astype(np.int64) @ b.astype(np.int64))
+    else:
+        import ml_dtypes
+
+        a = rng.standard_normal((m, k), dtype="float32")
+        b = rng.standard_normal((k, n), dtype="float32")
+        want = (a.astype(ml_dtypes.bfloat16).astype(np.float32)
+                @ b.astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_allclose(kernel(a, b), want, rtol=1e-4, atol=1e-3)

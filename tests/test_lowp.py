@@ -1,0 +1,164 @@
+"""Low-precision TPPs against numpy: bf16 and u8 x s8 contractions (VNNI-packed B, AVX-512
+BF16/VNNI dot products), fp32 <-> bf16 conversion, quantize/requantize/dequantize.
+
+Inputs are exact in their dtypes and the reference multiplies them in float64, so int8
+results are bit-exact and bf16 contractions differ from it only by fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tpp_harness as h
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import s_tir
+
+from tpp_tvm.errors import UnsupportedDTypeError, UnsupportedShapeError
+from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.intrinsics.reference import BLOCK, workload
+from tpp_tvm.intrinsics.registry import low_precision_catalogue
+from tpp_tvm.intrinsics.spec import QUANT_DTYPES
+from tpp_tvm.target import host_isa, target
+
+HOST = host_isa()
+needs_bf16 = pytest.mark.skipif(not HOST.avx512_bf16,
+                                reason="running bf16 kernels needs an AVX512_BF16 host")
+needs_vnni = pytest.mark.skipif(not HOST.avx512_vnni,
+                                reason="running int8 kernels needs an AVX512_VNNI host")
+DOT_DTYPES = [("bfloat16", None), ("uint8", "int8")]
+
+
+def _check(spec: TPPSpec, seed: int = 0) -> None:
+    got, want = h.run(spec, seed)
+    h.assert_matches(spec, got, want)
+
+
+@pytest.mark.parametrize("spec", low_precision_catalogue(), ids=lambda s: s.name("avx512"))
+def test_low_precision_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
+    if not (HOST.avx512_bf16 and HOST.avx512_vnni):
+        pytest.skip("running these needs an AVX512_BF16 + AVX512_VNNI host")
+    _check(spec)
+
+
+@needs_bf16
+@needs_vnni
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
+    dtypes=st.sampled_from(DOT_DTYPES),
+    op=st.sampled_from(["gemm", "brgemm"]),
+    beta=st.sampled_from([0, 1]),
+    m=st.integers(2, 12),
+    n=st.integers(2, 70),  # full vectors, tails and tail-only rows
+    kgroups=st.integers(2, 12),
+    batch=st.integers(2, 3),
+)
+def test_dot_contractions(dtypes, op, beta, m, n, kgroups, batch) -> None:
+    a, b = dtypes
+    vnni = 2 if a == "bfloat16" else 4
+    _check(TPPSpec(op, a, b_dtype=b, m=m, n=n, k=kgroups * vnni, beta=beta,
+                   batch=1 if op == "gemm" else batch))
+
+
+@needs_bf16
+@settings(max_examples=5, deadline=None, derandomize=True)
+@given(pair=st.sampled_from([("float32", "bfloat16"), ("bfloat16", "float32")]),
+       m=st.integers(2, 12), n=st.integers(2, 70))
+def test_bf16_conversion(pair, m, n) -> None:
+    _check(TPPSpec("copy", pair[0], m=m, n=n, out_dtype=pair[1]))
+
+
+@needs_bf16
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["relu", "gelu", "tanh", "sigmoid", "exp", "negate", "square"]),
+       m=st.integers(2, 8), n=st.integers(2, 70))
+def test_bf16_unary(op: str, m: int, n: int) -> None:
+    """bf16 in and out, fp32 math in between (widened on load, rounded on store)."""
+    _check(TPPSpec(op, "bfloat16", m=m, n=n))
+
+
+@needs_bf16
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["add", "sub", "mul", "max", "min"]),
+       bcast=st.sampled_from(["none", "row", "col", "scalar"]),
+       m=st.integers(2, 8), n=st.integers(2, 70))
+def test_bf16_binary(op: str, bcast: str, m: int, n: int) -> None:
+    _check(TPPSpec(op, "bfloat16", m=m, n=n, bcast=bcast))
+
+
+@pytest.mark.skipif(not HOST.avx512f, reason="running AVX-512 kernels needs an AVX-512 host")
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(case=st.sampled_from([(op, a, b) for op, pairs in QUANT_DTYPES.items()
+                             for a, b in pairs]),
+       m=st.integers(2, 12), n=st.integers(2, 70))
+def test_quantization(case, m, n) -> None:
+    op, a, b = case
+    _check(TPPSpec(op, a, m=m, n=n, out_dtype=b))
+
+
+def test_quantize_rounds_half_to_even_and_saturates() -> None:
+    """ONNX QuantizeLinear semantics: 2.5 -> 2, 3.5 -> 4, out-of-range values saturate."""
+    if not HOST.avx512f:
+        pytest.skip("running AVX-512 kernels needs an AVX-512 host")
+    import numpy as np
+
+    spec = TPPSpec("quantize", "float32", m=2, n=5, out_dtype="uint8")
+    mod, _, _ = h.build(spec)
+    x = np.array([[2.5, 3.5, -0.5, 300.0, -7.0], [0.5, 1.5, 254.5, 255.5, 128.0]], "float32")
+    args = [x, np.ones(5, "float32"), np.zeros(5, "float32"), np.zeros((2, 5), "uint8")]
+    tensors = [tvm.runtime.tensor(v) for v in args]
+    mod(*tensors)
+    np.testing.assert_array_equal(tensors[-1].numpy(),
+                                  [[2, 4, 0, 255, 0], [0, 2, 254, 255, 128]])
+
+
+def _asm(spec: TPPSpec) -> str:
+    sch = s_tir.Schedule(workload(spec))
+    sch.tensorize(sch.get_loops(sch.get_sblock(BLOCK))[0], intrinsic(spec))
+    return tvm.compile(sch.mod, target=target("avx512", num_cores=1)).jit().inspect_source("asm")
+
+
+@pytest.mark.parametrize(("spec", "instr"), [
+    (TPPSpec("gemm", "bfloat16", m=4, n=37, k=16, beta=0), "vdpbf16ps"),
+    (TPPSpec("gemm", "uint8", b_dtype="int8", m=4, n=40, k=16, beta=0), "vpdpbusd"),
+    (TPPSpec("copy", "float32", m=2, n=40, out_dtype="bfloat16"), "vcvtneps2bf16"),
+    (TPPSpec("gelu", "bfloat16", m=2, n=40), "vcvtneps2bf16"),
+], ids=lambda v: v if isinstance(v, str) else v.name("avx512"))
+def test_dot_steps_are_single_instructions(spec: TPPSpec, instr: str) -> None:
+    """The imported LLVM steps inline to the instruction on zmm registers (no calls left)."""
+    if not (HOST.avx512_bf16 and HOST.avx512_vnni):
+        pytest.skip("the host target (mcpu) has no AVX512_BF16/VNNI to inline the steps into")
+    asm = _asm(spec)
+    body = [line for line in asm.splitlines() if not line.lstrip().startswith((".", "#"))]
+    assert any(instr in line and "zmm" in line for line in body), instr
+    assert not [line for line in body if re.search(r"call\w*\s+\S*tpp_", line)]
+    assert any("{%k" in line for line in body), "the N tail is not masked"
+
+
+@pytest.mark.parametrize(("make", "error", "words"), [
+    (lambda: TPPSpec("gemm", "bfloat16", m=2, n=16, k=3), UnsupportedShapeError,
+     ["k=3", "VNNI factor 2"]),
+    (lambda: TPPSpec("gemm", "uint8", b_dtype="int8", m=2, n=16, k=6), UnsupportedShapeError,
+     ["k=6", "VNNI factor 4"]),
+    (lambda: TPPSpec("gemm", "int8", m=2, n=16, k=8), UnsupportedDTypeError,
+     ["int8 x int8", "uint8 x int8"]),
+    (lambda: TPPSpec("conv_brgemm", "bfloat16", m=2, n=16, k=8, batch=2),
+     UnsupportedDTypeError, ["conv_brgemm", "fp32 only"]),
+    (lambda: TPPSpec("quantize", "float32", m=2, n=16, out_dtype="int32"),
+     UnsupportedDTypeError, ["quantize", "float32->int32", "float32->uint8"]),
+    (lambda: TPPSpec("relu", m=2, n=16, b_dtype="int8"), UnsupportedDTypeError, ["relu"]),
+])
+def test_invalid_low_precision_specs(make, error, words) -> None:
+    with pytest.raises(error) as info:
+        make()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_names_say_both_dtypes() -> None:
+    spec = TPPSpec("gemm", "uint8", b_dtype="int8", m=4, n=64, k=64, beta=0)
+    assert spec.name("avx512") == "tpp.gemm.u8i8.avx512.m4n64k64.beta0"
+    assert TPPSpec("brgemm", "bfloat16", m=4, n=32, k=8, batch=2).name(
+        "avx512") == "tpp.brgemm.bf16.avx512.m4n32k8b2"

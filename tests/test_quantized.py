@@ -1,0 +1,112 @@
+"""Quantized ONNX models on int8 TPPs: ONNX Runtime's dynamic quantization (MatMulInteger),
+static QDQ (u8 and s8 activations) and QLinearMatMul, each against ONNX Runtime running the
+same quantized model, and against the fp32 model within ONNX Runtime's own error."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpp_tvm import models
+from tpp_tvm.compiled import compile_onnx
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.target import host_isa
+
+pytest.importorskip("torch", reason="the model generators export from torch")
+quantization = pytest.importorskip("onnxruntime.quantization",
+                                   reason="ONNX Runtime quantizes the models")
+pytestmark = pytest.mark.skipif(not host_isa().avx512_vnni,
+                                reason="int8 kernels need an AVX512_VNNI host")
+MLP = {"batch": 8, "dims": (64, 96, 32)}
+
+
+def _fp32_mlp(tmp_path) -> tuple[onnx.ModelProto, str]:
+    model = models.mlp(**MLP)
+    path = str(tmp_path / "mlp.onnx")
+    onnx.save(model, path)
+    return model, path
+
+
+class _Calibration(quantization.CalibrationDataReader):
+    def __init__(self) -> None:
+        self.batches = iter([{"input": np.random.default_rng(i).standard_normal(
+            (MLP["batch"], MLP["dims"][0])).astype("float32")} for i in range(4)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def _quantize(kind: str, src: str, dst: str) -> onnx.ModelProto:
+    q = quantization
+    if kind == "dynamic":
+        q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8)
+    else:
+        act = q.QuantType.QUInt8 if kind == "qdq_u8" else q.QuantType.QInt8
+        q.quantize_static(src, dst, _Calibration(), quant_format=q.QuantFormat.QDQ,
+                          activation_type=act, weight_type=q.QuantType.QInt8)
+    return onnx.load(dst)
+
+
+@pytest.mark.parametrize(("kind", "kernel"), [("dynamic", "tpp.matmul_integer"),
+                                              ("qdq_u8", "tpp.qdq_matmul"),
+                                              ("qdq_s8", "tpp.qdq_matmul")])
+def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str) -> None:
+    fp32, path = _fp32_mlp(tmp_path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"))
+    inputs = models.example_inputs(fp32)
+    compiled = compile_onnx(model)
+    got = compiled(*inputs.values())[0]
+    ort_int8 = run_onnxruntime(model, inputs)[0]
+    exact = run_onnxruntime(fp32, inputs)[0]
+    scale = np.abs(exact).max()
+    ort_err = np.abs(ort_int8 - exact).max()
+    assert 0 < ort_err and np.abs(got - exact).max() <= 1.05 * ort_err + 1e-5 * scale
+    if kind == "dynamic":  # the same integer math as ORT; only fp32 rounding differs
+        np.testing.assert_allclose(got, ort_int8, atol=1e-4 * scale, rtol=0)
+    else:  # the QDQ pairs between element-wise ops are dropped: fp32 there, not int8
+        assert compiled.report_data["rewrites"]
+        assert np.abs(got - ort_int8).max() <= 2 * ort_err
+    data = compiled.report_data
+    ours = {k: v for k, v in data["lowered"].items() if k.startswith(kernel)}
+    assert sum(ours.values()) == len(MLP["dims"]) - 1, data
+    if kind == "dynamic":  # bias + GELU follow the matmul directly: one fused kernel
+        assert ours == {f"{kernel}_bias_gelu [int8]": 1, f"{kernel}_bias [int8]": 1}, ours
+    assert not data["fallbacks"], data["fallbacks"]
+
+
+def _qlinear_matmul(w_zero_point: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    rng = np.random.default_rng(0)
+    m, k, n = 8, 40, 24
+    inits = {
+        "sa": np.array(0.02, np.float32), "za": np.array(120, np.uint8),
+        "W": rng.integers(-128, 128, (k, n)).astype(np.int8),
+        "sw": rng.uniform(1e-3, 1e-2, n).astype(np.float32),  # per output column
+        "zw": np.full(n, w_zero_point, np.int8),
+        "sy": np.array(0.5, np.float32), "zy": np.array(128, np.uint8),
+    }
+    node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "W", "sw", "zw", "sy", "zy"],
+                            ["y"])
+    graph = helper.make_graph(
+        [node], "qlinear", [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [m, n])],
+        [numpy_helper.from_array(v, name) for name, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return model, rng.integers(0, 256, (m, k)).astype(np.uint8)
+
+
+def test_qlinear_matmul_is_exact() -> None:
+    model, a = _qlinear_matmul(0)
+    compiled = compile_onnx(model)
+    got = compiled(a)[0]
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, run_onnxruntime(model, {"a": a})[0])
+    assert compiled.report_data["lowered"] == {"tpp.qdq_matmul [int8]": 1}
+
+
+def test_weight_zero_point_falls_back_and_stays_correct() -> None:
+    model, a = _qlinear_matmul(3)
+    compiled = compile_onnx(model)
+    np.testing.assert_array_equal(compiled(a)[0], run_onnxruntime(model, {"a": a})[0])
+    assert "tpp.int8_matmul (weight zero point)" in compiled.report_data["fallbacks"]

@@ -1,0 +1,336 @@
+"""Low-precision kernels as LLVM IR text, for the operations TIR cannot express.
+
+TIR in this TVM cannot carry LLVM's ``<32 x bfloat>`` operands (its bf16 legalisation turns
+them into integers) nor AMX tiles, so the x86 low-precision kernels -- the VNNI dot-product
+BRGEMM microkernel, the AMX tile BRGEMM and its tile configuration, and fp32 <-> bf16
+conversion of one vector -- are ``alwaysinline`` LLVM functions generated here. A TPP
+implementation imports them with ``T.attr(0, "pragma_import_llvm", text)`` and calls them
+with ``T.call_extern``; after inlining, what remains is the instructions (``vdpbf16ps``,
+``vpdpbusd``, ``tdpbf16ps``, ``vcvtneps2bf16``...) on registers and tiles.
+
+One generator serves every dtype and tile: a :class:`DotOp` row says which instruction,
+element types and VNNI factor; a column count that is not a whole number of vectors makes
+the last vector's loads and stores masked (constant masks), so tails never touch memory
+past a tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedDTypeError
+
+_LLVM_TYPES = {"float32": "float", "bfloat16": "bfloat", "int32": "i32", "int8": "i8",
+               "uint8": "i8"}
+
+
+@dataclass(frozen=True)
+class DotOp:
+    """A dot-product instruction: ``acc[l] += sum_v a[l, v] * b[l, v]`` over ``vnni`` pairs.
+
+    ``intrinsic`` takes (acc, a, b) as ``<lanes x acc>``, ``<lanes*vnni x a>``,
+    ``<lanes*vnni x b>``; ``features`` is what the calling function must be compiled with.
+    """
+
+    intrinsic: str
+    acc_dtype: str
+    vnni: int
+    features: str
+
+
+#: x86 dot products by (A dtype, B dtype), 512-bit (16 accumulator lanes).
+X86_DOT: dict[tuple[str, str], DotOp] = {
+    ("bfloat16", "bfloat16"): DotOp("llvm.x86.avx512bf16.dpbf16ps.512", "float32", 2,
+                                    "+avx512f,+avx512bf16"),
+    ("uint8", "int8"): DotOp("llvm.x86.avx512.vpdpbusd.512", "int32", 4,
+                             "+avx512f,+avx512vnni"),
+}
+
+
+@dataclass(frozen=True)
+class IRFunction:
+    """One generated function: its name, its definition and the declarations it needs."""
+
+    name: str
+    definition: str
+    declares: tuple[str, ...]
+    features: str
+
+
+def module_text(*fns: IRFunction) -> str:
+    """One LLVM module holding ``fns`` (declarations and attribute groups merged)."""
+    seen: dict[str, None] = {}
+    for fn in fns:
+        for d in fn.declares:
+            seen.setdefault(d, None)
+    groups = {f: i for i, f in enumerate(dict.fromkeys(fn.features for fn in fns))}
+    body = [fn.definition.replace("#ATTRS", f"#{groups[fn.features]}") for fn in
+            dict((fn.name, fn) for fn in fns).values()]
+    attrs = [f'attributes #{i} = {{ alwaysinline nounwind "target-features"="{f}" }}'
+             for f, i in groups.items()]
+    return "\n".join([*body, *seen, *attrs]) + "\n"
+
+
+def _vec(n: int, dtype: str) -> str:
+    return f"<{n} x {_LLVM_TYPES[dtype]}>"
+
+
+def _mask(n: int, width: int) -> str:
+    bits = ", ".join("i1 true" if i < width else "i1 false" for i in range(n))
+    return f"<{n} x i1> <{bits}>"
+
+
+def _masked_load(dst: str, n: int, dtype: str, ptr: str, width: int) -> tuple[str, str]:
+    """(instruction, declaration): load ``width`` of ``n`` elements, the rest zero."""
+    vt, suffix = _vec(n, dtype), f"v{n}{_suffix(dtype)}"
+    if width >= n:
+        return f"  {dst} = load {vt}, ptr {ptr}, align 1", ""
+    decl = f"declare {vt} @llvm.masked.load.{suffix}.p0(ptr, <{n} x i1>, {vt})"
+    return (f"  {dst} = call {vt} @llvm.masked.load.{suffix}.p0(ptr align 1 {ptr}, "
+            f"{_mask(n, width)}, {vt} zeroinitializer)", decl)
+
+
+def _masked_store(val: str, n: int, dtype: str, ptr: str, width: int) -> tuple[str, str]:
+    vt, suffix = _vec(n, dtype), f"v{n}{_suffix(dtype)}"
+    if width >= n:
+        return f"  store {vt} {val}, ptr {ptr}, align 1", ""
+    decl = f"declare void @llvm.masked.store.{suffix}.p0({vt}, ptr, <{n} x i1>)"
+    return (f"  call void @llvm.masked.store.{suffix}.p0({vt} {val}, ptr align 1 {ptr}, "
+            f"{_mask(n, width)})", decl)
+
+
+def _suffix(dtype: str) -> str:
+    return {"float32": "f32", "bfloat16": "bf16", "int32": "i32", "int8": "i8",
+            "uint8": "i8"}[dtype]
+
+
+def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
+               beta: int, lanes: int = 16) -> IRFunction:
+    """A whole register-blocked low-precision BRGEMM microkernel as one LLVM function.
+
+    ``void name(ptr a, ptr b, ptr c, i32 lda, i32 a_batch, i32 b_group, i32 b_batch,
+    i32 ldc)`` (strides in elements): C (m x n, row stride ldc) (+)= sum over ``batch``
+    blocks and ``kgroups`` VNNI groups of broadcast(A's ``vnni`` elements of row i) dot B's
+    VNNI row (``n x vnni`` contiguous). The accumulators are SSA values carried by the
+    loop's phis, so they live in registers for the whole reduction; a partial last vector
+    of columns uses masked loads/stores. (Kept as one function rather than a per-step call
+    from a TIR loop: TVM puts a 1 KiB+ accumulator array on the heap, and the step's untyped
+    loads would then pin every accumulator to memory.)
+    """
+    op = X86_DOT.get((a_dtype, b_dtype))
+    if op is None or lanes != 16:
+        raise UnsupportedDTypeError(
+            f"no x86 dot-product BRGEMM for {a_dtype} x {b_dtype} at {lanes} lanes; supported: "
+            + ", ".join(f"{a} x {b}" for a, b in X86_DOT) + " at 16 lanes (512-bit)")
+    V, acc_dt = op.vnni, op.acc_dtype
+    acc, at, bt = _vec(lanes, acc_dt), _vec(lanes * V, a_dtype), _vec(lanes * V, b_dtype)
+    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
+    nv, full = -(-n // lanes), n // lanes
+    widths = [lanes] * full + ([n - full * lanes] if n % lanes else [])
+    steps = kgroups * batch
+    name = (f"tpp_brgemm_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}"
+            f"_beta{beta}")
+    declares = {f"declare {acc} @{op.intrinsic}({acc}, {at}, {bt})"}
+    body = [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
+            "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:"]
+
+    def emit(line_decl):
+        line, decl = line_decl
+        body.append(line)
+        if decl:
+            declares.add(decl)
+
+    init = {}
+    for i in range(m):
+        body.append(f"  %crow{i} = mul i32 {i}, %ldc")
+        for v, w in enumerate(widths):
+            init[i, v] = "zeroinitializer" if beta == 0 else f"%init{i}_{v}"
+            if beta == 0:
+                continue
+            body.append(f"  %coff{i}_{v} = add i32 %crow{i}, {v * lanes}")
+            body.append(f"  %pc{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
+                        f"i32 %coff{i}_{v}")
+            emit(_masked_load(f"%init{i}_{v}", lanes, acc_dt, f"%pc{i}_{v}", w))
+    body += ["  br label %loop", "loop:", "  %t = phi i32 [ 0, %entry ], [ %tn, %loop ]"]
+    body += [f"  %acc{i}_{v} = phi {acc} [ {init[i, v]}, %entry ], [ %new{i}_{v}, %loop ]"
+             for i in range(m) for v in range(nv)]
+    body += [f"  %r = udiv i32 %t, {kgroups}", f"  %g = urem i32 %t, {kgroups}",
+             "  %ra = mul i32 %r, %a_batch", f"  %ga = mul i32 %g, {V}",
+             "  %abase = add i32 %ra, %ga",
+             "  %rb = mul i32 %r, %b_batch", "  %gb = mul i32 %g, %b_group",
+             "  %bbase = add i32 %rb, %gb"]
+    for i in range(m):
+        body += [f"  %arow{i} = mul i32 {i}, %lda",
+                 f"  %aoff{i} = add i32 %abase, %arow{i}",
+                 f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
+                 f"  %a32_{i} = load i32, ptr %pa{i}, align 1",
+                 f"  %a1_{i} = insertelement <{lanes} x i32> poison, i32 %a32_{i}, i64 0",
+                 f"  %as{i} = shufflevector <{lanes} x i32> %a1_{i}, <{lanes} x i32> poison, "
+                 f"<{lanes} x i32> zeroinitializer",
+                 f"  %av{i} = bitcast <{lanes} x i32> %as{i} to {at}"]
+    for v, w in enumerate(widths):
+        body += [f"  %boff{v} = add i32 %bbase, {v * lanes * V}",
+                 f"  %pb{v} = getelementptr {eb}, ptr %b, i32 %boff{v}"]
+        emit(_masked_load(f"%bv{v}", lanes * V, b_dtype, f"%pb{v}", w * V))
+    for i in range(m):
+        for v in range(nv):
+            body.append(f"  %new{i}_{v} = call {acc} @{op.intrinsic}({acc} %acc{i}_{v}, "
+                        f"{at} %av{i}, {bt} %bv{v})")
+    body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps}",
+             "  br i1 %done, label %exit, label %loop", "exit:"]
+    for i in range(m):
+        for v, w in enumerate(widths):
+            body += [f"  %soff{i}_{v} = add i32 %crow{i}, {v * lanes}",
+                     f"  %ps{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
+                     f"i32 %soff{i}_{v}"]
+            emit(_masked_store(f"%new{i}_{v}", lanes, acc_dt, f"%ps{i}_{v}", w))
+    body += ["  ret void", "}"]
+    return IRFunction(name, "\n".join(body), tuple(sorted(declares)), op.features)
+
+
+#: Conversions :func:`convert_step` generates: (source, destination) -> LLVM cast.
+CONVERSIONS = {("float32", "bfloat16"): "fptrunc", ("bfloat16", "float32"): "fpext"}
+
+
+def convert_step(src: str, dst: str, lanes: int, width: int) -> IRFunction:
+    """``void name(ptr x, ptr y)``: converts ``width`` (<= ``lanes``) contiguous elements.
+
+    fp32 -> bf16 rounds to nearest even (``vcvtneps2bf16``); bf16 -> fp32 is exact.
+    """
+    cast = CONVERSIONS.get((src, dst))
+    if cast is None:
+        raise UnsupportedDTypeError(
+            f"no LLVM conversion step {src}->{dst}; supported: "
+            + ", ".join(f"{a}->{b}" for a, b in CONVERSIONS))
+    name = f"tpp_cvt_{_suffix(src)}_{_suffix(dst)}_{lanes}_w{width}"
+    load, decl_l = _masked_load("%x", lanes, src, "%px", width)
+    store, decl_s = _masked_store("%y", lanes, dst, "%py", width)
+    definition = "\n".join([
+        f"define linkonce_odr void @{name}(ptr %px, ptr %py) #ATTRS {{",
+        load,
+        f"  %y = {cast} {_vec(lanes, src)} %x to {_vec(lanes, dst)}",
+        store,
+        "  ret void",
+        "}",
+    ])
+    return IRFunction(name, definition, tuple(d for d in (decl_l, decl_s) if d),
+                      "+avx512f,+avx512bf16")
+
+
+#: AMX tile dot products by (A dtype, B dtype): the instruction and the VNNI factor.
+AMX_DOT: dict[tuple[str, str], tuple[str, int]] = {
+    ("bfloat16", "bfloat16"): ("llvm.x86.tdpbf16ps", 2),
+    ("uint8", "int8"): ("llvm.x86.tdpbusd", 4),
+}
+AMX_FEATURES = "+avx512f,+amx-tile,+amx-bf16,+amx-int8"
+#: Rows of a tile, and VNNI groups of K one tile dot product consumes (64-byte tile rows).
+AMX_ROWS = 16
+AMX_GROUPS = 16
+
+
+def amx_tile_config(m: int, n: int) -> tuple[str, list[tuple[int, int]]]:
+    """The 64-byte ``ldtilecfg`` palette-1 config of a (m x n) C block, and the tiles'
+    (rows, bytes per row) it declares: C tiles 0.. (row-major, 16 x 16 fp32/int32 each),
+    then one A tile per C tile row (16 x 64 bytes), then one B tile per C tile column
+    (16 VNNI groups x 64 bytes)."""
+    mt, nt = m // AMX_ROWS, n // 16
+    tiles = [(AMX_ROWS, 64)] * (mt * nt) + [(AMX_ROWS, 64)] * mt + [(AMX_GROUPS, 64)] * nt
+    cfg = [0] * 64
+    cfg[0] = 1  # palette 1
+    for t, (rows, colsb) in enumerate(tiles):
+        cfg[16 + 2 * t] = colsb & 0xFF
+        cfg[17 + 2 * t] = colsb >> 8
+        cfg[48 + t] = rows
+    return "[" + ", ".join(f"i8 {b}" for b in cfg) + "]", tiles
+
+
+def amx_configure(m: int, n: int) -> tuple[IRFunction, IRFunction]:
+    """``void tpp_amx_cfg_m<m>n<n>()`` (``ldtilecfg`` of :func:`amx_tile_config`) and
+    ``void tpp_amx_release()`` (``tilerelease``), for kernels that configure the tiles once
+    and then call :func:`amx_brgemm` microkernels built with ``configure=False``."""
+    cfg, _ = amx_tile_config(m, n)
+    name = f"tpp_amx_cfg_m{m}n{n}"
+    load = "\n".join([f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
+                      f"define linkonce_odr void @{name}() #ATTRS {{",
+                      f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)", "  ret void", "}"])
+    release = "\n".join(["define linkonce_odr void @tpp_amx_release() #ATTRS {",
+                         "  call void @llvm.x86.tilerelease()", "  ret void", "}"])
+    return (IRFunction(name, load, ("declare void @llvm.x86.ldtilecfg(ptr)",), AMX_FEATURES),
+            IRFunction("tpp_amx_release", release, ("declare void @llvm.x86.tilerelease()",),
+                       AMX_FEATURES))
+
+
+def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
+               beta: int, configure: bool = True) -> IRFunction:
+    """An AMX BRGEMM microkernel (same signature and math as :func:`dot_brgemm`).
+
+    C is ``m / 16 x n / 16`` tiles of 16 x 16 accumulators; per step of 16 VNNI groups it
+    loads one A tile per tile row and one B tile per tile column (B's VNNI rows are
+    exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile. With
+    ``configure`` (a self-contained TPP) the tile configuration is loaded on entry and
+    released on exit; without, the caller configures once (:func:`amx_configure`).
+    """
+    op = AMX_DOT.get((a_dtype, b_dtype))
+    if op is None:
+        raise UnsupportedDTypeError(
+            f"no AMX tile dot product for {a_dtype} x {b_dtype}; supported: "
+            + ", ".join(f"{a} x {b}" for a, b in AMX_DOT))
+    intrinsic, V = op
+    if m % AMX_ROWS or n % 16 or not 1 <= (m // AMX_ROWS) * (n // 16) <= 4 \
+            or m > 32 or n > 32 or kgroups % AMX_GROUPS:
+        raise UnsupportedDTypeError(
+            f"AMX BRGEMM: tile {m}x{n} with K={kgroups * V} is not supported; C must be 16 "
+            f"or 32 rows by 16 or 32 columns and K a multiple of {AMX_GROUPS * V}")
+    mt, nt = m // AMX_ROWS, n // 16
+    acc_t = "float" if a_dtype == "bfloat16" else "i32"
+    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
+    esize = 2 if a_dtype == "bfloat16" else 1
+    steps = kgroups // AMX_GROUPS
+    name = f"tpp_amx_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}_beta{beta}"
+    name += "" if configure else "_nocfg"
+    cfg, _ = amx_tile_config(m, n)
+    c_tile = {(i, j): i * nt + j for i in range(mt) for j in range(nt)}
+    a_tile = {i: mt * nt + i for i in range(mt)}
+    b_tile = {j: mt * nt + mt + j for j in range(nt)}
+    body = [f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
+            f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
+            "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:",
+            f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)" if configure else "",
+            "  %ldc64 = sext i32 %ldc to i64", "  %ldcb = mul i64 %ldc64, 4",
+            "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
+            "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}"]
+    for (i, j), t in c_tile.items():
+        off = i * AMX_ROWS
+        body += [f"  %crow{t} = mul i32 {off}, %ldc", f"  %coff{t} = add i32 %crow{t}, {j * 16}",
+                 f"  %pc{t} = getelementptr {acc_t}, ptr %c, i32 %coff{t}"]
+        body.append(f"  call void @llvm.x86.tilezero(i8 {t})" if beta == 0 else
+                    f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pc{t}, i64 %ldcb)")
+    body += ["  br label %loop", "loop:", "  %t = phi i32 [ 0, %entry ], [ %tn, %loop ]",
+             f"  %r = udiv i32 %t, {steps}", f"  %s = urem i32 %t, {steps}",
+             "  %ra = mul i32 %r, %a_batch", f"  %sa = mul i32 %s, {AMX_GROUPS * V}",
+             "  %abase = add i32 %ra, %sa", "  %rb = mul i32 %r, %b_batch",
+             f"  %sg = mul i32 %s, {AMX_GROUPS}", "  %sb = mul i32 %sg, %b_group",
+             "  %bbase = add i32 %rb, %sb"]
+    for i, t in a_tile.items():
+        body += [f"  %arow{i} = mul i32 {i * AMX_ROWS}, %lda",
+                 f"  %aoff{i} = add i32 %abase, %arow{i}",
+                 f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
+                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pa{i}, i64 %ldab)"]
+    for j, t in b_tile.items():
+        body += [f"  %boff{j} = add i32 %bbase, {j * 16 * V}",
+                 f"  %pb{j} = getelementptr {eb}, ptr %b, i32 %boff{j}",
+                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pb{j}, i64 %ldbb)"]
+    for (i, j), t in c_tile.items():
+        body.append(f"  call void @{intrinsic}(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[j]})")
+    body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps * batch}",
+             "  br i1 %done, label %exit, label %loop", "exit:"]
+    body += [f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
+             for t in c_tile.values()]
+    body += ["  call void @llvm.x86.tilerelease()" if configure else "", "  ret void", "}"]
+    body = [line for line in body if line]
+    declares = ("declare void @llvm.x86.ldtilecfg(ptr)", "declare void @llvm.x86.tilerelease()",
+                "declare void @llvm.x86.tilezero(i8 immarg)",
+                "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
+                "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
+                f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)")
+    return IRFunction(name, "\n".join(body), declares, AMX_FEATURES)

@@ -1,0 +1,200 @@
+"""Precision-changing TPPs, written once for every vector ISA: quantize, requantize,
+dequantize, and fp32 <-> bf16 copies.
+
+Their operands have different element sizes (u8 in, fp32 math, int32 out...), so a row is
+walked in vectors of the *fp32* lane count: every operand is loaded at that many lanes
+(``uint8x16`` for a u8 row on AVX-512), converted to fp32, scaled, rounded half to even,
+clamped and converted to the output type. Tails are masked at the same lane count.
+
+fp32 <-> bf16 copies cannot be written in TIR (its bf16 legalisation rewrites the typed
+vectors), so each vector is one LLVM IR conversion step (``llvm_ir.convert_step``:
+``vcvtneps2bf16`` / a shift), imported into the kernel like the dot-product steps.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ..errors import UnsupportedDTypeError
+from .llvm_ir import CONVERSIONS, convert_step, module_text
+from .spec import TPPSpec, quant_expr, whole
+from .vector_isa import VectorISA
+
+
+def _mat(dtype: str) -> dict:
+    return {"dtype": dtype, "offset_factor": 1, "strides": [T.int32(), 1]}
+
+
+def _fixed_lanes(isa: VectorISA, spec: TPPSpec) -> int:
+    if isa.scalable:
+        raise UnsupportedDTypeError(
+            f"TPP {spec.op} {spec.dtype}->{spec.acc_dtype}: no {isa.name} implementation "
+            "(fixed-length vector ISAs only)")
+    return isa.static_lanes("float32")
+
+
+def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """quantize / requantize / dequantize: Y = [saturate(round(]X * S[j] + O[j][))]."""
+    M, N, dt, odt, op = spec.m, spec.n, spec.dtype, spec.acc_dtype, spec.op
+    L = _fixed_lanes(isa, spec)
+    full, tail = N // L, N % L
+
+    def mask():
+        return T.ramp(full * L, 1, L) < T.broadcast(N, L)
+
+    def load(elem, dtype):
+        return T.call_llvm_pure_intrin(f"{dtype}x{L}", "llvm.masked.load", T.address_of(elem),
+                                       mask(), T.broadcast(tirx.const(0, dtype), L))
+
+    def at(v):
+        return T.ramp(v * L, 1, L)
+
+    def f(x, s, o):
+        return quant_expr(op, x, s, o, odt)
+
+    @T.prim_func(s_tir=True)
+    def impl(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat(dt))
+        S = T.match_buffer(s, (N,), "float32", offset_factor=1)
+        Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
+        Y = T.match_buffer(y, (M, N), **_mat(odt))
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N], S[0:N], Off[0:N])
+            T.writes(Y[0:M, 0:N])
+            for i in T.serial(M):
+                for v in T.serial(full):
+                    Y[i, at(v)] = f(X[i, at(v)], S[at(v)], Off[at(v)])
+                if tail > 0:
+                    T.evaluate(T.call_llvm_intrin(
+                        "void", "llvm.masked.store",
+                        f(load(X[i, full * L], dt), load(S[full * L], "float32"),
+                          load(Off[full * L], "float32")),
+                        T.address_of(Y[i, full * L]), mask()))
+
+    return impl
+
+
+def convert_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """copy with fp32 <-> bf16 conversion, one LLVM IR step per vector."""
+    M, N, dt, odt = spec.m, spec.n, spec.dtype, spec.acc_dtype
+    L = _fixed_lanes(isa, spec)
+    full, tail = N // L, N % L
+    step = convert_step(dt, odt, L, L)
+    step_tail = convert_step(dt, odt, L, tail) if tail else None
+    ir_text = module_text(*(s for s in (step, step_tail) if s is not None))
+
+    @T.prim_func(s_tir=True)
+    def impl(x: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat(dt))
+        Y = T.match_buffer(y, (M, N), **_mat(odt))
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Y[0:M, 0:N])
+            with T.attr(0, "pragma_import_llvm", ir_text):
+                for i in T.serial(M):
+                    for v in T.serial(full):
+                        T.evaluate(T.call_extern("void", step.name, T.address_of(X[i, v * L]),
+                                                 T.address_of(Y[i, v * L])))
+                    if tail > 0:
+                        T.evaluate(T.call_extern("void", step_tail.name,
+                                                 T.address_of(X[i, full * L]),
+                                                 T.address_of(Y[i, full * L])))
+
+    return impl
+
+
+def is_llvm_conversion(spec: TPPSpec) -> bool:
+    """Whether ``spec`` is a copy this module converts (fp32 <-> bf16)."""
+    return spec.op == "copy" and (spec.dtype, spec.acc_dtype) in CONVERSIONS
+
+
+def bf16_map_impl(spec: TPPSpec, isa: VectorISA, fn) -> tirx.PrimFunc:
+    """Unary and binary TPPs on bf16 tiles: each vector is widened to fp32 on load (an LLVM
+    conversion step into a one-vector fp32 scratch), computed with the fp32 vector math
+    ``fn(x)`` / ``fn(x, y)``, and rounded back to bf16 on store. Binary ops take their
+    second operand (any broadcast) the same way; a column or scalar one is one bf16 value,
+    widened in TIR and splatted."""
+    M, N, bc = spec.m, spec.n, spec.bcast
+    L = _fixed_lanes(isa, spec)
+    full, tail = N // L, N % L
+    binary = spec.kind == "binary"
+    widths = [L] + ([tail] if tail else [])
+    up = {w: convert_step("bfloat16", "float32", L, w) for w in widths}
+    down = {w: convert_step("float32", "bfloat16", L, w) for w in widths}
+    ir_text = module_text(*up.values(), *down.values())
+    yshape = {"none": (M, N), "row": (N,), "col": (M,), "scalar": (1,)}[bc] if binary else (1,)
+    y_strides = [T.int32(), 1] if bc == "none" else [1]
+
+    def widen(w, src, tmp):
+        return T.call_extern("void", up[w].name, T.address_of(src), T.address_of(tmp[0]))
+
+    def narrow(w, tmp, dst):
+        return T.call_extern("void", down[w].name, T.address_of(tmp[0]), T.address_of(dst))
+
+    def y_value(Y, ty, i):
+        if bc in ("col", "scalar"):
+            return T.broadcast(T.Cast("float32", Y[i] if bc == "col" else Y[0]), L)
+        return ty[T.ramp(0, 1, L)]
+
+    def y_first(Y, i, col):
+        return Y[i, col] if bc == "none" else Y[col]
+
+    def value(tx, ty, Y, i):
+        x = tx[T.ramp(0, 1, L)]
+        return fn(x, y_value(Y, ty, i)) if binary else fn(x)
+
+    @T.macro
+    def body(X, Y, Z, tx, ty, i, col, w):
+        T.evaluate(widen(w, X[i, col], tx))
+        if binary and bc in ("none", "row"):
+            T.evaluate(widen(w, y_first(Y, i, col), ty))
+        tx[T.ramp(0, 1, L)] = value(tx, ty, Y, i)
+        T.evaluate(narrow(w, tx, Z[i, col]))
+
+    if binary:
+        return _bf16_binary(M, N, L, full, tail, yshape, y_strides, ir_text, body)
+
+    @T.prim_func(s_tir=True)
+    def impl_unary(x: T.handle, z: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat("bfloat16"))
+        Z = T.match_buffer(z, (M, N), **_mat("bfloat16"))
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Z[0:M, 0:N])
+            tx = T.alloc_buffer((L,), "float32", scope="local")
+            with T.attr(0, "pragma_import_llvm", ir_text):
+                for i in T.serial(M):
+                    for v in T.serial(full):
+                        body(X, None, Z, tx, None, i, v * L, L)
+                    if tail > 0:
+                        body(X, None, Z, tx, None, i, full * L, tail)
+
+    return impl_unary
+
+
+def _bf16_binary(M, N, L, full, tail, yshape, y_strides, ir_text, body) -> tirx.PrimFunc:
+    @T.prim_func(s_tir=True)
+    def impl_binary(x: T.handle, y: T.handle, z: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat("bfloat16"))
+        Y = T.match_buffer(y, yshape, "bfloat16", offset_factor=1, strides=y_strides)
+        Z = T.match_buffer(z, (M, N), **_mat("bfloat16"))
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N], whole(Y))
+            T.writes(Z[0:M, 0:N])
+            tx = T.alloc_buffer((L,), "float32", scope="local")
+            ty = T.alloc_buffer((L,), "float32", scope="local")
+            with T.attr(0, "pragma_import_llvm", ir_text):
+                for i in T.serial(M):
+                    for v in T.serial(full):
+                        body(X, Y, Z, tx, ty, i, v * L, L)
+                    if tail > 0:
+                        body(X, Y, Z, tx, ty, i, full * L, tail)
+
+    return impl_binary
+
+
+def is_bf16_map(spec: TPPSpec) -> bool:
+    """Whether ``spec`` is a bf16 -> bf16 unary or binary TPP (computed in fp32)."""
+    return (spec.kind in ("unary", "binary") and spec.dtype == "bfloat16"
+            and spec.acc_dtype == "bfloat16" and spec.op != "copy")
