@@ -1,0 +1,117 @@
+/* Runs compiled TVM kernels from a shared library without the TVM runtime.
+ *
+ * usage: harness LIB.so JOB.bin OUT.bin
+ *
+ * JOB.bin (little-endian) holds the tensors and the calls:
+ *   "TPPJOB01"
+ *   u32 n_tensors; per tensor: u8 code, u8 bits, u16 lanes, u32 ndim, i64 shape[ndim],
+ *                              u64 nbytes, bytes[nbytes]
+ *   u32 n_calls;   per call:   u32 len, char name[len], u32 nargs, u32 tensor[nargs]
+ * Each call looks up the packed-call symbol __tvm_ffi_<name> and calls it with DLTensor
+ * arguments, in order (a model is a sequence of calls sharing tensors). OUT.bin receives
+ * every tensor's bytes afterwards, in order, for the caller to compare with a reference.
+ * Exit status: 0 ok, 2 usage/IO, 3 missing symbol, 4 a kernel reported an error.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tvm/ffi/c_api.h>
+
+/* The one runtime entry point compiled kernels call: where they report an error. */
+void TVMFFIErrorSetRaisedFromCStrParts(const char *kind, const char **parts, int32_t n) {
+  fprintf(stderr, "kernel error %s:", kind ? kind : "");
+  for (int32_t i = 0; i < n; ++i)
+    if (parts[i]) fprintf(stderr, " %s", parts[i]);
+  fputc('\n', stderr);
+}
+
+static FILE *job;
+
+static void read_exact(void *dst, size_t n) {
+  if (n && fread(dst, 1, n, job) != n) {
+    fprintf(stderr, "harness: truncated job file\n");
+    exit(2);
+  }
+}
+
+static uint32_t read_u32(void) {
+  uint32_t v;
+  read_exact(&v, sizeof v);
+  return v;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: %s LIB.so JOB.bin OUT.bin\n", argv[0]);
+    return 2;
+  }
+  void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "harness: %s\n", dlerror());
+    return 2;
+  }
+  job = fopen(argv[2], "rb");
+  char magic[8];
+  if (!job) {
+    perror(argv[2]);
+    return 2;
+  }
+  read_exact(magic, sizeof magic);
+  if (memcmp(magic, "TPPJOB01", 8) != 0) {
+    fprintf(stderr, "harness: %s is not a job file\n", argv[2]);
+    return 2;
+  }
+  uint32_t n_tensors = read_u32();
+  DLTensor *tensors = calloc(n_tensors, sizeof *tensors);
+  uint64_t *sizes = calloc(n_tensors, sizeof *sizes);
+  for (uint32_t t = 0; t < n_tensors; ++t) {
+    DLTensor *x = &tensors[t];
+    read_exact(&x->dtype.code, 1);
+    read_exact(&x->dtype.bits, 1);
+    read_exact(&x->dtype.lanes, 2);
+    x->ndim = (int32_t)read_u32();
+    x->shape = calloc(x->ndim ? x->ndim : 1, sizeof(int64_t));
+    read_exact(x->shape, sizeof(int64_t) * x->ndim);
+    read_exact(&sizes[t], sizeof sizes[t]);
+    x->data = aligned_alloc(64, (sizes[t] + 63) / 64 * 64 + 64);
+    read_exact(x->data, sizes[t]);
+    x->device.device_type = kDLCPU;
+  }
+  uint32_t n_calls = read_u32();
+  for (uint32_t c = 0; c < n_calls; ++c) {
+    uint32_t len = read_u32();
+    char sym[512] = "__tvm_ffi_";
+    size_t prefix = strlen(sym);
+    if (len + prefix >= sizeof sym) return 2;
+    read_exact(sym + prefix, len);
+    sym[prefix + len] = '\0';
+    uint32_t nargs = read_u32();
+    TVMFFIAny *args = calloc(nargs ? nargs : 1, sizeof *args);
+    for (uint32_t a = 0; a < nargs; ++a) {
+      uint32_t id = read_u32();
+      if (id >= n_tensors) return 2;
+      args[a].type_index = kTVMFFIDLTensorPtr;
+      args[a].v_ptr = &tensors[id];
+    }
+    TVMFFISafeCallType fn = (TVMFFISafeCallType)dlsym(lib, sym);
+    if (!fn) {
+      fprintf(stderr, "harness: no symbol %s in %s\n", sym, argv[1]);
+      return 3;
+    }
+    TVMFFIAny result = {.type_index = kTVMFFINone};
+    if (fn(NULL, args, (int32_t)nargs, &result) != 0) {
+      fprintf(stderr, "harness: call %u (%s) failed\n", c, sym);
+      return 4;
+    }
+    free(args);
+  }
+  FILE *out = fopen(argv[3], "wb");
+  if (!out) {
+    perror(argv[3]);
+    return 2;
+  }
+  for (uint32_t t = 0; t < n_tensors; ++t)
+    if (fwrite(tensors[t].data, 1, sizes[t], out) != sizes[t]) return 2;
+  return fclose(out) == 0 ? 0 : 2;
+}
