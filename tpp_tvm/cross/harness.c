@@ -10,6 +10,10 @@
  * Each call looks up the packed-call symbol __tvm_ffi_<name> and calls it with DLTensor
  * arguments, in order (a model is a sequence of calls sharing tensors). OUT.bin receives
  * every tensor's bytes afterwards, in order, for the caller to compare with a reference.
+ *
+ * The library's calls into the TVM runtime go through function-pointer globals that TVM's
+ * loader fills (__TVMBackendAllocWorkspace, ...); the harness fills them with its own
+ * versions: workspaces are aligned malloc, parallel loops run their tasks one by one.
  * Exit status: 0 ok, 2 usage/IO, 3 missing symbol, 4 a kernel reported an error.
  */
 #include <dlfcn.h>
@@ -24,6 +28,52 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char *kind, const char **parts, int
   for (int32_t i = 0; i < n; ++i)
     if (parts[i]) fprintf(stderr, " %s", parts[i]);
   fputc('\n', stderr);
+}
+
+typedef struct {
+  void *sync_handle;
+  int32_t num_task;
+} ParallelEnv;
+typedef int (*ParallelLambda)(int task_id, ParallelEnv *env, void *cdata);
+
+static void *alloc_workspace(int device_type, int device_id, uint64_t nbytes, int code, int bits) {
+  (void)device_type, (void)device_id, (void)code, (void)bits;
+  return aligned_alloc(64, (nbytes + 63) / 64 * 64 + 64);
+}
+
+static int free_workspace(int device_type, int device_id, void *ptr) {
+  (void)device_type, (void)device_id;
+  free(ptr);
+  return 0;
+}
+
+static int parallel_launch(ParallelLambda lambda, void *cdata, int num_task) {
+  ParallelEnv env = {NULL, num_task > 0 ? num_task : 1};
+  for (int t = 0; t < env.num_task; ++t)
+    if (lambda(t, &env, cdata) != 0) return -1;
+  return 0;
+}
+
+static int parallel_barrier(int task_id, ParallelEnv *env) {
+  (void)task_id, (void)env;
+  return 0;
+}
+
+/* Point the library's runtime hooks (those it has) at the functions above. */
+static void bind_runtime(void *lib) {
+  const struct {
+    const char *name;
+    void *fn;
+  } hooks[] = {
+      {"__TVMBackendAllocWorkspace", (void *)alloc_workspace},
+      {"__TVMBackendFreeWorkspace", (void *)free_workspace},
+      {"__TVMBackendParallelLaunch", (void *)parallel_launch},
+      {"__TVMBackendParallelBarrier", (void *)parallel_barrier},
+  };
+  for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; ++i) {
+    void **slot = (void **)dlsym(lib, hooks[i].name);
+    if (slot) *slot = hooks[i].fn;
+  }
 }
 
 static FILE *job;
@@ -51,6 +101,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "harness: %s\n", dlerror());
     return 2;
   }
+  bind_runtime(lib);
   job = fopen(argv[2], "rb");
   char magic[8];
   if (!job) {

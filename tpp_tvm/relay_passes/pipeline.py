@@ -56,6 +56,24 @@ def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pas
     ]
 
 
+def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport) -> list:
+    """Steps 1-3: ``main`` becomes a dataflow of ``call_tir`` into scheduled kernels.
+
+    Separate from the VM lowering so a model can also be run without TVM's runtime (the
+    aarch64 harness in ``tpp_tvm.cross`` calls the kernels in this order itself).
+    """
+    passes = [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        CanonicalizeActivations,
+    ]
+    if is_tpp_target(target):
+        passes += tpp_graph_passes(isa_of(target), report)
+    passes += library_dispatch_passes(target) + legalize_passes(target)
+    passes.append(default_schedule_pass())
+    return passes
+
+
 def tpp_pipeline(report: LoweringReport | None = None) -> tvm.transform.Pass:
     """The whole ``tpp`` pipeline; the target comes from the enclosing ``with target``."""
     report = report if report is not None else LoweringReport()
@@ -65,15 +83,7 @@ def tpp_pipeline(report: LoweringReport | None = None) -> tvm.transform.Pass:
         target = tvm.target.Target.current()
         if target is None:
             raise ValueError("the tpp pipeline needs a target (tvm.compile(..., target=...))")
-        passes = [
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.FoldConstant(),
-            CanonicalizeActivations,
-        ]
-        if is_tpp_target(target):
-            passes += tpp_graph_passes(isa_of(target), report)
-        passes += library_dispatch_passes(target) + legalize_passes(target)
-        passes.append(default_schedule_pass())
+        passes = tpp_kernel_passes(target, report)
         passes += dataflow_lower_passes(target) + finalize_passes(target)
         return tvm.transform.Sequential(passes)(mod)
 
