@@ -1,0 +1,95 @@
+"""Reading compiled kernels' assembly: functions, innermost loops, instruction classes.
+
+Used to check that SVE kernels really run SVE (not NEON) in their hot loops and to count
+the instructions of each inner loop next to the AVX-512 build (``benchmarks/
+sve_instructions.py``). Works on ``objdump -d --no-show-raw-insn`` text of either ISA.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+_FUNC = re.compile(r"^([0-9a-f]+) <([^>]+)>:$")
+_INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
+_TARGET = re.compile(r"\b([0-9a-f]+) <")
+# aarch64: z registers and predicates are SVE; v registers with an arrangement are NEON.
+_SVE_REG = re.compile(r"\b[zp]\d+(\.[bhsdq])?\b|\bp\d+/[mz]\b")
+_SVE_ONLY = {"whilelo", "whilelt", "ptrue", "pfalse", "cntw", "cntb", "cnth", "cntd", "rdvl",
+             "addvl", "incw", "incb", "inch", "incd", "decw", "ptest"}
+_NEON_REG = re.compile(r"\bv\d+\.\d*[bhsd]\b")
+# x86: zmm is AVX-512, ymm/xmm vector code (scalar ss/sd instructions use xmm too).
+_X86_VEC = re.compile(r"%[xyz]mm\d+")
+
+
+@dataclass(frozen=True)
+class Insn:
+    address: int
+    mnemonic: str
+    operands: str
+
+    @property
+    def branch_target(self) -> int | None:
+        if not (self.mnemonic.startswith(("b", "j", "cb", "tb")) and "<" in self.operands):
+            return None
+        m = _TARGET.search(self.operands)
+        return int(m.group(1), 16) if m else None
+
+    @property
+    def kind(self) -> str:
+        """``sve``, ``neon``, ``avx512``, ``x86vec``, ``zeroing`` or ``scalar``."""
+        ops, mn = self.operands, self.mnemonic
+        if mn == "movi" and ops.endswith(", #0x0"):
+            return "zeroing"  # how LLVM zeroes a whole z register (a v write clears its top)
+        if _SVE_REG.search(ops) or mn in _SVE_ONLY:
+            return "sve"
+        if _NEON_REG.search(ops):
+            return "neon"
+        if "%zmm" in ops or re.search(r"%k[0-7]\b", ops):
+            return "avx512"
+        if _X86_VEC.search(ops) and not mn.endswith(("ss", "sd", "si2ss", "si2sd")):
+            return "x86vec"
+        return "scalar"
+
+
+def functions(objdump: str) -> dict[str, list[Insn]]:
+    """Instructions of every function in ``objdump -d`` output, by symbol name."""
+    out: dict[str, list[Insn]] = {}
+    current: list[Insn] | None = None
+    for line in objdump.splitlines():
+        if m := _FUNC.match(line):
+            current = out.setdefault(m.group(2), [])
+        elif current is not None and (m := _INSN.match(line)):
+            current.append(Insn(int(m.group(1), 16), m.group(2), m.group(3)))
+    return out
+
+
+def loops(insns: list[Insn]) -> list[list[Insn]]:
+    """Every loop (a backward branch and the code it jumps back over), in code order."""
+    found = []
+    for i, insn in enumerate(insns):
+        target = insn.branch_target
+        if target is not None and target <= insn.address and target >= insns[0].address:
+            found.append([x for x in insns[: i + 1] if x.address >= target])
+    return sorted(found, key=lambda lp: lp[0].address)
+
+
+def innermost_loops(insns: list[Insn]) -> list[list[Insn]]:
+    """Loops that contain no other loop."""
+    all_loops = loops(insns)
+    spans = [(lp[0].address, lp[-1].address) for lp in all_loops]
+    inner = []
+    for lp, (lo, hi) in zip(all_loops, spans, strict=True):
+        if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in spans):
+            inner.append(lp)
+    return inner
+
+
+def kinds(insns: list[Insn]) -> Counter:
+    """How many instructions of each :attr:`Insn.kind`."""
+    return Counter(x.kind for x in insns)
+
+
+def mnemonics(insns: list[Insn]) -> Counter:
+    return Counter(x.mnemonic for x in insns)
