@@ -86,7 +86,8 @@ EXAMPLE_EQUATIONS = (
     ("tanh", "square"),
 )
 
-_CATALOGUE_ISAS = ("avx512",)
+#: ISAs whose whole catalogue is registered by :func:`registered` (AMX has no fp32 set).
+_CATALOGUE_ISAS = ("avx512", "sve")
 
 
 def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:

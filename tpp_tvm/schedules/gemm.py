@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 from tvm import s_tir, te, tirx
 
-from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec, intrinsic
 from ..intrinsics.spec import equation_expr, equation_operands
 from ..runtime import configure_threads, target_threads
@@ -495,8 +495,12 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     isa = isa_of(tgt)
+    if isa == "sve":
+        raise UnsupportedISAError(
+            "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
+            "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
     if isa != "avx512":
-        raise UnsupportedDTypeError(f"GEMM: fp32 kernels exist for avx512 only so far, not {isa}")
+        raise UnsupportedDTypeError(f"GEMM: fp32 kernels exist for avx512 and sve, not {isa}")
     t0 = time.perf_counter()
     sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation)
     rt = tvm.compile(sch.mod, target=tgt).jit()
