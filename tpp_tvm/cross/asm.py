@@ -86,6 +86,62 @@ def innermost_loops(insns: list[Insn]) -> list[list[Insn]]:
     return inner
 
 
+_VECTOR_KINDS = ("sve", "neon", "avx512", "x86vec")
+_FMA_PREFIXES = ("vfmadd", "vfnmadd", "vfmsub", "vfnmsub", "fmla", "fmad", "fmls", "fmsb",
+                 "fnmla", "fnmls", "fnmad", "fnmsb")
+
+
+def is_vector(insn: Insn) -> bool:
+    return insn.kind in _VECTOR_KINDS
+
+
+def is_fma(insn: Insn) -> bool:
+    return is_vector(insn) and insn.mnemonic.startswith(_FMA_PREFIXES)
+
+
+def _operands(text: str) -> list[str]:
+    """Operands split at top-level commas (x86 memory operands have commas in parentheses)."""
+    text = text.split("//")[0]  # aarch64 comment
+    if "%" in text:
+        text = text.split("#")[0]  # x86 (AT&T) comment; aarch64 immediates also use '#'
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return [*parts, current.strip()] if current.strip() else parts
+
+
+def _x86_memory(operand: str) -> bool:
+    return "(" in operand and not operand.startswith("<")
+
+
+def is_load(insn: Insn) -> bool:
+    """A memory read: aarch64 ``ld*``; x86 a memory source operand (AT&T: not the last)."""
+    if insn.mnemonic.startswith(("ld", "prf")):
+        return True
+    if "%" not in insn.operands or insn.mnemonic.startswith(("lea", "nop")):
+        return False
+    return any(_x86_memory(op) for op in _operands(insn.operands)[:-1])
+
+
+def is_store(insn: Insn) -> bool:
+    if insn.mnemonic.startswith("st"):
+        return True
+    ops = _operands(insn.operands) if "%" in insn.operands else []
+    return bool(ops) and _x86_memory(ops[-1]) and not insn.mnemonic.startswith(("lea", "nop"))
+
+
+def hot_loop(insns: list[Insn]) -> list[Insn]:
+    """The innermost loop with the most vector instructions (empty if there is no loop)."""
+    inner = innermost_loops(insns)
+    return max(inner, key=lambda lp: sum(map(is_vector, lp)), default=[])
+
+
 def kinds(insns: list[Insn]) -> Counter:
     """How many instructions of each :attr:`Insn.kind`."""
     return Counter(x.kind for x in insns)

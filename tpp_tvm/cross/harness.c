@@ -14,9 +14,11 @@
  * The library's calls into the TVM runtime go through function-pointer globals that TVM's
  * loader fills (__TVMBackendAllocWorkspace, ...); the harness fills them with its own
  * versions: workspaces are aligned malloc, parallel loops run their tasks one by one.
- * Exit status: 0 ok, 2 usage/IO, 3 missing symbol, 4 a kernel reported an error.
+ * stdout gets one line with the library's load address (to map traced addresses to
+ * kernels). Exit status: 0 ok, 2 usage/IO, 3 missing symbol, 4 a kernel reported an error.
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "harness: %s\n", dlerror());
     return 2;
   }
+  struct link_map *map = NULL;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map)
+    printf("harness: %s loaded at 0x%lx\n", argv[1], (unsigned long)map->l_addr);
+  fflush(stdout);
   bind_runtime(lib);
   job = fopen(argv[2], "rb");
   char magic[8];
