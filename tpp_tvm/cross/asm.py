@@ -66,12 +66,17 @@ def functions(objdump: str) -> dict[str, list[Insn]]:
 
 
 def loops(insns: list[Insn]) -> list[list[Insn]]:
-    """Every loop (a backward branch and the code it jumps back over), in code order."""
+    """Every loop (a backward branch and the code it jumps back over), in code order.
+
+    A backward jump over a return is a shared tail block (tail merging), not a loop.
+    """
     found = []
     for i, insn in enumerate(insns):
         target = insn.branch_target
-        if target is not None and target <= insn.address and target >= insns[0].address:
-            found.append([x for x in insns[: i + 1] if x.address >= target])
+        if target is not None and insns[0].address <= target <= insn.address:
+            body = [x for x in insns[: i + 1] if x.address >= target]
+            if not any(x.mnemonic in ("ret", "retq") for x in body):
+                found.append(body)
     return sorted(found, key=lambda lp: lp[0].address)
 
 
