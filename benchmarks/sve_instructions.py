@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +28,8 @@ sys.path.insert(0, str(HERE))
 import gemm  # noqa: E402  (results writing and the machine line)
 
 from tpp_tvm.cross import asm  # noqa: E402
-from tpp_tvm.cross.runner import Call, qemu_command, write_job  # noqa: E402
-from tpp_tvm.cross.toolchain import disassemble, export_library, harness  # noqa: E402
+from tpp_tvm.cross.runner import Call, executed_instructions  # noqa: E402
+from tpp_tvm.cross.toolchain import disassemble, export_library  # noqa: E402
 from tpp_tvm.intrinsics import TPPSpec, intrinsic  # noqa: E402
 from tpp_tvm.intrinsics.reference import (  # noqa: E402
     BLOCK,
@@ -44,8 +42,6 @@ from tpp_tvm.target import target  # noqa: E402
 
 RESULTS = HERE / "results"
 DYNAMIC_VL_BYTES = (16, 64, 256)
-_TRACE = re.compile(r"^Trace \d+: 0x[0-9a-f]+ \[[0-9a-f]+/([0-9a-f]+)/")
-_TB_INSN = re.compile(r"^0x([0-9a-f]+):\s")
 
 
 def build(specs: list[TPPSpec], isa: str, path: Path) -> Path:
@@ -96,38 +92,8 @@ def dynamic_counts(lib: Path, specs: list[TPPSpec], vl_bytes: int) -> list[int]:
         args = _inputs(spec, rng)
         calls.append(Call(f"tpp{i}", tuple(range(len(tensors), len(tensors) + len(args)))))
         tensors += args
-    funcs = asm.functions(disassemble(lib))
-    starts = sorted((insns[0].address, name) for name, insns in funcs.items() if insns)
-    with tempfile.TemporaryDirectory() as tmp:
-        job, log = Path(tmp) / "job.bin", Path(tmp) / "qemu.log"
-        write_job(job, tensors, calls)
-        proc = subprocess.run(
-            [*qemu_command(vl_bytes), "-d", "in_asm,exec,nochain", "-D", str(log),
-             str(harness()), str(lib), str(job), str(Path(tmp) / "out.bin")],
-            capture_output=True, text=True, check=True)
-        base = int(proc.stdout.split(" loaded at ")[1].split()[0], 16)
-        tb_size: dict[int, int] = {}
-        executed: Counter = Counter()
-        current = None
-        for line in log.read_text().splitlines():
-            if line.startswith("IN:"):
-                current = None
-            elif m := _TB_INSN.match(line):
-                pc = int(m.group(1), 16)
-                if current is None:
-                    current = pc
-                    tb_size[pc] = 0
-                tb_size[current] += 1
-            elif m := _TRACE.match(line):
-                executed[int(m.group(1), 16)] += 1
-    per_func: Counter = Counter()
-    addrs = [a for a, _ in starts]
-    for pc, times in executed.items():
-        offset = pc - base
-        k = np.searchsorted(addrs, offset, side="right") - 1
-        if 0 <= k < len(starts):
-            per_func[starts[k][1]] += times * tb_size.get(pc, 0)
-    return [per_func[f"tpp{i}_compute_"] for i in range(len(specs))]
+    counts = executed_instructions(lib, tensors, calls, vl_bytes)
+    return [counts[f"tpp{i}_compute_"] for i in range(len(specs))]
 
 
 def render(rows: list[dict], command: str, date: str, load: str) -> str:

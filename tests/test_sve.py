@@ -19,7 +19,7 @@ import tvm
 
 from tpp_tvm import models
 from tpp_tvm.cross import CrossRunError, asm, missing_tools, plan_model, run_calls
-from tpp_tvm.cross.runner import Call
+from tpp_tvm.cross.runner import Call, executed_instructions
 from tpp_tvm.cross.toolchain import disassemble, export_library
 from tpp_tvm.frontend import from_onnx
 from tpp_tvm.intrinsics import TPPSpec
@@ -48,6 +48,11 @@ EXTRA = [
     TPPSpec("vnni2", m=5, n=70),
     TPPSpec("vnni4", m=7, n=66),
     TPPSpec("equation", m=2, n=129, steps=("bias", "residual", "relu")),
+    TPPSpec("zero", m=2, n=65),
+    TPPSpec("relu_inv", m=2, n=67),
+    TPPSpec("muladd", m=3, n=70, bcast="col"),
+    TPPSpec("pool_max", m=3, n=70, batch=2, k=3, stride=140),
+    TPPSpec("reduce_sumsq_rows", m=9, n=68),
 ]
 
 
@@ -87,6 +92,16 @@ def test_cpu_without_sve_dies_with_sigill(tpp_library) -> None:
     with pytest.raises(CrossRunError) as err:
         run_calls(lib, tensors, calls, vl_bytes=None, cpu="cortex-a72")
     assert err.value.signal == signal.SIGILL
+
+
+def test_longer_vectors_execute_fewer_instructions(tpp_library) -> None:
+    """The same binary adapts to the vector length: a 2048-bit gelu call executes several
+    times fewer instructions than a 128-bit one (counted in qemu's execution trace)."""
+    lib, tensors, calls, cases = tpp_library
+    i = next(i for i, (spec, _, _) in enumerate(cases) if spec.op == "gelu" and spec.n > 100)
+    counts = [executed_instructions(lib, tensors, [calls[i]], vl)[f"tpp{i}_compute_"]
+              for vl in (16, 64, 256)]
+    assert counts[0] > 2 * counts[1] > 0 and counts[1] > 2 * counts[2] > 0, counts
 
 
 def _kernels(library) -> dict[str, list[asm.Insn]]:

@@ -7,10 +7,12 @@ compares with its reference.
 
 from __future__ import annotations
 
+import re
 import signal
 import struct
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TPPError
-from .toolchain import harness, toolchain
+from . import asm
+from .toolchain import disassemble, harness, toolchain
 
 #: DLPack type codes by numpy kind.
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "b": 1}
+_TRACE = re.compile(r"^Trace \d+: 0x[0-9a-f]+ \[[0-9a-f]+/([0-9a-f]+)/")
+_TB_INSN = re.compile(r"^0x([0-9a-f]+):\s")
 #: qemu accepts these SVE vector lengths (bytes): powers of two from 128 to 2048 bits.
 SVE_VL_BYTES = (16, 32, 64, 128, 256)
 
@@ -108,3 +113,47 @@ def run_calls(library: str | Path, tensors: Sequence[np.ndarray], calls: Sequenc
         results.append(np.frombuffer(data, t.dtype, t.size, offset).reshape(t.shape).copy())
         offset += t.nbytes
     return results
+
+
+def executed_instructions(library: str | Path, tensors: Sequence[np.ndarray],
+                          calls: Sequence[Call], vl_bytes: int = 16) -> Counter:
+    """Guest instructions executed per function of ``library`` while running ``calls``.
+
+    From qemu's ``-d in_asm,exec,nochain`` log: each executed translation block counts its
+    instructions, attributed to the library function its address falls in (the harness
+    prints where the library was loaded).
+    """
+    starts = sorted((insns[0].address, name)
+                    for name, insns in asm.functions(disassemble(library)).items() if insns)
+    with tempfile.TemporaryDirectory(prefix="tpp_cross_") as tmp:
+        job, log = Path(tmp) / "job.bin", Path(tmp) / "qemu.log"
+        write_job(job, tensors, calls)
+        proc = subprocess.run(
+            [*qemu_command(vl_bytes), "-d", "in_asm,exec,nochain", "-D", str(log),
+             str(harness()), str(Path(library).resolve()), str(job), str(Path(tmp) / "out")],
+            capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CrossRunError(f"traced harness run failed: {proc.stderr[-2000:]}",
+                                proc.returncode)
+        base = int(proc.stdout.split(" loaded at ")[1].split()[0], 16)
+        tb_size: dict[int, int] = {}
+        executed: Counter = Counter()
+        block = None
+        with open(log) as lines:
+            for line in lines:
+                if line.startswith("IN:"):
+                    block = None
+                elif m := _TB_INSN.match(line):
+                    if block is None:
+                        block = int(m.group(1), 16)
+                        tb_size[block] = 0
+                    tb_size[block] += 1
+                elif m := _TRACE.match(line):
+                    executed[int(m.group(1), 16)] += 1
+    addresses = [a for a, _ in starts]
+    per_function: Counter = Counter()
+    for pc, times in executed.items():
+        k = int(np.searchsorted(addresses, pc - base, side="right")) - 1
+        if k >= 0:
+            per_function[starts[k][1]] += times * tb_size.get(pc, 0)
+    return per_function
