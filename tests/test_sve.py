@@ -17,7 +17,7 @@ import pytest
 import tpp_harness as h
 import tvm
 
-from tpp_tvm import models
+from tpp_tvm import build, models
 from tpp_tvm.cross import CrossRunError, asm, missing_tools, plan_model, run_calls
 from tpp_tvm.cross.runner import Call, executed_instructions
 from tpp_tvm.cross.toolchain import disassemble, export_library
@@ -143,9 +143,12 @@ def test_brgemm_inner_loop_is_predicated_fmla(tpp_library) -> None:
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
-    """An MLP through the tpp graph pass and schedules, as one aarch64 library."""
+    """An MLP through the tpp graph pass and schedules, as one aarch64 library.
+
+    Two cores: the kernels' parallel loops go through the harness's (serial) parallel hook.
+    """
     model = models.mlp(8, (64, 96, 96, 40), activation="gelu")
-    tgt = target("sve", num_cores=1)
+    tgt = target("sve", num_cores=2)
     plan = plan_model(from_onnx(model), tgt)
     lib = plan.build(tgt, tmp_path_factory.mktemp("sve") / "mlp.so")
     x = np.random.default_rng(1).standard_normal((8, 64)).astype("float32")
@@ -167,3 +170,14 @@ def test_mlp_runs_like_onnxruntime(mlp, vl_bytes: int) -> None:
     plan, lib, x, want = mlp
     (got,) = plan.run(lib, [x], vl_bytes=vl_bytes)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_tpp_build_for_sve_exports_an_aarch64_library(tmp_path) -> None:
+    """``tpp_tvm.build`` with the SVE target gives a Relax VM executable for aarch64 (to load
+    with TVM's runtime on an SVE machine)."""
+    exe = build(from_onnx(models.mlp(4, (16, 32, 8))), target("sve", num_cores=1))
+    lib = export_library(exe, tmp_path / "mlp_vm.so")
+    header = lib.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # aarch64
+    assert any(x.kind == "sve" for insns in asm.functions(disassemble(lib)).values()
+               for x in insns)
