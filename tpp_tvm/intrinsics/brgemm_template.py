@@ -100,12 +100,15 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                                strides=free_strides(len(geo.b_shape)))
             C = TB.match_buffer(TB.arg("c", TB.handle()), (M, N), dt, offset_factor=1,
                                strides=[TB.int32(), 1])
+            for name, buf in (("A", A), ("B", B), ("C", C)):
+                IRBuilder.name(name, buf)
             with TB.sblock("root"):
                 TB.reads(*operand_reads(beta0, C, A, B))
                 TB.writes(C[0:M, 0:N])
-                acc = [[TB.alloc_local((1,), vt) for _ in range(NV)]
-                       for _ in range(M)]
+                acc = [[IRBuilder.name(f"acc_{i}_{v}", TB.alloc_local((1,), vt))
+                        for v in range(NV)] for i in range(M)]
                 with TB.serial(panels) as p:
+                    IRBuilder.name("panel", p)
                     for i in range(M):
                         for v in range(NV):
                             init = c_init(C, i, p, v) if v < plain else c_init_masked(C, i, p, v)
