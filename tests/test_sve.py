@@ -214,3 +214,25 @@ def test_tpp_build_for_sve_exports_an_aarch64_library(tmp_path) -> None:
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # aarch64
     assert any(x.kind == "sve" for insns in asm.functions(disassemble(lib)).values()
                for x in insns)
+
+
+@needs_cross
+@pytest.mark.parametrize("name", ["small_cnn", "bert"])
+def test_tiny_models_run_like_onnxruntime(name: str, tmp_path) -> None:
+    """Convolutions, pooling, attention and layer norm too: the tiny CNN and BERT encoder,
+    whole, at the shortest and the longest vector."""
+    ort = pytest.importorskip("onnxruntime")
+    generator = {"small_cnn": models.small_cnn, "bert": models.bert_encoder}[name]
+    model = generator(**models.TINY_ARGS[name])
+    tgt = target("sve", num_cores=1)
+    plan = plan_model(from_onnx(model), tgt)
+    assert not plan.report.fallbacks and sum(plan.report.lowered.values()) >= 4
+    lib = plan.build(tgt, tmp_path / f"{name}.so")
+    rng = np.random.default_rng(2)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
+             .astype("float32") for i in model.graph.input}
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for vl_bytes in (16, 256):
+        got = plan.run(lib, list(feeds.values()), vl_bytes=vl_bytes)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
