@@ -31,6 +31,8 @@ class Insn:
 
     @property
     def branch_target(self) -> int | None:
+        if self.mnemonic in ("bl", "blr", "call", "callq"):
+            return None  # calls return; they do not loop
         if not (self.mnemonic.startswith(("b", "j", "cb", "tb")) and "<" in self.operands):
             return None
         m = _TARGET.search(self.operands)

@@ -31,15 +31,17 @@ class CrossToolsMissing(TPPError):
 
 @dataclass(frozen=True)
 class Toolchain:
+    """Paths of the cross compiler, qemu, objdump and the aarch64 sysroot qemu loads from."""
+
     cc: str
     qemu: str
-    objdump: str | None
+    objdump: str
     sysroot: Path
 
 
 def missing_tools() -> list[str]:
     """What is missing for cross-running aarch64 code here (empty when all is present)."""
-    missing = [tool for tool in (_CC, _QEMU) if shutil.which(tool) is None]
+    missing = [tool for tool in (_CC, _QEMU, _OBJDUMP) if shutil.which(tool) is None]
     if not (_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
         missing.append(f"aarch64 libc in {_SYSROOT}")
     return missing
@@ -86,7 +88,5 @@ def harness() -> Path:
 def disassemble(library: str | Path) -> str:
     """``objdump -d`` of an aarch64 library (for instruction checks and counts)."""
     tools = toolchain()
-    if tools.objdump is None:
-        raise CrossToolsMissing(f"{_OBJDUMP} is not installed (package binutils-aarch64-linux-gnu)")
     return subprocess.run([tools.objdump, "-d", "--no-show-raw-insn", str(library)],
                           check=True, capture_output=True, text=True).stdout
