@@ -55,6 +55,13 @@ EXTRA = [
     TPPSpec("muladd", m=3, n=70, bcast="col"),
     TPPSpec("pool_max", m=3, n=70, batch=2, k=3, stride=140),
     TPPSpec("reduce_sumsq_rows", m=9, n=68),
+    # Data movement in other dtypes (st4b/st2h VNNI packing, int32 gathers).
+    TPPSpec("vnni4", "int8", m=7, n=70),
+    TPPSpec("vnni4", "uint8", m=9, n=131),
+    TPPSpec("vnni2", "float16", m=5, n=70),
+    TPPSpec("transpose", "int32", m=70, n=3),
+    TPPSpec("copy", "int8", m=3, n=130),
+    TPPSpec("zero", "float16", m=3, n=70),
 ]
 
 

@@ -89,7 +89,6 @@ class VectorISA:
         """Store the lanes of ``value`` selected by ``mask`` at the scalar element ``load``."""
         return T.call_llvm_intrin("void", "llvm.masked.store", value, T.address_of(load), mask)
 
-
     def all_lanes(self, dtype: str) -> tirx.Expr:
         """A predicate with every lane of one vector of ``dtype`` active."""
         return self.tail_mask(0, self.lanes(dtype), dtype)
