@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tpp_harness as h
 import tvm
+from tvm.script import tirx as T
 
 from tpp_tvm import build, models
 from tpp_tvm.cross import CrossRunError, asm, missing_tools, plan_model, run_calls
@@ -126,6 +127,27 @@ def test_cpu_without_sve_dies_with_sigill(tpp_library) -> None:
     with pytest.raises(CrossRunError) as err:
         run_calls(lib, tensors, calls, vl_bytes=None, cpu="cortex-a72")
     assert err.value.signal == signal.SIGILL
+
+
+@needs_cross
+def test_harness_catches_writes_outside_a_tensor(tmp_path) -> None:
+    """The guard bytes around every tensor are what makes the passes above also mean
+    "no TPP writes outside its tile"."""
+
+    @T.prim_func(s_tir=True)
+    def fill(x: T.Buffer((8,), "float32"), n: T.Buffer((1,), "int32")):
+        for i in range(n[0]):
+            x[i] = T.float32(1)
+
+    exe = tvm.compile(tvm.IRModule({"fill": fill.with_attr("global_symbol", "fill")}),
+                      target=target("sve", num_cores=1))
+    lib = export_library(exe, tmp_path / "fill.so")
+    x = np.zeros(8, "float32")
+    out = run_calls(lib, [x, np.array([8], "int32")], [Call("fill", (0, 1))])
+    assert (out[0] == 1).all()
+    with pytest.raises(CrossRunError, match="wrote outside tensor 0") as err:
+        run_calls(lib, [x, np.array([9], "int32")], [Call("fill", (0, 1))])
+    assert err.value.returncode == 5
 
 
 @needs_cross

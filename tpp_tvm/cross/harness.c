@@ -14,8 +14,10 @@
  * The library's calls into the TVM runtime go through function-pointer globals that TVM's
  * loader fills (__TVMBackendAllocWorkspace, ...); the harness fills them with its own
  * versions: workspaces are aligned malloc, parallel loops run their tasks one by one.
- * stdout gets one line with the library's load address (to map traced addresses to
- * kernels). Exit status: 0 ok, 2 usage/IO, 3 missing symbol, 4 a kernel reported an error.
+ * Every tensor sits between guard bytes; a kernel that writes outside its tensors fails
+ * the run. stdout gets one line with the library's load address (to map traced addresses
+ * to kernels). Exit status: 0 ok, 2 usage/IO, 3 missing symbol, 4 a kernel reported an
+ * error, 5 a write outside a tensor.
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -78,6 +80,27 @@ static void bind_runtime(void *lib) {
   }
 }
 
+#define GUARD 64
+#define GUARD_BYTE 0xA5
+
+/* A tensor's bytes with GUARD bytes before and at least GUARD after (64-byte aligned). */
+static void *alloc_guarded(uint64_t nbytes) {
+  uint64_t padded = (nbytes + GUARD - 1) / GUARD * GUARD + GUARD;
+  unsigned char *block = aligned_alloc(64, GUARD + padded);
+  if (!block) exit(2);
+  memset(block, GUARD_BYTE, GUARD + padded);
+  return block + GUARD;
+}
+
+static int guards_intact(const unsigned char *data, uint64_t nbytes) {
+  uint64_t padded = (nbytes + GUARD - 1) / GUARD * GUARD + GUARD;
+  for (uint64_t i = 1; i <= GUARD; ++i)
+    if (data[-(int64_t)i] != GUARD_BYTE) return 0;
+  for (uint64_t i = nbytes; i < padded; ++i)
+    if (data[i] != GUARD_BYTE) return 0;
+  return 1;
+}
+
 static FILE *job;
 
 static void read_exact(void *dst, size_t n) {
@@ -131,7 +154,7 @@ int main(int argc, char **argv) {
     x->shape = calloc(x->ndim ? x->ndim : 1, sizeof(int64_t));
     read_exact(x->shape, sizeof(int64_t) * x->ndim);
     read_exact(&sizes[t], sizeof sizes[t]);
-    x->data = aligned_alloc(64, (sizes[t] + 63) / 64 * 64 + 64);
+    x->data = alloc_guarded(sizes[t]);
     read_exact(x->data, sizes[t]);
     x->device.device_type = kDLCPU;
   }
@@ -163,6 +186,11 @@ int main(int argc, char **argv) {
     }
     free(args);
   }
+  for (uint32_t t = 0; t < n_tensors; ++t)
+    if (!guards_intact(tensors[t].data, sizes[t])) {
+      fprintf(stderr, "harness: a kernel wrote outside tensor %u\n", t);
+      return 5;
+    }
   FILE *out = fopen(argv[3], "wb");
   if (!out) {
     perror(argv[3]);
