@@ -660,12 +660,16 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def write_results(out_dir: str, name: str, argv: list[str], rows: list[dict],
-                  load_before: float, render: Callable[[str, str, str], str]) -> None:
-    """Write ``<name>.json`` and ``<name>.md`` (header: command, date, load) and print the md."""
+                  load_before: float, render: Callable[[str, str, str], str],
+                  script: str | None = None) -> None:
+    """Write ``<name>.json`` and ``<name>.md`` (header: command, date, load) and print the md.
+
+    ``script`` names the benchmark file when it is not ``<name>.py``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    command = shlex.join(["python", f"benchmarks/{name}.py", *argv])
+    command = shlex.join(["python", f"benchmarks/{script or name}.py", *argv])
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f}"
     md = render(command, date, load)

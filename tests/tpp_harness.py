@@ -19,12 +19,18 @@ from tpp_tvm.intrinsics.spec import contraction_geometry, pool_geometry
 from tpp_tvm.target import target
 
 
-def build(spec: TPPSpec, isa: str = "avx512"):
-    """Compile the tensorized TPP; returns (runtime module, operand shapes, dtypes)."""
+def tensorized(spec: TPPSpec, isa: str = "avx512") -> tvm.tirx.PrimFunc:
+    """The TPP's workload with its whole loop nest tensorized by the ``isa`` intrinsic."""
     sch = s_tir.Schedule(workload(spec))
     block = sch.get_sblock(BLOCK)
     sch.tensorize(sch.get_loops(block)[0], intrinsic(spec, isa))
-    mod = tvm.compile(sch.mod, target=target(isa, num_cores=1)).jit()
+    return sch.mod["main"]
+
+
+def build(spec: TPPSpec, isa: str = "avx512"):
+    """Compile the tensorized TPP; returns (runtime module, operand shapes, dtypes)."""
+    mod = tvm.compile(tvm.IRModule({"main": tensorized(spec, isa)}),
+                      target=target(isa, num_cores=1)).jit()
     return mod, operand_shapes(spec), operand_dtypes(spec)
 
 
@@ -162,7 +168,8 @@ def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> tuple[np.ndarray, 
     return tensors[-1].numpy(), reference(spec, args)
 
 
-def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
+def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float = 1e-5,
+                   isa: str = "avx512") -> None:
     """fp32 results within ``rtol`` (absolute ``rtol`` x the result's scale near zero, where
     sums cancel); other dtypes (conversions, data movement) bit-exact."""
     if got.dtype.name == "bfloat16" and spec.kind in ("unary", "binary") and spec.op != "copy":
@@ -173,11 +180,11 @@ def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float
                                    atol=2.0**-7 * scale, err_msg=spec.name("avx512"))
         return
     if got.dtype != np.float32:
-        np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=spec.name("avx512"))
+        np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=spec.name(isa))
         return
     scale = max(1.0, float(np.abs(want).max(initial=0.0)))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale,
-                               err_msg=spec.name("avx512"))
+                               err_msg=spec.name(isa))
 
 
 def tile_loops(sch: s_tir.Schedule, spec: TPPSpec, big: TPPSpec):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from tvm import tirx
 from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as TB
 
 from ..errors import UnsupportedDTypeError
 from .llvm_ir import module_text
@@ -31,6 +33,23 @@ def _loop_vars(ivs) -> tuple:
     return (ivs,) if isinstance(ivs, tirx.Var) else tuple(ivs)
 
 
+def column_panel(n: int, m: int, isa: VectorISA, dtype: str) -> tuple[int, int]:
+    """(unmasked, masked) vectors of one column panel of the C tile.
+
+    Fixed-width ISAs hold the whole row of C in one panel: ``N // lanes`` plain vectors and
+    one masked tail vector if ``N`` is not a multiple of ``lanes``. A scalable ISA does not
+    know the lane count until run time, so every vector is predicated and the panel is as
+    wide as the register file allows at the minimum vector length (``m`` accumulators per
+    vector, plus one register for the B vector and one for the broadcast A element);
+    panels then repeat until ``N`` is covered.
+    """
+    lanes = isa.static_lanes(dtype)
+    if not isa.scalable:
+        return n // lanes, int(n % lanes != 0)
+    fit = max(1, (isa.num_vregs - 1) // (m + 1))
+    return 0, min(fit, -(-n // lanes))
+
+
 def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """Implementation of ``gemm``/``brgemm``/``conv_brgemm`` for ``isa``: FMA form for fp32,
     dot-product form for VNNI-packed low precision."""
@@ -41,69 +60,84 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     if dt != "float32":
         raise UnsupportedDTypeError(f"{isa.name} FMA BRGEMM template is fp32-only, got {dt}")
     geo = contraction_geometry(spec)
-    lanes = isa.static_lanes(dt)
+    lanes = isa.lanes(dt)  # an int, or a vscale expression on a scalable ISA
     vt = isa.vtype(dt)
-    NV = -(-N // lanes)
-    full = N // lanes  # vectors without a tail
-    tail = N - full * lanes
+    plain, masked = column_panel(N, M, isa, dt)
+    NV = plain + masked  # vectors per panel
+    # Fixed width: one panel (the loop vanishes); scalable: as many as the run-time VL needs.
+    panels = 1 if not isa.scalable else tirx.floordiv(N + NV * lanes - 1, NV * lanes)
     beta0 = spec.beta == 0
     reduction = (*geo.batch, K)
+
+    def col(p, v):
+        return (p * NV + v) * lanes
+
+    def mask(p, v):
+        return isa.tail_mask(col(p, v), N, dt)
 
     def a_el(A, ivs, i):
         lv = _loop_vars(ivs)
         return A[geo.a_index(lv[:-1], i, lv[-1])]
 
-    def b_vec(B, ivs, v):
+    def b_vec(B, ivs, p, v):
         lv = _loop_vars(ivs)
-        return B[geo.b_index(lv[:-1], lv[-1], isa.ramp(v * lanes, dt))]
+        return B[geo.b_index(lv[:-1], lv[-1], isa.ramp(col(p, v), dt))]
 
-    def b_tail(B, ivs):
+    def b_masked(B, ivs, p, v):
         lv = _loop_vars(ivs)
-        return isa.masked_load(B[geo.b_index(lv[:-1], lv[-1], full * lanes)], tail_mask(), dt)
+        return isa.masked_load(B[geo.b_index(lv[:-1], lv[-1], col(p, v))], mask(p, v), dt)
 
-    def tail_mask():
-        return isa.tail_mask(full * lanes, N, dt)
+    def zero():
+        return isa.broadcast(tirx.const(0, dt), dt)
 
-    def c_init(C, i, v):
-        return isa.broadcast(tirx.const(0, dt), dt) if beta0 else C[i, isa.ramp(v * lanes, dt)]
+    def c_init(C, i, p, v):
+        return zero() if beta0 else C[i, isa.ramp(col(p, v), dt)]
 
-    def c_init_tail(C, i):
-        if beta0:
-            return isa.broadcast(tirx.const(0, dt), dt)
-        return isa.masked_load(C[i, full * lanes], tail_mask(), dt)
+    def c_init_masked(C, i, p, v):
+        return zero() if beta0 else isa.masked_load(C[i, col(p, v)], mask(p, v), dt)
 
     def fma(a, b, c):
         return T.call_llvm_pure_intrin(vt, "llvm.fma", isa.broadcast(a, dt), b, c)
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
-                           strides=free_strides(len(geo.a_shape)))
-        B = T.match_buffer(b, geo.b_shape, dt, offset_factor=1,
-                           strides=free_strides(len(geo.b_shape)))
-        C = T.match_buffer(c, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(*operand_reads(beta0, C, A, B))
-            T.writes(C[0:M, 0:N])
-            acc = T.alloc_buffer((M, NV), vt, scope="local")
-            for i in T.unroll(M):
-                for v in T.unroll(full):
-                    acc[i, v] = c_init(C, i, v)
-                if tail > 0:
-                    acc[i, full] = c_init_tail(C, i)
-            for ivs in T.grid(*reduction):
-                for i in T.unroll(M):
-                    for v in T.unroll(full):
-                        acc[i, v] = fma(a_el(A, ivs, i), b_vec(B, ivs, v), acc[i, v])
-                    if tail > 0:
-                        acc[i, full] = fma(a_el(A, ivs, i), b_tail(B, ivs), acc[i, full])
-            for i in T.unroll(M):
-                for v in T.unroll(full):
-                    C[i, isa.ramp(v * lanes, dt)] = acc[i, v]
-                if tail > 0:
-                    T.evaluate(isa.masked_store(acc[i, full], C[i, full * lanes], tail_mask()))
-
-    return impl
+    # Built with the IR builder rather than parsed TVMScript so that each accumulator is its
+    # own one-vector buffer: LLVM keeps those in registers, while an (M, NV) array of
+    # scalable vectors stays in memory (SROA cannot split it).
+    with IRBuilder() as ib:
+        with TB.prim_func(s_tir=True):
+            TB.func_name("impl")
+            A = TB.match_buffer(TB.arg("a", TB.handle()), geo.a_shape, dt, offset_factor=1,
+                               strides=free_strides(len(geo.a_shape)))
+            B = TB.match_buffer(TB.arg("b", TB.handle()), geo.b_shape, dt, offset_factor=1,
+                               strides=free_strides(len(geo.b_shape)))
+            C = TB.match_buffer(TB.arg("c", TB.handle()), (M, N), dt, offset_factor=1,
+                               strides=[TB.int32(), 1])
+            for name, buf in (("A", A), ("B", B), ("C", C)):
+                IRBuilder.name(name, buf)
+            with TB.sblock("root"):
+                TB.reads(*operand_reads(beta0, C, A, B))
+                TB.writes(C[0:M, 0:N])
+                acc = [[IRBuilder.name(f"acc_{i}_{v}", TB.alloc_local((1,), vt))
+                        for v in range(NV)] for i in range(M)]
+                with TB.serial(panels) as p:
+                    IRBuilder.name("panel", p)
+                    for i in range(M):
+                        for v in range(NV):
+                            init = c_init(C, i, p, v) if v < plain else c_init_masked(C, i, p, v)
+                            TB.buffer_store(acc[i][v], init, [0])
+                    with TB.grid(*reduction) as ivs:
+                        for i in range(M):
+                            for v in range(NV):
+                                bv = b_vec(B, ivs, p, v) if v < plain else b_masked(B, ivs, p, v)
+                                TB.buffer_store(acc[i][v], fma(a_el(A, ivs, i), bv, acc[i][v][0]),
+                                               [0])
+                    for i in range(M):
+                        for v in range(NV):
+                            if v < plain:
+                                TB.buffer_store(C, acc[i][v][0], [i, isa.ramp(col(p, v), dt)])
+                            else:
+                                TB.evaluate(isa.masked_store(acc[i][v][0], C[i, col(p, v)],
+                                                            mask(p, v)))
+    return ib.get()
 
 
 def dot_brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:

@@ -15,8 +15,10 @@ through registers (log2(lanes) block-swap shuffle steps, masks at the edges); VN
 and thin or non-32-bit transposes are plain loops that LLVM vectorises (vpermt2ps,
 vpunpck*).
 
-The templates are fixed-length (AVX-512) tested; for a scalable ISA they emit predicated
-loops that build for SVE but have not been run.
+On a scalable ISA (SVE) every row loop runs ``N // lanes`` full vectors, a run-time count,
+then one predicated tail; horizontal folds, transposes and VNNI packing use the ISA's own
+across-lane reductions, gathers and interleaving stores (``VectorISA`` hooks), since a
+scalable vector has no compile-time lanes to shuffle.
 """
 
 from __future__ import annotations
@@ -275,10 +277,13 @@ def _binary(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
 def _horizontal(op: str, vec: tirx.Expr, row: _Row) -> tirx.Expr:
     """Fold the lanes of ``vec`` into one scalar with the reduction of ``op``."""
+    kind = "max" if "_max_" in op else "add"
+    if kind in row.isa.horizontal:  # the ISA's own tree reduction (SVE faddv/fmaxv)
+        return row.isa.reduce_lanes(kind, vec, row.dtype)
     lanes = row.lanes
     if not isinstance(lanes, int):
-        name = "llvm.vector.reduce.fmax" if "_max_" in op else "llvm.vector.reduce.fadd"
-        args = [vec] if "_max_" in op else [tirx.const(-0.0, row.dtype), vec]
+        name = "llvm.vector.reduce.fmax" if kind == "max" else "llvm.vector.reduce.fadd"
+        args = [vec] if kind == "max" else [tirx.const(-0.0, row.dtype), vec]
         return T.call_llvm_pure_intrin(row.dtype, name, *args)
     # Pairwise halving: log2(lanes) vector ops, and a more accurate sum than a serial one.
     while lanes > 1:
@@ -369,6 +374,8 @@ def _swap_lanes(b: int, lanes: int, upper: bool) -> list[tirx.Expr]:
 def _transpose(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     M, N, dt = spec.m, spec.n, spec.dtype
     L = isa.lanes(dt)
+    if isa.gather and dt in ("float32", "int32"):
+        return _transpose_gather(spec, isa)
     if isa.scalable or dt not in ("float32", "int32") or L not in (2, 4, 8, 16):
         return _transpose_loop(spec)
     if M <= L // 2 or N < L // 2:
@@ -452,6 +459,37 @@ def _transpose(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
+def _transpose_gather(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Transpose by gathers: each vector of a row of Y is read down a column of X.
+
+    For ISAs whose lane count is unknown at compile time (SVE), where the register-blocked
+    shuffle transpose cannot be written; stores stay contiguous and tails predicated.
+    """
+    M, N, dt = spec.m, spec.n, spec.dtype
+    row = _Row(isa, dt, M)  # a row of Y runs down the M rows of X
+
+    def column(X, j, start, mask):
+        ld = X.strides[0]
+        index = T.ramp(start * ld, ld, row.lanes)
+        return isa.gather_load(X[0, j], index, mask, dt)
+
+    @T.prim_func(s_tir=True)
+    def impl(x: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat(dt))
+        Y = T.match_buffer(y, (N, M), **_mat(dt))
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Y[0:N, 0:M])
+            for j in T.serial(N):
+                for v in T.serial(row.full):
+                    Y[j, row.at(v)] = column(X, j, v * row.lanes, isa.all_lanes(dt))
+                if row.tail:
+                    T.evaluate(row.store_tail(column(X, j, row.tail_start, row.mask()),
+                                              Y[j, row.tail_start]))
+
+    return impl
+
+
 def _transpose_loop(spec: TPPSpec) -> tirx.PrimFunc:
     """Element-by-element transpose, for dtypes/ISAs without the register-blocked one."""
     M, N, dt = spec.m, spec.n, spec.dtype
@@ -473,6 +511,8 @@ def _transpose_loop(spec: TPPSpec) -> tirx.PrimFunc:
 def _vnni(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     M, N, dt = spec.m, spec.n, spec.dtype
     KO, _, V = transform_out_shape(spec)
+    if V in isa.interleaved_store and dt in _MOVE_DTYPES:
+        return _vnni_interleaved(spec, isa)
     full, rem = M // V, M % V
     zero = tirx.const(0, dt)
 
@@ -495,6 +535,45 @@ def _vnni(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                         Y[full, j, v] = X[full * V + v, j]
                     for v in T.unroll(rem, V):
                         Y[full, j, v] = zero
+
+    return impl
+
+
+def _vnni_interleaved(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """VNNI packing as interleaving stores: V rows of X in registers, one structured store
+    (SVE ``st2w``/``st4w``) writes them element-interleaved; missing rows are zeros."""
+    M, N, dt = spec.m, spec.n, spec.dtype
+    KO, _, V = transform_out_shape(spec)
+    full, rem = M // V, M % V
+    row = _Row(isa, dt, N)
+    zero = row.splat(tirx.const(0, dt))
+
+    def rows(X, ko, rows_present, v, tail):
+        if tail:
+            return [row.load_tail(X[ko * V + r, row.tail_start]) if r < rows_present else zero
+                    for r in range(V)]
+        return [X[ko * V + r, row.at(v)] if r < rows_present else zero for r in range(V)]
+
+    @T.macro
+    def block(X, Y, ko, rows_present):
+        for v in T.serial(row.full):
+            T.evaluate(isa.store_interleaved(rows(X, ko, rows_present, v, False),
+                                             Y[ko, v * row.lanes, 0], isa.all_lanes(dt)))
+        if row.tail:
+            T.evaluate(isa.store_interleaved(rows(X, ko, rows_present, 0, True),
+                                             Y[ko, row.tail_start, 0], row.mask()))
+
+    @T.prim_func(s_tir=True)
+    def impl(x: T.handle, y: T.handle):
+        X = T.match_buffer(x, (M, N), **_mat(dt))
+        Y = T.match_buffer(y, (KO, N, V), dt, offset_factor=1, strides=[T.int32(), V, 1])
+        with T.sblock("root"):
+            T.reads(X[0:M, 0:N])
+            T.writes(Y[0:KO, 0:N, 0:V])
+            for ko in T.serial(full):
+                block(X, Y, ko, V)
+            if rem > 0:
+                block(X, Y, full, rem)
 
     return impl
 

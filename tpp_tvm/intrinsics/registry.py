@@ -113,7 +113,15 @@ EXAMPLE_EQUATIONS = (
     ("tanh", "square"),
 )
 
-_CATALOGUE_ISAS = ("avx512",)
+#: ISAs whose whole catalogue is registered by :func:`registered` (AMX has no fp32 set).
+_CATALOGUE_ISAS = ("avx512", "sve")
+
+
+def portable(spec: TPPSpec) -> bool:
+    """Whether every ISA implements ``spec``: fp32 in and out. Low-precision and
+    quantization TPPs exist for AVX-512 (and AMX) only so far."""
+    return (spec.kind != "quant" and spec.dtype == "float32" and spec.vnni <= 1
+            and spec.out_dtype in (None, "", "float32"))
 
 
 def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
@@ -124,7 +132,8 @@ def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
     for cat_isa in _CATALOGUE_ISAS if isa is None else (isa,):
         if cat_isa in _CATALOGUE_ISAS:
             for spec in catalogue() + low_precision_catalogue():
-                intrinsic(spec, cat_isa)
+                if cat_isa == "avx512" or portable(spec):
+                    intrinsic(spec, cat_isa)
     short = DTYPE_SHORT.get(dtype, dtype) if dtype else None
     out = []
     for name, (spec, spec_isa) in _names.items():

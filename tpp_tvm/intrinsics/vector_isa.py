@@ -9,8 +9,8 @@ vector registers the register-blocking may use.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from tvm import tirx
 from tvm.script import tirx as T
@@ -24,6 +24,11 @@ class VectorISA:
     ``dot_brgemm(a_dtype, b_dtype, m, n, kgroups, batch, beta)`` gives the ISA's
     low-precision (VNNI dot-product) BRGEMM microkernel as an LLVM IR function
     (``llvm_ir.IRFunction``); None when this package has none for the ISA.
+    The optional LLVM intrinsic names below are instructions the templates use when the ISA
+    has them and generic code cannot reach them (a scalable vector has no compile-time lane
+    indices to shuffle): ``horizontal`` maps ``"add"``/``"max"`` to a predicated across-lane
+    reduction, ``gather`` loads 32-bit elements at a vector of indices, ``interleaved_store``
+    maps a factor V to a store of V vectors interleaved element by element.
     """
 
     name: str
@@ -31,6 +36,9 @@ class VectorISA:
     num_vregs: int
     min_vector_bits: int = 128
     dot_brgemm: Callable | None = None
+    horizontal: Mapping[str, str] = field(default_factory=dict)
+    gather: str | None = None
+    interleaved_store: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def scalable(self) -> bool:
@@ -84,6 +92,27 @@ class VectorISA:
     def masked_store(self, value: tirx.Expr, load: tirx.Expr, mask: tirx.Expr) -> tirx.Expr:
         """Store the lanes of ``value`` selected by ``mask`` at the scalar element ``load``."""
         return T.call_llvm_intrin("void", "llvm.masked.store", value, T.address_of(load), mask)
+
+    def all_lanes(self, dtype: str) -> tirx.Expr:
+        """A predicate with every lane of one vector of ``dtype`` active."""
+        return self.tail_mask(0, self.lanes(dtype), dtype)
+
+    def reduce_lanes(self, kind: str, vec: tirx.Expr, dtype: str) -> tirx.Expr:
+        """Fold the lanes of ``vec`` with ``kind`` (``add``/``max``) using ``horizontal``."""
+        return T.call_llvm_pure_intrin(dtype, self.horizontal[kind], self.all_lanes(dtype), vec)
+
+    def gather_load(self, base: tirx.Expr, index: tirx.Expr, mask: tirx.Expr,
+                    dtype: str) -> tirx.Expr:
+        """One vector of ``dtype``: lane l is the element ``index[l]`` elements after ``base``
+        (a scalar buffer element), where ``mask`` is set; zero elsewhere."""
+        return T.call_llvm_pure_intrin(self.vtype(dtype), self.gather, mask,
+                                       T.address_of(base), index)
+
+    def store_interleaved(self, values: list[tirx.Expr], first: tirx.Expr,
+                          mask: tirx.Expr) -> tirx.Expr:
+        """Store ``values[v][l]`` at element ``l * V + v`` after ``first`` where ``mask[l]``."""
+        return T.call_llvm_intrin("void", self.interleaved_store[len(values)], *values, mask,
+                                  T.address_of(first))
 
 
 def _bits(dtype: str) -> int:

@@ -82,6 +82,29 @@ def partition_passes(isa: str, report: LoweringReport | None = None
     ]
 
 
+def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
+                      precision: str = "float32", logs: TuneLogs | None = None,
+                      force_tuned: bool = False) -> list:
+    """Steps 0-3: ``main`` becomes a dataflow of ``call_tir`` into scheduled kernels.
+
+    Separate from the VM lowering so a model can also be run without TVM's runtime (the
+    aarch64 harness in ``tpp_tvm.cross`` calls the kernels in this order itself).
+    """
+    if is_tpp_target(target):
+        isa = isa_of(target)
+
+        @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
+        def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+            return lower_tpp_composites(mod, isa, report, precision, logs, force_tuned)
+
+        passes = [*partition_passes(isa, report), lower]
+    else:
+        passes = simplify_passes()
+    passes += library_dispatch_passes(target) + legalize_passes(target)
+    passes.append(default_schedule_pass())
+    return passes
+
+
 def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32",
                  logs: TuneLogs | None = None, force_tuned: bool = False
                  ) -> tvm.transform.Pass:
@@ -98,18 +121,7 @@ def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32
         target = tvm.target.Target.current()
         if target is None:
             raise ValueError("the tpp pipeline needs a target (tvm.compile(..., target=...))")
-        if is_tpp_target(target):
-            isa = isa_of(target)
-
-            @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
-            def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-                return lower_tpp_composites(mod, isa, report, precision, logs, force_tuned)
-
-            passes = [*partition_passes(isa, report), lower]
-        else:
-            passes = simplify_passes()
-        passes += library_dispatch_passes(target) + legalize_passes(target)
-        passes.append(default_schedule_pass())
+        passes = tpp_kernel_passes(target, report, precision, logs, force_tuned)
         passes += dataflow_lower_passes(target) + finalize_passes(target)
         return tvm.transform.Sequential(passes)(mod)
 

@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import s_tir, te, tirx
 
-from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec, intrinsic
 from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
 from ..runtime import configure_threads, target_threads
@@ -732,6 +732,10 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     isa = isa_of(tgt)
+    if isa == "sve":
+        raise UnsupportedISAError(
+            "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
+            "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
     t0 = time.perf_counter()
     if isa == "amx" and PRECISIONS[dtype].vnni > 1:
         sch, plan = _amx_schedule(m, n, k, dtype, tgt, batch, bias, activation, dequantize)
