@@ -160,13 +160,14 @@ def _workload_dir(mod, name: str | None) -> str:
 def tune(mod, target=None, work_dir: str | os.PathLike | None = None, *,
          trials_per_task: int = 64, trials: int | None = None, params: dict | None = None,
          runner: ms.Runner | None = None, rules: str = "tpp", name: str | None = None,
-         seed: int = 0, progress: bool = True) -> TuningResult:
+         seed: int = 0, progress: bool = True, compare: bool = True) -> TuningResult:
     """Tune ``mod`` (a PrimFunc, an IRModule of PrimFuncs, or a Relax model) on TPPs.
 
     ``work_dir`` defaults to ``tune_logs/<target tag>/<name or workload hash>``;
     ``trials`` caps the total over all tasks (default: ``trials_per_task`` each).
     ``rules="tvm"`` uses TVM's stock rules instead (for comparisons). ``runner`` may be
-    :func:`make_runner` with an RPC tracker to measure on other machines.
+    :func:`make_runner` with an RPC tracker to measure on other machines. ``compare``
+    times each tuned model subgraph against its hand schedule (``choices.json``).
     """
     from .schedules.tuning_rules import space_generator
 
@@ -208,22 +209,43 @@ def tune(mod, target=None, work_dir: str | os.PathLike | None = None, *,
         measure_callbacks=callbacks, task_scheduler="gradient",
     )
     result = TuningResult(log_dir, seconds=time.perf_counter() - t0)
-    choices = {}
-    for task in tasks:
-        rec = _best_record(database, task.func, tgt)
-        entry = {"name": task.name, "weight": task.weight,
-                 "tuned_ms": 1e3 * float(np.mean([float(s) for s in rec.run_secs]))
-                 if rec is not None and rec.run_secs else None}
-        if task.compare is not None and rec is not None:
-            entry.update(task.compare(TuneLogs(log_dir, database, tgt)))
-        choices[task.key] = entry
-        result.tasks.append(entry)
-    (log_dir / "choices.json").write_text(json.dumps(choices, indent=1, sort_keys=True))
+    if not compare:
+        for task in tasks:
+            task.compare = None
+    result.tasks = _choose(tasks, TuneLogs(log_dir, database, tgt))
     (log_dir / "meta.json").write_text(json.dumps({
         "target": str(tgt), "tag": target_tag(tgt), "rules": rules,
         "trials_per_task": trials_per_task, "tuning_seconds": round(result.seconds, 1),
     }, indent=1))
     return result
+
+
+def _choose(tasks: list[Task], logs: TuneLogs) -> list[dict]:
+    """Per task: the best tuned time and, for model subgraphs, tuned vs hand schedule timed
+    in one harness; written to ``choices.json`` (what a build follows)."""
+    choices, entries = {}, []
+    for task in tasks:
+        rec = _best_record(logs.database, task.func, logs.target)
+        entry = {"name": task.name, "weight": task.weight,
+                 "tuned_ms": 1e3 * float(np.mean([float(s) for s in rec.run_secs]))
+                 if rec is not None and rec.run_secs else None}
+        if task.compare is not None and rec is not None:
+            entry.update(task.compare(logs))
+        choices[task.key] = entry
+        entries.append(entry)
+    (logs.path / "choices.json").write_text(json.dumps(choices, indent=1, sort_keys=True))
+    return entries
+
+
+def recompare(mod, log_dir: str | os.PathLike, target=None, params: dict | None = None
+              ) -> TuningResult:
+    """Re-time the tuned subgraphs of ``mod`` against the hand schedules (e.g. on a quiet
+    machine after tuning on a busy one) and rewrite the log's ``choices.json``."""
+    tgt = _as_target(target)
+    logs = open_logs(log_dir, tgt)
+    if logs is None:
+        raise TuningLogError(f"tuning log {log_dir} was made for another target")
+    return TuningResult(Path(log_dir), _choose(extract_tasks(mod, tgt, params), logs))
 
 
 def search_strategy() -> ms.search_strategy.EvolutionarySearch:
