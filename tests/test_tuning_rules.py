@@ -198,3 +198,14 @@ def test_trace_intrinsic_names_register_from_the_name():
     register_trace_intrinsics(names)
     assert all(n in _names for n in names)
     assert tvm.s_tir.TensorIntrin.get(names[2]) is not None
+
+
+def test_row_reductions_become_reduce_tpps():
+    X = te.placeholder((6, 4, 96), name="X")
+    j = te.reduce_axis((0, 96), "j")
+    S = te.compute((6, 4), lambda a, b: te.sum(X[a, b, j] * X[a, b, j], axis=j), name="sumsq")
+    spaces = _designs(te.create_prim_func([X, S]))
+    assert any("reduce_sumsq_cols" in n for n in _tensorized(spaces[0]))
+    x = np.random.default_rng(2).standard_normal((6, 4, 96)).astype("float32")
+    got = _run(spaces[0], [x, np.zeros((6, 4), "float32")])
+    np.testing.assert_allclose(got, (x * x).sum(-1), rtol=1e-5)

@@ -12,8 +12,9 @@ hand schedule fixes:
 * the cache tile and the parallel split — ``sample_perfect_tile`` decisions the
   evolutionary search mutates.
 
-Element-wise epilogues are computed at the tile that produced their input and
-vectorized. Blocks that are not contractions get TVM's stock rules. Use
+Element-wise epilogues are computed at the tile that produced their input and become
+equation TPPs where their math is one (else vectorized); standalone element-wise blocks
+become equation TPPs and row reductions reduce TPPs. Other blocks get TVM's stock rules. Use
 :func:`default_rules` / :func:`default_postprocs` for a TPP target.
 """
 
@@ -169,7 +170,7 @@ def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr
     sch.tensorize(mi, intrinsic(spec, isa))
 
 
-_NAME = re.compile(r"^tpp\.(gemm|equation)\.f32\.(\w+)\.m(\d+)n(\d+)(?:k(\d+))?")
+_NAME = re.compile(r"^tpp\.(gemm|equation|reduce_\w+)\.f32\.(\w+)\.m(\d+)n(\d+)(?:k(\d+))?")
 
 
 def register_trace_intrinsics(names) -> None:
@@ -183,6 +184,8 @@ def register_trace_intrinsics(names) -> None:
         if op == "gemm":
             specs = [TPPSpec("gemm", "float32", m=int(m), n=int(n), k=int(k), beta=b)
                      for b in (0, 1)]
+        elif op.startswith("reduce_"):
+            specs = [TPPSpec(op, "float32", m=int(m), n=int(n))]
         else:
             specs = [TPPSpec("equation", "float32", m=int(m), n=int(n), steps=steps)
                      for steps in candidate_steps()]
@@ -265,6 +268,58 @@ class ParallelizeVectorizeUnroll(ms.schedule_rule.PyScheduleRule):
         return (self.around_tpp if has_tpp else self.plain).apply(sch, block)
 
 
+#: Row reductions a block may compute, as ``reduce_<op>_cols`` TPPs (Y[i] = op_j X[i, j]).
+ROW_REDUCTIONS = ("reduce_add_cols", "reduce_max_cols", "reduce_sumsq_cols")
+
+
+@derived_object
+class ReductionTPP(ms.schedule_rule.PyScheduleRule):
+    """A reduction over the innermost axis (layer norm's mean and variance, softmax's max and
+    sum): rows in parallel, each tile of rows one row-reduction TPP. The TPP is found by
+    letting ``tensorize`` compare each candidate's math with the block's."""
+
+    def __init__(self, isa: str = "avx512") -> None:
+        self.isa = isa
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def clone(self) -> ReductionTPP:
+        return ReductionTPP(self.isa)
+
+    def apply(self, sch: Schedule, block: SBlockRV) -> list[Schedule]:
+        try:
+            blk = sch.get(block)
+            types = [int(iv.iter_type) for iv in blk.iter_vars]
+            loops = sch.get_loops(block)
+            if (blk.init is None or types.count(2) != 1 or types[-1] != 2
+                    or len(loops) != len(types) or len(loops) < 2
+                    or str(blk.body.buffer.dtype) != "float32"):
+                return [sch]
+            name = blk.name_hint
+        except Exception:  # noqa: BLE001 - a block another rule already restructured
+            return [sch]
+        for op in ROW_REDUCTIONS:
+            space = sch.copy()
+            try:
+                b = space.get_sblock(name)
+                lps = space.get_loops(b)
+                rows = lps[-2]  # tiles of the innermost spatial axis (fusing would not blockize)
+                extent = int(space.get(rows).extent)
+                mr = next((d for d in (8, 4, 2) if extent % d == 0), None)
+                cols = int(space.get(lps[-1]).extent)
+                if mr is None or cols < 2:
+                    return [sch]
+                ro, ri = space.split(rows, [None, mr])
+                space.tensorize(ri, intrinsic(TPPSpec(op, "float32", m=mr, n=cols), self.isa))
+                outer = [*lps[:-2], ro]
+                space.parallel(space.fuse(*outer) if len(outer) > 1 else outer[0])
+                return [space]
+            except Exception as err:  # noqa: BLE001 - not this reduction; try the next
+                log.debug("%s: not %s (%s)", name, op, str(err).splitlines()[-1])
+        return [sch]
+
+
 def default_rules(target: Target | None = None) -> list[ms.ScheduleRule]:
     """Schedule rules for a TPP target: TPP contractions first, TVM's rules for the rest.
 
@@ -281,6 +336,7 @@ def default_rules(target: Target | None = None) -> list[ms.ScheduleRule]:
         ),
         ContractionTPP(isa, fallback=stock["MultiLevelTiling"]),
         ElementwiseTPP(isa),
+        ReductionTPP(isa),
         ParallelizeVectorizeUnroll(),
         stock["RandomComputeLocation"],
     ]
