@@ -20,6 +20,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..schedules.attention import AttentionShape, attention_schedule
+from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
@@ -98,6 +99,45 @@ def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     b3 = bb.emit(relax.op.reshape(y, (batch, k, n))) if len(ys) != 3 else y
     out = bb.emit(relax.call_tir(gv, [a3, b3], relax.TensorType((batch, m, n), "float32")))
     return relax.op.reshape(out, [*xs[:-2], m, n]) if len(xs) != 3 else out
+
+
+def _lower_matmul(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                  isa: str) -> relax.Expr:
+    """matmul(A or Aᵀ, B or Bᵀ) (+bias)(+act) of activations: one GEMM kernel, B read in
+    place (plain) or packed inside the kernel (transposed), Aᵀ copied to rows."""
+    x, y = matched["lhs"], matched["rhs"]
+    ta, tb = "lhs_t" in matched, "rhs_t" in matched
+    xs, ys = _shape(x), _shape(y)
+    if ta:
+        k, m = xs
+    else:
+        m, k = int(np.prod(xs[:-1])), xs[-1]
+    n = ys[0] if tb else ys[1]
+    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
+                              activation=matched.get("activation"), b_packed=False,
+                              a_transposed=ta, b_transposed=tb)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x, y]
+    if "bias" in matched:
+        bias = matched["bias"]
+        if plan.np_ != n:
+            bias = bb.emit(relax.op.nn.pad(bias, [0, plan.np_ - n]))
+        args.append(bias)
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
+    out_shape = [*xs[:-1], n] if not ta else [m, n]
+    return relax.op.reshape(out, out_shape) if len(out_shape) != 2 else out
+
+
+def _lower_col_sum(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                   isa: str) -> relax.Expr:
+    """A bias gradient: column sums of dY flattened to rows, reduce TPPs per panel."""
+    dy = matched["lhs"]
+    shape = _shape(dy)
+    rows, width = int(np.prod(shape[:-1])), shape[-1]
+    sch = col_sum_schedule(rows, width, isa)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    dy2 = bb.emit(relax.op.reshape(dy, (rows, width))) if len(shape) != 2 else dy
+    return relax.call_tir(gv, [dy2], relax.TensorType((width,), "float32"))
 
 
 def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
@@ -230,6 +270,8 @@ _LOWERINGS = {
     "tpp.dense": _lower_dense,
     "tpp.conv2d": _lower_conv2d,
     "tpp.bmm": _lower_bmm,
+    "tpp.matmul": _lower_matmul,
+    "tpp.col_sum": _lower_col_sum,
     "tpp.layer_norm": _lower_rowwise,
     "tpp.softmax": _lower_rowwise,
 }
@@ -307,6 +349,26 @@ def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport) ->
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.
     return inline_composites(mod)
+
+
+def lower_tagged_kernels(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
+    """Swap kernels tagged ``tpp.backward`` (emitted by training gradients as plain TE)
+    for their TPP schedules; one that has no TPP tile keeps its TE form for TVM."""
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or not func.attrs or \
+                "tpp.backward" not in func.attrs:
+            continue
+        op = str(func.attrs["tpp.backward"])
+        try:
+            sch = backward_schedule(func, isa)
+        except Exception as err:  # noqa: BLE001 - keep the TE kernel, TVM schedules it
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            log.info("TPP backward kernel %s fell back to TVM: %s", op, reason)
+            report.fallbacks[f"tpp.{op} ({reason})"] += 1
+            continue
+        mod[gv] = _kernel_attrs(sch.mod["main"])
+        report.lowered[f"tpp.{op}"] += 1
+    return mod
 
 
 def inline_composites(mod: tvm.IRModule) -> tvm.IRModule:

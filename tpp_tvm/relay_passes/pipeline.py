@@ -30,7 +30,7 @@ from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from .canonicalize import CanonicalizeActivations
-from .lower import LoweringReport, lower_tpp_composites
+from .lower import LoweringReport, lower_tagged_kernels, lower_tpp_composites
 from .patterns import pattern_table
 
 PIPELINE_NAME = "tpp"
@@ -41,7 +41,7 @@ def tpp_graph_passes(isa: str, report: LoweringReport) -> list[tvm.transform.Pas
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
     def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lower_tpp_composites(mod, isa, report)
+        return lower_tpp_composites(lower_tagged_kernels(mod, isa, report), isa, report)
 
     return [
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.

@@ -204,24 +204,50 @@ def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]],
         tensorize_rows(sch, sch.get_sblock(name), spec, isa, name)
 
 
+def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
+    """``src`` (..., cols, rows) transposed to (..., rows, cols), zero-padded to ``shape``:
+    a transposed operand (a backward pass's Xᵀ) copied into the layout the microkernel reads."""
+    rows, cols = valid
+
+    def at(*ix):
+        *lead, i, j = ix
+        inside = tirx.all(i < rows, j < cols)
+        return tirx.if_then_else(inside, src[(*lead, tirx.min(j, cols - 1),
+                                              tirx.min(i, rows - 1))],
+                                 tirx.const(0, src.dtype))
+
+    return te.compute(shape, at, name=name)
+
+
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True,
-            post_activation: str | None = None):
+            post_activation: str | None = None, a_transposed: bool = False,
+            b_transposed: bool = False):
     """TE stages of the GEMM; returns (inputs, output).
 
-    Inputs in order: A, B (packed panels, or plain (K, N) when ``b_packed`` is False, as
-    for an activation operand), bias (padded to the packed width), residual (M, N).
+    Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
+    activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
+    bias (padded to the packed width), residual (M, N). A transposed A is copied into
+    (M, K) rows and a transposed B into packed panels inside the kernel (``A_pad``,
+    ``B_pack``), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same microkernel.
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
     lead = (batch,) if batch else ()
-    A = te.placeholder((*lead, m, k), "float32", name="A")
+    A = te.placeholder((*lead, *((k, m) if a_transposed else (m, k))), "float32", name="A")
     if b_packed:
         B = te.placeholder((*lead, np_ // nr, kp, nr), "float32", name="B_packed")
+    elif b_transposed:
+        B = te.placeholder((*lead, n, k), "float32", name="B")
+        B = te.compute((*lead, np_ // nr, kp, nr), _pack_transposed(B, n, k, nr), name="B_pack")
+        b_packed = True
     else:
         B = te.placeholder((*lead, k, n), "float32", name="B")
-    inputs = [A, B]
-    A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if (mp, kp) != (m, k) else A
+    inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
+    if a_transposed:
+        A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_pad")
+    else:
+        A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if (mp, kp) != (m, k) else A
     r = te.reduce_axis((0, kp), name="k")
     if b_packed:
         C = te.compute(
@@ -241,6 +267,18 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
                                                post_activation)
     return inputs + epilogue_inputs, out, stages
+
+
+def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):
+    """Element (jb, kk, jj) of packed panels from B given as (N, K), zero-padded."""
+    def at(*ix):
+        *lead, jb, kk, jj = ix
+        j = jb * nr + jj
+        inside = tirx.all(kk < k, j < n)
+        return tirx.if_then_else(inside, B[(*lead, tirx.min(j, n - 1), tirx.min(kk, k - 1))],
+                                 tirx.const(0, "float32"))
+
+    return at
 
 
 def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
@@ -293,7 +331,7 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     sch.reorder(*lead, jo, ko, io, ii, ji, ki)
     panel_loop = sch.fuse(*lead, jo) if lead else jo
     sch.parallel(panel_loop)
-    schedule_pads(sch, ("A_pad", "B_pad"))
+    schedule_pads(sch, ("A_pad", "B_pad", "B_pack"))
     epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
     init = sch.decompose_reduction(blk, ko)
     tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
@@ -329,7 +367,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
         outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad", "B_pad"))
+    schedule_pads(sch, ("A_pad", "B_pad", "B_pack"))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages)
     gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
@@ -469,13 +507,14 @@ class GemmKernel:
 
 def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   bias: bool = False, activation: str | None = None, residual: bool = False,
-                  b_packed: bool = True, post_activation: str | None = None
+                  b_packed: bool = True, post_activation: str | None = None,
+                  a_transposed: bool = False, b_transposed: bool = False
                   ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking."""
     _check(m, n, k, "float32", activation)
     plan = plan_gemm(m, n, k)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
-                                  post_activation)
+                                  post_activation, a_transposed, b_transposed)
     func = te.create_prim_func([*inputs, out])
     return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 

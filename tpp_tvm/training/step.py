@@ -27,6 +27,7 @@ from ..relay_passes.lower import LoweringReport
 from ..relay_passes.pipeline import build
 from ..runtime import configure_threads, target_threads
 from ..target import target as tpp_target
+from . import gradients  # noqa: F401 - registers the TPP-backed gradients
 from .loss import label_type, loss_spec
 from .optim import SGD, AdamW, Optimizer, optimizer_kernel
 
