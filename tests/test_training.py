@@ -59,7 +59,8 @@ def _batches(rng, input_shapes, out_dim, loss, steps=STEPS, distinct=2):
         inputs = [rng.standard_normal(s).astype("float32") for s in input_shapes]
         batch = input_shapes[0][0]
         if loss == "mse":
-            labels = rng.standard_normal((batch, out_dim)).astype("float32")
+            shape = input_shapes[0] if out_dim is None else (batch, out_dim)
+            labels = rng.standard_normal(shape).astype("float32")
         else:
             labels = rng.integers(0, out_dim, batch).astype("int64")
         out.append((inputs, labels))
@@ -132,3 +133,59 @@ def test_training_errors_are_tpp_errors():
     with pytest.raises(TPPError, match="takes 1 inputs"):
         step.step(np.zeros((4, 8), "float32"), np.zeros((4, 8), "float32"),
                   labels=np.zeros((4, 4), "float32"))
+
+
+class _TorchBert(torch.nn.Module if torch else object):
+    def __init__(self, hidden, heads, intermediate, eps):
+        super().__init__()
+        self.heads = heads
+        for name in ("q", "k", "v", "o"):
+            setattr(self, name, torch.nn.Linear(hidden, hidden))
+        self.ln1 = torch.nn.LayerNorm(hidden, eps=eps)
+        self.ffn1 = torch.nn.Linear(hidden, intermediate)
+        self.ffn2 = torch.nn.Linear(intermediate, hidden)
+        self.ln2 = torch.nn.LayerNorm(hidden, eps=eps)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        dh = h // self.heads
+
+        def split(t):
+            return t.view(b, s, self.heads, dh).permute(0, 2, 1, 3)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / np.sqrt(dh), dim=-1)
+        ctx = (probs @ v).permute(0, 2, 1, 3).reshape(b, s, h)
+        h1 = self.ln1(self.o(ctx) + x)
+        return self.ln2(self.ffn2(torch.nn.functional.gelu(self.ffn1(h1))) + h1)
+
+
+def test_bert_layer_matches_torch():
+    batch, seq, hidden, heads, inter = 2, 16, 64, 4, 128
+    model = tm.bert_layer(batch, seq, hidden, heads, inter)
+    module = _TorchBert(hidden, heads, inter, 1e-12)
+    named = {}
+    for name, p in module.named_parameters():
+        is_linear_w = name.endswith(".weight") and not name.startswith("ln")
+        named[name] = (p, is_linear_w)
+    step = _check(model, module, named, "mse", SGD(lr=0.05, momentum=0.9),
+                  [(batch, seq, hidden)], None)
+    lowered = step.report.lowered
+    for kernel in ("tpp.layer_norm", "tpp.layer_norm_bwd", "tpp.softmax", "tpp.softmax_bwd",
+                   "tpp.gelu_inv", "tpp.matmul_ta", "tpp.col_sum", "tpp.bmm"):
+        assert lowered[kernel] >= 1, step.report.summary()
+
+
+def test_small_cnn_matches_torch():
+    model = tm.small_cnn(4, channels=3, size=8, width=4, classes=5)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 2 * 2, 5))
+    named = {"conv0.weight": (module[0].weight, False), "conv1.weight": (module[3].weight, False),
+             "fc.weight": (module[7].weight, True), "fc.bias": (module[7].bias, False)}
+    with torch.no_grad():
+        module[0].bias.copy_(torch.tensor(model.params["conv0.bias"].reshape(-1)))
+        module[3].bias.copy_(torch.tensor(model.params["conv1.bias"].reshape(-1)))
+    _check(model, module, named, "cross_entropy", SGD(lr=0.05, momentum=0.9),
+           [(4, 3, 8, 8)], 5)

@@ -229,7 +229,7 @@ def col_sum_pattern() -> TPPPattern:
 
 
 def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """Row-wise ops over the last axis of a static fp32 tensor (constant gamma/beta)."""
+    """Row-wise ops over the last axis of a static fp32 tensor (gamma/beta rows of H)."""
     a = ctx.annotated_expr
     x, call = a["lhs"], a["root"]
     if not _static_f32(x):
@@ -241,13 +241,15 @@ def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
             return False
         if not (attrs.center and attrs.scale):
             return False
-        return all(_static_f32(a[k]) for k in ("gamma", "beta"))
+        width = int(x.ty.shape.values[-1])
+        return all(_static_f32(a[k]) and [int(d) for d in a[k].ty.shape.values] == [width]
+                   for k in ("gamma", "beta"))
     return int(attrs.axis) % ndim == ndim - 1
 
 
 def rowwise_patterns() -> list[TPPPattern]:
     """Layer norm and softmax over the last axis: row-wise TPP equations."""
-    x, gamma, beta = wildcard(), is_const(), is_const()
+    x, gamma, beta = wildcard(), wildcard(), wildcard()  # constants, or trained params
     ln = is_op("relax.nn.layer_norm")(x, gamma, beta)
     x2 = wildcard()
     sm = is_op("relax.nn.softmax")(x2)
