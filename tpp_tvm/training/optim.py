@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from tvm import s_tir, te, tirx
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
 
 from ..errors import TPPError
 
@@ -51,15 +53,18 @@ class SGD:
         """Per-step scalars: [lr]."""
         return np.array([self.lr], dtype="float32")
 
-    def update(self, p, g, states, h):
-        """New (param, *states) element expressions from param p, grad g, states, scalars h."""
-        lr = h[0]
-        if self.weight_decay:
-            g = g + tirx.const(self.weight_decay, "float32") * p
+    def new_states(self, p, g, states, h):
+        """The new optimizer state from param p, grad g, old states and scalars h."""
         if not self.momentum:
-            return (p - lr * g,)
-        buf = tirx.const(self.momentum, "float32") * states[0] + g
-        return (p - lr * buf, buf)
+            return []
+        return [tirx.const(self.momentum, "float32") * states[0] + self._grad(p, g)]
+
+    def new_param(self, p, g, states, h):
+        """The new parameter, given the already updated ``states``."""
+        return p - h[0] * (states[0] if self.momentum else self._grad(p, g))
+
+    def _grad(self, p, g):
+        return g + tirx.const(self.weight_decay, "float32") * p if self.weight_decay else g
 
 
 @dataclass(frozen=True)
@@ -89,14 +94,14 @@ class AdamW:
         return np.array([self.lr, self.lr * self.weight_decay, self.lr / bc1,
                          1.0 / math.sqrt(bc2)], dtype="float32")
 
-    def update(self, p, g, states, h):
+    def new_states(self, p, g, states, h):
         b1, b2 = self.betas
-        one = tirx.const(1.0, "float32")
-        p = p * (one - h[1])
-        m = tirx.const(b1, "float32") * states[0] + tirx.const(1.0 - b1, "float32") * g
-        v = tirx.const(b2, "float32") * states[1] + tirx.const(1.0 - b2, "float32") * g * g
-        denom = tirx.sqrt(v) * h[3] + tirx.const(self.eps, "float32")
-        return (p - h[2] * m / denom, m, v)
+        return [tirx.const(b1, "float32") * states[0] + tirx.const(1.0 - b1, "float32") * g,
+                tirx.const(b2, "float32") * states[1] + tirx.const(1.0 - b2, "float32") * g * g]
+
+    def new_param(self, p, g, states, h):
+        denom = tirx.sqrt(states[1]) * h[3] + tirx.const(self.eps, "float32")
+        return p * (tirx.const(1.0, "float32") - h[1]) - h[2] * states[0] / denom
 
 
 Optimizer = SGD | AdamW
@@ -111,45 +116,48 @@ def _check_range(opt: str, name: str, value: float, low: float, high: float | No
 
 
 def optimizer_kernel(opt: Optimizer, shapes: list[tuple[int, ...]]) -> tirx.PrimFunc:
-    """The fused update of all parameters: one scheduled PrimFunc.
+    """The fused in-place update of all parameters: one PrimFunc, one call per step.
 
-    Parameters in order: params, grads, states (per state kind, all params), scalars;
-    then outputs: new params, new states (same order).
+    Parameters in order: params, grads, states (per state kind, all params), scalars.
+    Params and states are updated in place (``call_tir_inplace``): no new buffers per
+    step. Each parameter is one parallel, 16-wide vectorized loop over its elements that
+    writes the new states, then the new parameter from them, in one pass.
     """
     n_states = len(opt.state_names)
     n_scalars = len(opt.scalars(1))
-    params = [te.placeholder(s, "float32", name=f"p{i}") for i, s in enumerate(shapes)]
-    grads = [te.placeholder(s, "float32", name=f"g{i}") for i, s in enumerate(shapes)]
-    states = [[te.placeholder(s, "float32", name=f"s{k}_{i}") for i, s in enumerate(shapes)]
-              for k in range(n_states)]
-    h = te.placeholder((n_scalars,), "float32", name="scalars")
-    new_params, new_states = [], [[] for _ in range(n_states)]
-    def updater(i: int):
-        return lambda *ix: opt.update(params[i][ix], grads[i][ix],
-                                      [states[k][i][ix] for k in range(n_states)], h)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("optimizer_update")
+            params = [T.arg(f"p{i}", T.buffer(s, "float32")) for i, s in enumerate(shapes)]
+            grads = [T.arg(f"g{i}", T.buffer(s, "float32")) for i, s in enumerate(shapes)]
+            states = [[T.arg(f"s{k}_{i}", T.buffer(s, "float32")) for i, s in enumerate(shapes)]
+                      for k in range(n_states)]
+            h = T.arg("scalars", T.buffer((n_scalars,), "float32"))
+            hv = [h[j] for j in range(n_scalars)]
+            for i, shape in enumerate(shapes):
+                size = int(np.prod(shape))
+                # 1-D views of the N-D buffers (same data).
+                flat = [T.decl_buffer((size,), "float32", data=b.data)
+                        for b in (params[i], grads[i], *(states[k][i] for k in range(n_states)))]
+                _update_loop(opt, flat, hv, size)
+    return ib.get()
 
-    for i, shape in enumerate(shapes):
-        outs = te.compute(shape, updater(i), name=f"update{i}")
-        outs = outs if isinstance(outs, list | tuple) else [outs]
-        new_params.append(outs[0])
-        for k in range(n_states):
-            new_states[k].append(outs[1 + k])
-    outs_per_param = [None] * (1 + n_states)
-    args = [*params, *grads, *(s for per in states for s in per), h,
-            *new_params, *(s for per in new_states for s in per)]
-    func = te.create_prim_func(args)
-    sch = s_tir.Schedule(func)
-    for i, shape in enumerate(shapes):
-        # A multi-output update is one loop nest with a block per output.
-        block = sch.get_sblock(f"update{i}" if len(outs_per_param) == 1 else f"update{i}_v0")
-        loops = sch.get_loops(block)
-        flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        size = int(np.prod(shape))
-        if size % VECTOR == 0:
-            outer, inner = sch.split(flat, [None, VECTOR])
-            sch.vectorize(inner)
-            if size >= MIN_PARALLEL:
-                sch.parallel(outer)
-        elif size >= MIN_PARALLEL:
-            sch.parallel(flat)
-    return sch.mod["main"]
+
+def _update_loop(opt: Optimizer, flat: list[tirx.Buffer], h: list, size: int) -> None:
+    """Elements [0, size) of one parameter: vector body (parallel when large) + tail."""
+    def body(idx) -> None:
+        p, g, *states = flat
+        new = opt.new_states(p[idx], g[idx], [s[idx] for s in states], h)
+        for buf, value in zip(states, new):
+            T.buffer_store(buf, value, [idx])
+        T.buffer_store(p, opt.new_param(p[idx], g[idx], [s[idx] for s in states], h), [idx])
+
+    vectors = size // VECTOR
+    if vectors:
+        outer = T.parallel(0, vectors) if size >= MIN_PARALLEL else T.serial(0, vectors)
+        with outer as o:
+            with T.vectorized(0, VECTOR) as v:
+                body(o * VECTOR + v)
+    if size % VECTOR:
+        with T.serial(vectors * VECTOR, size) as j:
+            body(j)

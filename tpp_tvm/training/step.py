@@ -112,8 +112,12 @@ def training_module(model: Model, loss: str, optimizer: Optimizer) -> tvm.IRModu
             grads_t = bb.emit(relax.TupleGetItem(res, 1))
             grads = [bb.emit(relax.TupleGetItem(grads_t, i)) for i in range(len(params))]
             out_types = [p.ty for p in params] * (1 + n_states)
-            upd = bb.emit(relax.call_tir(opt_gv, [*s_params, *grads, *s_states, scalars],
-                                         out_types))
+            n = len(params)
+            # Params and states are updated in place: outputs alias those inputs.
+            inplace = list(range(n)) + list(range(2 * n, 2 * n + n * n_states))
+            upd = bb.emit(relax.op.call_tir_inplace(
+                opt_gv, relax.Tuple([*s_params, *grads, *s_states, scalars]), inplace,
+                out_types))
             outs = [loss_v] + [bb.emit(relax.TupleGetItem(upd, i)) for i in range(len(out_types))]
             result = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(result)
