@@ -7,7 +7,9 @@ The public API is small:
 * :func:`build` – a Relax module through the ``tpp`` pipeline (``relay.build``'s successor);
 * :func:`from_onnx` – robust ONNX import into Relax;
 * :func:`build_gemm` – one GEMM (+bias, +activation) compiled onto TPPs;
-* :func:`registered` – the TPP tensor intrinsics; :class:`TPPError` – errors users can hit.
+* :func:`registered` – the TPP tensor intrinsics; :class:`TPPError` – errors users can hit;
+* :func:`custom_op` – a new operator from a TE expression, gradient derived (training);
+  ``tpp_tvm.training.compile_training_step`` compiles whole training steps.
 
 Importing the module does not import the ``target`` submodule name over the function:
 use ``tpp_tvm.target()`` for the target and ``tpp_tvm.target_info`` for host detection.
@@ -22,6 +24,16 @@ from .relay_passes import build
 from .schedules.gemm import build_gemm
 from .target import host_isa, target
 
+
+
+def custom_op(name: str, fcompute):  # noqa: ANN201 - returns training.custom_op.CustomOp
+    """A new operator from a TE expression with a derived gradient (see
+    ``tpp_tvm.training.custom_op``). Imported lazily: training registers gradients."""
+    from .training.custom_op import custom_op as make
+
+    return make(name, fcompute)
+
+
 __all__ = [
     "CompiledModel",
     "TPPError",
@@ -29,6 +41,7 @@ __all__ = [
     "build_gemm",
     "compile_onnx",
     "compile_relax",
+    "custom_op",
     "from_onnx",
     "host_isa",
     "load",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from .step import Model
@@ -49,10 +50,14 @@ def _model(inputs: list[relax.Var], builder: _Builder,
         with bb.dataflow():
             out = bb.emit_output(body(bb))
         bb.emit_func_output(out)
-    scratch = bb.get()["scratch"]
+    built = bb.get()
+    scratch = built["scratch"]
     main = relax.Function([*inputs, *builder.vars], scratch.body, scratch.ret_ty)
-    mod = relax.transform.Normalize()(
-        __import__("tvm").IRModule({"main": main.with_attr("global_symbol", "main")}))
+    # Keep the kernels the body added (custom operators' PrimFuncs).
+    funcs = {gv: f for gv, f in built.functions.items() if gv.name_hint != "scratch"}
+    mod = tvm.IRModule(funcs)
+    mod["main"] = main.with_attr("global_symbol", "main")
+    mod = relax.transform.Normalize()(mod)
     return Model(mod, builder.values, num_input=len(inputs))
 
 
