@@ -25,7 +25,6 @@ from .schedules.gemm import build_gemm
 from .target import host_isa, target
 
 
-
 def custom_op(name: str, fcompute):  # noqa: ANN201 - returns training.custom_op.CustomOp
     """A new operator from a TE expression with a derived gradient (see
     ``tpp_tvm.training.custom_op``). Imported lazily: training registers gradients."""

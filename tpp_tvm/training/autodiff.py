@@ -20,6 +20,7 @@ import math
 
 from tvm import te, tirx
 from tvm.ir import Call
+
 from ..errors import UnsupportedOperatorError
 
 F32 = "float32"
@@ -185,7 +186,7 @@ def gradient(output: te.Tensor, inputs: list[te.Tensor], dy: te.Tensor, name: st
     body = op.body[0]
     axes = [(ax.var, int(ax.dom.extent)) for ax in op.axis]
     if isinstance(body, tirx.Reduce):
-        if str(body.combiner.result[0]) != str((body.combiner.lhs[0] + body.combiner.rhs[0])):
+        if str(body.combiner.result[0]) != str(body.combiner.lhs[0] + body.combiner.rhs[0]):
             raise UnsupportedOperatorError(f"custom op {name}: only te.sum reductions")
         axes += [(ax.var, int(ax.dom.extent)) for ax in body.axis]
         f = body.source[0]
