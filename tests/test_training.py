@@ -83,6 +83,16 @@ def test_mlp_matches_torch(loss, opt):
         assert lowered[kernel] >= 1, step.report.summary()
 
 
+def test_small_batch_dx_runs_as_the_transposed_product():
+    # batch 4, 256 wide: dX = dY Wᵀ is computed as (W dYᵀ)ᵀ, so Wᵀ is never packed
+    sizes = [64, 256, 256, 8]
+    step = _check(tm.mlp(4, sizes), twin.mlp(sizes), "mse", SGD(lr=0.05, momentum=0.9),
+                  (4, 64), (4, 8))
+    x = np.zeros((4, 64), "float32")
+    kernels = [name for name, _, _ in step.profile(x, labels=np.zeros((4, 8), "float32"))]
+    assert any(k.startswith("tpp_matmul_tb_swapped") for k in kernels), kernels
+
+
 @pytest.mark.parametrize("act", ["gelu", "tanh", "sigmoid"])
 def test_mlp_activation_backward_on_tpps(act):
     sizes = [32, 48, 8]

@@ -113,6 +113,14 @@ def _lower_matmul(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     else:
         m, k = int(np.prod(xs[:-1])), xs[-1]
     n = ys[0] if tb else ys[1]
+    epilogue = "bias" in matched or matched.get("activation")
+    if tb and not epilogue and len(xs) == 2 and m * k + 2 * m * n < n * k:
+        # dX = dY Wᵀ with few rows: packing Wᵀ (n x k) would cost more than the product.
+        # Cᵀ = W dYᵀ reads W in place as rows; only dY (m x k) is packed, C transposed back.
+        sch, _ = gemm_schedule(n, m, k, isa, b_packed=False, b_transposed=True)
+        gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_") + "_swapped")
+        ct = bb.emit(relax.call_tir(gv, [y, x], relax.TensorType((n, m), "float32")))
+        return relax.op.permute_dims(ct, [1, 0])
     sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
                               activation=matched.get("activation"), b_packed=False,
                               a_transposed=ta, b_transposed=tb)
