@@ -133,5 +133,7 @@ def test_swiglu_ffn_trains_like_torch():
 
 def test_custom_score_attention_trains_like_torch():
     module = _ScoreAttention(32)
-    _torch_twin_check(ex.score_attention(2, 16, 32), module,
-                      _linears(module, ("q", "k", "v", "o")), (2, 16, 32))
+    step = _torch_twin_check(ex.score_attention(2, 16, 32), module,
+                             _linears(module, ("q", "k", "v", "o")), (2, 16, 32))
+    # forward Q Kᵀ, and both derived gradients (dS K, dSᵀ Q) run as TPP GEMMs
+    assert step.report.lowered["tpp.contraction"] == 3, step.report.summary()

@@ -321,6 +321,21 @@ class _Lowerer(relax.PyExprMutator):
         self.report = report
         self.patterns = {p.name: p for p in pattern_table()}
 
+    def _contraction(self, call: relax.Call) -> relax.Expr:
+        func = self.mod_[call.args[0]]
+        if not func.attrs or "tpp.contraction" not in func.attrs:
+            return call
+        try:
+            out = _lower_contraction(self.builder_, call, func.attrs["tpp.contraction"],
+                                     self.isa)
+        except Exception as err:  # noqa: BLE001 - the TE kernel stays, TVM schedules it
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            log.info("TPP contraction fell back to TVM: %s", reason)
+            self.report.fallbacks[f"tpp.contraction ({reason})"] += 1
+            return call
+        self.report.lowered["tpp.contraction"] += 1
+        return out
+
     def transform(self) -> tvm.IRModule:
         for gv, func in self.mod_.functions.items():
             if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
@@ -329,6 +344,8 @@ class _Lowerer(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
+        if call.op in _CALL_TIR and isinstance(self.mod_[call.args[0]], tvm.tirx.PrimFunc):
+            return self._contraction(call)
         if not isinstance(call.op, relax.GlobalVar):
             return call
         func = self.mod_[call.op]
@@ -348,6 +365,23 @@ class _Lowerer(relax.PyExprMutator):
             return call
         self.report.lowered[comp] += 1
         return out
+
+
+_CALL_TIR = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_with_grad"))
+
+
+def _lower_contraction(bb: relax.BlockBuilder, call: relax.Call, info, isa: str) -> relax.Expr:
+    """A kernel tagged ``tpp.contraction`` (a custom op's GEMM-shaped TE computation) as a
+    TPP GEMM on the same operands: batched or not, either operand transposed, scaled."""
+    args = list(call.args[1].fields)
+    m, n, k, batch = (int(info[key]) for key in ("m", "n", "k", "batch"))
+    sch, _ = gemm_schedule(m, n, k, isa, batch=batch or None, b_packed=False,
+                           a_transposed=bool(info["a_t"]), b_transposed=bool(info["b_t"]),
+                           a_scale=float(info["scale"]))
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_contraction")
+    shape = (batch, m, n) if batch else (m, n)
+    return relax.call_tir(gv, [args[int(info["a"])], args[int(info["b"])]],
+                          relax.TensorType(shape, "float32"))
 
 
 def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:

@@ -222,14 +222,15 @@ def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True,
             post_activation: str | None = None, a_transposed: bool = False,
-            b_transposed: bool = False):
+            b_transposed: bool = False, a_scale: float = 1.0):
     """TE stages of the GEMM; returns (inputs, output).
 
     Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
     activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
     bias (padded to the packed width), residual (M, N). A transposed A is copied into
     (M, K) rows and a transposed B into packed panels inside the kernel (``A_pad``,
-    ``B_pack``), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same microkernel.
+    ``B_pack``), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same microkernel. ``a_scale``
+    multiplies A on its way in (C = s·A·B, as a custom contraction's constant factor).
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
@@ -248,6 +249,10 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
         A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_pad")
     else:
         A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if (mp, kp) != (m, k) else A
+    if a_scale != 1.0:
+        src = A_in
+        A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * tirx.const(a_scale, "float32"),
+                          name="A_scale")
     r = te.reduce_axis((0, kp), name="k")
     if b_packed:
         C = te.compute(
@@ -331,7 +336,7 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     sch.reorder(*lead, jo, ko, io, ii, ji, ki)
     panel_loop = sch.fuse(*lead, jo) if lead else jo
     sch.parallel(panel_loop)
-    schedule_pads(sch, ("A_pad", "B_pad", "B_pack"))
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", "B_pack"))
     epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
     init = sch.decompose_reduction(blk, ko)
     tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
@@ -367,7 +372,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
         outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad", "B_pad", "B_pack"))
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", "B_pack"))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages)
     gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
@@ -508,13 +513,13 @@ class GemmKernel:
 def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   bias: bool = False, activation: str | None = None, residual: bool = False,
                   b_packed: bool = True, post_activation: str | None = None,
-                  a_transposed: bool = False, b_transposed: bool = False
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+                  a_transposed: bool = False, b_transposed: bool = False,
+                  a_scale: float = 1.0) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking."""
     _check(m, n, k, "float32", activation)
     plan = plan_gemm(m, n, k)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
-                                  post_activation, a_transposed, b_transposed)
+                                  post_activation, a_transposed, b_transposed, a_scale)
     func = te.create_prim_func([*inputs, out])
     return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 

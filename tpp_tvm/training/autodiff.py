@@ -232,3 +232,81 @@ def _input_gradient(f, x: te.Tensor, loads: list, axes: list, out_vars: list,
         return te.sum(term, axis=raxes) if raxes else term
 
     return te.compute(shape, compute, name=f"d_{x.op.name}")
+
+
+def _factors(e, out: list) -> bool:
+    """Flatten a product into its factors; False if ``e`` is not a pure product."""
+    if isinstance(e, tirx.Mul):
+        return _factors(e.a, out) and _factors(e.b, out)
+    if _is_load(e) or isinstance(e, tirx.FloatImm):
+        out.append(e)
+        return True
+    return False
+
+
+def contraction_of(tensor: te.Tensor, inputs: list[te.Tensor]) -> dict | None:
+    """``tensor`` as a (batched) GEMM of two of ``inputs``, or None.
+
+    Matches ``Y[b?, p, q] = Σ_k c · U[..] · V[..]`` where each operand is read with plain
+    axes: the one holding ``p`` is A, the one holding ``q`` is B, each either way round
+    (``a_t``/``b_t``: stored transposed), batch (if any) leading in all three. Returns the
+    GEMM's shape, operand positions in ``inputs``, transposes and the constant ``scale``.
+    """
+    op = tensor.op
+    if not isinstance(op, te.ComputeOp) or not isinstance(op.body[0], tirx.Reduce):
+        return None
+    body = op.body[0]
+    if len(body.axis) != 1 or len(op.axis) not in (2, 3):
+        return None
+    factors: list = []
+    try:
+        src = _inline(body.source[0], "contraction")
+    except UnsupportedOperatorError:
+        return None
+    if not _factors(src, factors):
+        return None
+    loads = [f for f in factors if _is_load(f)]
+    scale = 1.0
+    for f in factors:
+        if isinstance(f, tirx.FloatImm):
+            scale *= float(f.value)
+    if len(loads) != 2 or not all(all(isinstance(i, tirx.Var) for i in ld.args[1:])
+                                  for ld in loads):
+        return None
+    out_vars = [ax.var for ax in op.axis]
+    kvar = body.axis[0].var
+    batched = len(out_vars) == 3
+    p, q = out_vars[-2], out_vars[-1]
+
+    def holds(ld, var):
+        return any(i.same_as(var) for i in ld.args[1:])
+
+    a = next((ld for ld in loads if holds(ld, p) and not holds(ld, q)), None)
+    b = next((ld for ld in loads if holds(ld, q) and not holds(ld, p)), None)
+    if a is None or b is None or a is b:
+        return None
+    layouts = []
+    for ld, own in ((a, p), (b, q)):
+        idx = list(ld.args[1:])
+        lead = idx[:-2]
+        if batched and (len(lead) != 1 or not lead[0].same_as(out_vars[0])):
+            return None
+        if not batched and lead:
+            return None
+        pair = idx[-2:]
+        if pair[0].same_as(own) and pair[1].same_as(kvar):
+            layouts.append("own_k")
+        elif pair[0].same_as(kvar) and pair[1].same_as(own):
+            layouts.append("k_own")
+        else:
+            return None
+    positions = []
+    for ld in (a, b):
+        pos = next((i for i, x in enumerate(inputs) if ld.args[0].same_as(x)), None)
+        if pos is None:
+            return None
+        positions.append(pos)
+    shape = [int(d) for d in tensor.shape]
+    return {"a": positions[0], "b": positions[1], "batch": shape[0] if batched else 0,
+            "m": shape[-2], "n": shape[-1], "k": int(body.axis[0].dom.extent),
+            "a_t": layouts[0] == "k_own", "b_t": layouts[1] == "own_k", "scale": scale}
