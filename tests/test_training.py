@@ -112,6 +112,7 @@ def test_bert_layer_matches_torch():
         assert lowered[kernel] >= 1, step.report.summary()
 
 
+@pytest.mark.slow
 def test_bert_layer_adamw_losses_match_torch():
     # Adam's normalised step turns float noise in parameters whose gradient is zero in
     # exact arithmetic (the key bias: softmax ignores a per-row shift) into lr-sized moves,
