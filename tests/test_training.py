@@ -130,6 +130,22 @@ def test_small_cnn_matches_torch():
     assert step.report.lowered["tpp.matmul_ta"] >= 1, step.report.summary()
 
 
+def test_plain_llvm_target_computes_the_same_step():
+    # Without the TPP target the tagged backward kernels keep their TE form and TVM's
+    # default path compiles everything: same losses as the TPP kernels.
+    import tvm
+
+    model = tm.mlp(8, [16, 32, 4], activation="gelu")
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype("float32")
+    y = np.zeros((8, 4), "float32")
+    plain = compile_training_step(model, "mse", SGD(lr=0.1),
+                                  target=tvm.target.Target({"kind": "llvm"}))
+    tpp = compile_training_step(model, "mse", SGD(lr=0.1))
+    assert not plain.report.lowered and tpp.report.lowered["tpp.gelu_inv"] == 1
+    np.testing.assert_allclose([plain.step(x, labels=y) for _ in range(3)],
+                               [tpp.step(x, labels=y) for _ in range(3)], rtol=1e-5)
+
+
 def test_training_errors_are_tpp_errors():
     model = tm.mlp(4, [8, 4])
     with pytest.raises(TPPError, match="loss 'hinge' unsupported"):

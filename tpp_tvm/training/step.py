@@ -16,7 +16,7 @@ backward forms become TPP kernels (``relay_passes/patterns.py``). The returned
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -42,7 +42,6 @@ class Model:
     mod: tvm.IRModule
     params: dict[str, np.ndarray]
     num_input: int = 1
-    custom_ops: list = field(default_factory=list)
 
     def param_vars(self) -> list[relax.Var]:
         return list(self.mod["main"].params[self.num_input:])
