@@ -127,7 +127,10 @@ def test_small_cnn_matches_torch():
     step = _check(tm.small_cnn(4, channels=3, size=8, width=4, classes=5),
                   twin.small_cnn(3, 8, 4, 5), "cross_entropy", SGD(lr=0.05, momentum=0.9),
                   (4, 3, 8, 8), (4,), classes=5)
-    assert step.report.lowered["tpp.matmul_ta"] >= 1, step.report.summary()
+    lowered = step.report.lowered
+    assert lowered["tpp.matmul_ta"] >= 1, step.report.summary()
+    # both forward convolutions and both weight-gradient convolutions (dY as the filter)
+    assert lowered["tpp.conv2d_runtime_weight"] == 4, step.report.summary()
 
 
 def test_plain_llvm_target_computes_the_same_step():

@@ -154,9 +154,12 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     attrs = call.attrs
     n, h, w, c = _shape(x)
-    w_np = weight.value.numpy()
     layout = str(attrs.kernel_layout)
-    w_oihw = np.transpose(w_np, [layout.index(ax) for ax in "OIHW"])
+    to_oihw = [layout.index(ax) for ax in "OIHW"]
+    if not isinstance(weight, tvm.ir.GenericConst):
+        return _conv_runtime_weight(bb, matched, name, isa, weight, to_oihw)
+    w_np = weight.value.numpy()
+    w_oihw = np.transpose(w_np, to_oihw)
     oc, _, r, s = w_oihw.shape
     pad = [int(p) for p in attrs.padding]
     pad = pad * 2 if len(pad) == 2 else pad
@@ -176,6 +179,34 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         args.append(relax.const(np.pad(bias, (0, plan.np_ - oc)).astype("float32")))
     if "residual" in matched:
         args.append(matched["residual"])
+    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
+
+
+def _conv_shape(x: relax.Expr, attrs, oc: int, r: int, s: int) -> ConvShape:
+    n, h, w, c = _shape(x)
+    pad = [int(p) for p in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    return ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]), tuple(pad))
+
+
+def _conv_runtime_weight(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                         isa: str, weight: relax.Expr, to_oihw: list[int]) -> relax.Expr:
+    """A convolution whose filter is computed at run time: the packing ``pack_filter`` does
+    at compile time for constants, as Relax ops (pad O, OIHW → (O/nr, H, W·I, nr))."""
+    x, call = matched["lhs"], matched["root"]
+    oc, ic, r, s = (_shape(weight)[i] for i in to_oihw)
+    shape = _conv_shape(x, call.attrs, oc, r, s)
+    sch, plan = conv_schedule(shape, isa)
+    op_ = plan.np_
+    w = relax.op.permute_dims(weight, to_oihw)
+    if op_ != oc:
+        w = relax.op.nn.pad(w, [0, op_ - oc, 0, 0, 0, 0, 0, 0])
+    w = relax.op.reshape(w, (op_ // plan.nr, plan.nr, ic, r, s))
+    w = relax.op.permute_dims(w, [0, 3, 4, 2, 1])
+    packed = bb.emit(relax.op.reshape(w, (op_ // plan.nr, r, s * ic, plan.nr)))
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    n, h, wd, c = _shape(x)
+    args = [bb.emit(relax.op.reshape(x, (n, h, wd * c))), packed]
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
 
 

@@ -143,6 +143,15 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
                       ACTIVATIONS.get(post_activation))
 
 
+def runtime_weight_conv_pattern() -> TPPPattern:
+    """``conv2d(x, W)`` with W computed at run time: a trained filter, or a weight-gradient
+    convolution whose "filter" is dY. The filter is packed per call (``lower.py``)."""
+    lhs, weight = wildcard(), wildcard()
+    out = is_op("relax.nn.conv2d")(lhs, weight)
+    return TPPPattern("tpp.conv2d_runtime_weight", out,
+                      {"lhs": lhs, "weight": weight, "root": out, "out": out}, _conv_check)
+
+
 def _bmm_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """A batched matmul of two activations with the same static batch dims (attention)."""
     a = ctx.annotated_expr
@@ -392,6 +401,7 @@ def pattern_table() -> list[TPPPattern]:
             for activation in (*ACTIVATIONS, None):
                 for bias in (True, False):
                     table.append(contraction_pattern(kind, bias, activation, residual))
+    table.append(runtime_weight_conv_pattern())
     table.append(bmm_pattern())
     table.extend(matmul_patterns())
     table.append(col_sum_pattern())
