@@ -8,7 +8,9 @@ tagged ``tpp.backward``; the ``tpp`` pipeline swaps in its TPP schedule.
 
 relu, tanh and sigmoid take S = the forward output (as torch does: relu's mask is Y > 0,
 which equals X > 0 except at exactly 0); GELU takes the forward input. Importing this module
-registers the gradients (relu/tanh/sigmoid/softmax at a level above TVM's own).
+registers the gradients (relu/tanh/sigmoid/softmax at a level above TVM's own). A stride-1
+convolution's input gradient becomes a convolution with the flipped filter, which the TPP
+conv kernel runs (TVM's is a ``conv2d_transpose``, left to TVM's default path).
 """
 
 from __future__ import annotations
@@ -88,11 +90,32 @@ def _layer_norm_gradient(orig_var, orig_call, output_grad, ctx):
             relax.TupleGetItem(call, 1), relax.TupleGetItem(call, 2)]
 
 
+def _conv2d_gradient(orig_var, orig_call, output_grad, ctx):
+    """Stride-1 convolutions: dX as a convolution of dY with the flipped, transposed filter
+    (which the TPP conv kernel runs), not ``conv2d_transpose``; dW as TVM's."""
+    attrs = orig_call.attrs
+    _, weight = orig_call.args
+    data_grad, weight_grad = _op_gradient.conv2d_grad(orig_var, orig_call, output_grad, ctx)
+    simple = (str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
+              and int(attrs.groups) == 1 and all(int(v) == 1 for v in attrs.strides)
+              and all(int(v) == 1 for v in attrs.dilation))
+    _, _, r, s = _shape(weight)
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    if not simple or max(top, bottom) > r - 1 or max(left, right) > s - 1:
+        return [data_grad, weight_grad]
+    flipped = relax.op.permute_dims(relax.op.flip(relax.op.flip(weight, 2), 3), [1, 0, 2, 3])
+    data_grad = relax.op.nn.conv2d(output_grad, ctx.emit(flipped), strides=[1, 1],
+                                   padding=[r - 1 - top, s - 1 - left, r - 1 - bottom,
+                                            s - 1 - right])
+    return [data_grad, weight_grad]
+
+
 def _register() -> None:
     for op, (bwd, use_input) in ACTIVATION_GRADIENTS.items():
         register_gradient(op, _unary_gradient(bwd, use_input), level=11)
     register_gradient("relax.nn.softmax", _softmax_gradient, level=11)
     register_gradient("relax.nn.layer_norm", _layer_norm_gradient, level=11)
+    register_gradient("relax.nn.conv2d", _conv2d_gradient, level=11)
 
 
 _register()
