@@ -90,7 +90,15 @@ def training_module(model: Model, loss: str, optimizer: Optimizer) -> tvm.IRModu
     loss_fn = mod["loss"]
     grad_params = list(loss_fn.params[len(inputs) + 1:])
     mod = relax.transform.Gradient("loss", require_grads=grad_params, target_index=0)(mod)
+    mod = _add_step(mod, inputs, labels, params, optimizer)
+    del mod[mod.get_global_var("loss")]
+    return mod
 
+
+def _add_step(mod: tvm.IRModule, inputs: list[relax.Var], labels: relax.Var,
+              params: list[relax.Var], optimizer: Optimizer) -> tvm.IRModule:
+    """``main``: the loss and gradients (``loss_adjoint``, inlined), then the in-place
+    optimizer update of every parameter and state in one kernel call."""
     shapes = [_shape(p.ty) for p in params]
     n_states = len(optimizer.state_names)
     opt_func = optimizer_kernel(optimizer, shapes).without_attr("global_symbol").with_attrs(
@@ -120,11 +128,7 @@ def training_module(model: Model, loss: str, optimizer: Optimizer) -> tvm.IRModu
             outs = [loss_v] + [bb.emit(relax.TupleGetItem(upd, i)) for i in range(len(out_types))]
             result = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(result)
-    mod = bb.get()
-    mod = _inline(mod, ["loss_adjoint"])
-    gv_loss = mod.get_global_var("loss")
-    del mod[gv_loss]
-    return mod.with_attr("num_params", len(params))
+    return _inline(bb.get(), ["loss_adjoint"])
 
 
 class TrainingStep:
