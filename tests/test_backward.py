@@ -95,9 +95,11 @@ def test_backward_kernels_reject_tiny_tiles():
     (30, 10, 7, False, True),
     (128, 768, 128, True, False),
 ])
-def test_gemm_with_transposed_operand(m, n, k, ta, tb):
-    sch, _ = gemm_schedule(m, n, k, "avx512", b_packed=False, a_transposed=ta,
-                           b_transposed=tb)
+def test_gemm_with_transposed_operand(m, n, k, ta, tb, untensorized):
+    sch, plan = gemm_schedule(m, n, k, "avx512", b_packed=False, a_transposed=ta,
+                              b_transposed=tb)
+    if (plan.mp, plan.np_) == (m, n) and m % 16 == 0:  # unpadded: transposes are TPPs too
+        assert not untensorized()
     a = RNG.standard_normal((k, m) if ta else (m, k)).astype("float32")
     b = RNG.standard_normal((n, k) if tb else (k, n)).astype("float32")
     (c,) = _run(sch, a, b, outs=[(m, n)])

@@ -151,6 +151,42 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     return inputs, out, stages
 
 
+#: Rows of A per transpose TPP when a transposed A is copied into rows.
+TRANSPOSE_ROWS = 16
+
+
+def schedule_transposes(sch: s_tir.Schedule, plan: GemmPlan, isa: str) -> list[str]:
+    """Transposed operands copied in as transpose TPPs (Bᵀ: one (nr x K) block per panel;
+    Aᵀ: one (K x 16) block per 16 rows). Returns the stages left for :func:`schedule_pads`
+    (padded ones, whose edge blocks no TPP matches)."""
+    left = []
+    for name in ("A_transpose", "B_pack"):
+        try:
+            block = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - no such operand in this GEMM
+            continue
+        loops = sch.get_loops(block)
+        if name == "B_pack":
+            *lead, jb, kk, _ = loops
+            spec = TPPSpec("transpose", m=plan.nr, n=plan.kp)
+            padded = plan.np_ != plan.n or plan.kp != plan.k
+            anchor, outer = kk, [*lead, jb]
+        else:
+            *lead, i, _ = loops
+            spec = TPPSpec("transpose", m=plan.kp, n=TRANSPOSE_ROWS)
+            padded = plan.mp != plan.m or plan.kp != plan.k or plan.m % TRANSPOSE_ROWS
+            if not padded:
+                io, anchor = sch.split(i, [None, TRANSPOSE_ROWS])
+                outer = [*lead, io]
+        if padded:
+            left.append(name)
+            continue
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        if not _try_tensorize(sch, anchor, spec, isa, name):
+            sch.vectorize(sch.get_loops(block)[-1])
+    return left
+
+
 def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
     """Padding copies run parallel over rows and vectorized along the contiguous dim."""
     for name in names:
@@ -208,6 +244,8 @@ def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.
     """``src`` (..., cols, rows) transposed to (..., rows, cols), zero-padded to ``shape``:
     a transposed operand (a backward pass's Xᵀ) copied into the layout the microkernel reads."""
     rows, cols = valid
+    if tuple(shape[-2:]) == tuple(valid):  # no padding: a plain transpose (TPP-matchable)
+        return te.compute(shape, lambda *ix: src[(*ix[:-2], ix[-1], ix[-2])], name=name)
 
     def at(*ix):
         *lead, i, j = ix
@@ -228,9 +266,10 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
     activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
     bias (padded to the packed width), residual (M, N). A transposed A is copied into
-    (M, K) rows and a transposed B into packed panels inside the kernel (``A_pad``,
-    ``B_pack``), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same microkernel. ``a_scale``
-    multiplies A on its way in (C = s·A·B, as a custom contraction's constant factor).
+    (M, K) rows and a transposed B into packed panels inside the kernel (``A_transpose``,
+    ``B_pack``, transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the
+    same microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
+    contraction's constant factor).
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
@@ -246,7 +285,7 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
         B = te.placeholder((*lead, k, n), "float32", name="B")
     inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
     if a_transposed:
-        A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_pad")
+        A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_transpose")
     else:
         A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if (mp, kp) != (m, k) else A
     if a_scale != 1.0:
@@ -276,6 +315,9 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
 
 def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):
     """Element (jb, kk, jj) of packed panels from B given as (N, K), zero-padded."""
+    if n % nr == 0 and int(B.shape[-1]) == k and k >= 2:
+        return lambda *ix: B[(*ix[:-3], ix[-3] * nr + ix[-1], ix[-2])]
+
     def at(*ix):
         *lead, jb, kk, jj = ix
         j = jb * nr + jj
@@ -336,7 +378,7 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     sch.reorder(*lead, jo, ko, io, ii, ji, ki)
     panel_loop = sch.fuse(*lead, jo) if lead else jo
     sch.parallel(panel_loop)
-    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", "B_pack"))
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
     epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
     init = sch.decompose_reduction(blk, ko)
     tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
@@ -372,7 +414,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
         outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", "B_pack"))
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages)
     gemm = TPPSpec("gemm", "float32", m=mr, n=nr, k=k, beta=0)
     if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
