@@ -126,8 +126,8 @@ def run_torch(name: str, a: dict, threads: int, compile_: bool) -> dict:
     first = step()
     compile_s = time.perf_counter() - t0 if compile_ else None
     losses, seconds = _losses_then_time(step)
-    note = f"torch {torch.__version__}" + (", inductor; compile = first step" if compile_
-                                           else "")
+    note = f"torch {torch.__version__}" + (", inductor; compile = first step, caches off"
+                                           if compile_ else "")
     return {"median_s": seconds, "compile_s": compile_s, "losses": [first, *losses][:CHECK_STEPS],
             "note": note}
 
@@ -155,6 +155,9 @@ def spawn(impl: str, threads: int, quick: bool) -> list[dict]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", impl,
            "--threads", str(threads)] + (["--quick"] if quick else [])
     env = gemm._worker_env(impl, threads)
+    if impl == "torch_compile":
+        # Compile time means a cold compile, not a hit in inductor's on-disk cache.
+        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               timeout=WORKER_TIMEOUT_S)
