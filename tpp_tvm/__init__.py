@@ -9,7 +9,9 @@ The public API is small:
 * :func:`build_gemm` – one GEMM (+bias, +activation) compiled onto TPPs;
 * :func:`tune` – MetaSchedule tuning with the TPP rules, into a tuning log ``build`` and
   ``compile_onnx`` apply;
-* :func:`registered` – the TPP tensor intrinsics; :class:`TPPError` – errors users can hit.
+* :func:`registered` – the TPP tensor intrinsics; :class:`TPPError` – errors users can hit;
+* :func:`custom_op` – a new operator from a TE expression, gradient derived (training);
+  ``tpp_tvm.training.compile_training_step`` compiles whole training steps.
 
 Importing the module does not import the ``target`` submodule name over the function:
 use ``tpp_tvm.target()`` for the target and ``tpp_tvm.target_info`` for host detection.
@@ -25,6 +27,15 @@ from .schedules.gemm import build_gemm
 from .target import host_isa, target
 from .tuning import tune
 
+
+def custom_op(name: str, fcompute):  # noqa: ANN201 - returns training.custom_op.CustomOp
+    """A new operator from a TE expression with a derived gradient (see
+    ``tpp_tvm.training.custom_op``). Imported lazily: training registers gradients."""
+    from .training.custom_op import custom_op as make
+
+    return make(name, fcompute)
+
+
 __all__ = [
     "CompiledModel",
     "TPPError",
@@ -32,6 +43,7 @@ __all__ = [
     "build_gemm",
     "compile_onnx",
     "compile_relax",
+    "custom_op",
     "from_onnx",
     "host_isa",
     "load",

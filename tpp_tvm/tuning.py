@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -399,6 +400,11 @@ def open_logs(path: str | os.PathLike, target: tvm.target.Target) -> TuneLogs | 
         warnings.warn(f"tuning log {path} was made for {tag}, not {target_tag(target)}: "
                       "not applied (hand schedules used)", stacklevel=2)
         return None
+    # Loading parses every record's trace, so the TPP intrinsics the traces name must be
+    # registered first.
+    from .schedules.tuning_rules import register_trace_intrinsics
+
+    register_trace_intrinsics(set(re.findall(r'"(tpp\.[\w.]+)"', files[1].read_text())))
     try:
         database = ms.database.JSONDatabase(work_dir=str(path), allow_missing=False)
     except Exception as err:  # noqa: BLE001 - TVM's loader raises TVMError subclasses

@@ -21,6 +21,7 @@ from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
 from ..schedules.attention import AttentionShape, attention_schedule
+from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule, numpy_dtype, pack_b_numpy
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
@@ -140,15 +141,65 @@ def _pointwise(call: relax.Call, weight: np.ndarray) -> bool:
     return (r, s, int(attrs.strides[0])) == (1, 1, 1) and not any(int(p) for p in attrs.padding)
 
 
+def _lower_matmul(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                  isa: str) -> relax.Expr:
+    """matmul(A or Aᵀ, B or Bᵀ) (+bias)(+act) of activations: one GEMM kernel, B read in
+    place (plain) or packed inside the kernel (transposed), Aᵀ copied to rows."""
+    x, y = matched["lhs"], matched["rhs"]
+    ta, tb = "lhs_t" in matched, "rhs_t" in matched
+    xs, ys = _shape(x), _shape(y)
+    if ta:
+        k, m = xs
+    else:
+        m, k = int(np.prod(xs[:-1])), xs[-1]
+    n = ys[0] if tb else ys[1]
+    epilogue = "bias" in matched or matched.get("activation")
+    if tb and not epilogue and len(xs) == 2 and m * k + 2 * m * n < n * k:
+        # dX = dY Wᵀ with few rows: packing Wᵀ (n x k) would cost more than the product.
+        # Cᵀ = W dYᵀ reads W in place as rows; only dY (m x k) is packed, C transposed back.
+        sch, _ = gemm_schedule(n, m, k, isa, b_packed=False, b_transposed=True)
+        gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_") + "_swapped")
+        ct = bb.emit(relax.call_tir(gv, [y, x], relax.TensorType((n, m), "float32")))
+        return relax.op.permute_dims(ct, [1, 0])
+    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
+                              activation=matched.get("activation"), b_packed=False,
+                              a_transposed=ta, b_transposed=tb)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x, y]
+    if "bias" in matched:
+        bias = matched["bias"]
+        if plan.np_ != n:
+            bias = bb.emit(relax.op.nn.pad(bias, [0, plan.np_ - n]))
+        args.append(bias)
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
+    out_shape = [*xs[:-1], n] if not ta else [m, n]
+    return relax.op.reshape(out, out_shape) if len(out_shape) != 2 else out
+
+
+def _lower_col_sum(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                   isa: str) -> relax.Expr:
+    """A bias gradient: column sums of dY flattened to rows, reduce TPPs per panel."""
+    dy = matched["lhs"]
+    shape = _shape(dy)
+    rows, width = int(np.prod(shape[:-1])), shape[-1]
+    sch = col_sum_schedule(rows, width, isa)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    dy2 = bb.emit(relax.op.reshape(dy, (rows, width))) if len(shape) != 2 else dy
+    return relax.call_tir(gv, [dy2], relax.TensorType((width,), "float32"))
+
+
 def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                   isa: str, precision: str = "float32") -> relax.Expr:
     """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now."""
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     attrs = call.attrs
     n, h, w, c = _shape(x)
-    w_np = weight.value.numpy()
     layout = str(attrs.kernel_layout)
-    w_oihw = np.transpose(w_np, [layout.index(ax) for ax in "OIHW"])
+    to_oihw = [layout.index(ax) for ax in "OIHW"]
+    if not isinstance(weight, tvm.ir.GenericConst):
+        return _conv_runtime_weight(bb, matched, name, isa, weight, to_oihw)
+    w_np = weight.value.numpy()
+    w_oihw = np.transpose(w_np, to_oihw)
     oc, _, r, s = w_oihw.shape
     pad = [int(p) for p in attrs.padding]
     pad = pad * 2 if len(pad) == 2 else pad
@@ -168,6 +219,34 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         args.append(relax.const(np.pad(bias, (0, plan.np_ - oc)).astype("float32")))
     if "residual" in matched:
         args.append(matched["residual"])
+    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
+
+
+def _conv_shape(x: relax.Expr, attrs, oc: int, r: int, s: int) -> ConvShape:
+    n, h, w, c = _shape(x)
+    pad = [int(p) for p in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    return ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]), tuple(pad))
+
+
+def _conv_runtime_weight(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                         isa: str, weight: relax.Expr, to_oihw: list[int]) -> relax.Expr:
+    """A convolution whose filter is computed at run time: the packing ``pack_filter`` does
+    at compile time for constants, as Relax ops (pad O, OIHW → (O/nr, H, W·I, nr))."""
+    x, call = matched["lhs"], matched["root"]
+    oc, ic, r, s = (_shape(weight)[i] for i in to_oihw)
+    shape = _conv_shape(x, call.attrs, oc, r, s)
+    sch, plan = conv_schedule(shape, isa)
+    op_ = plan.np_
+    w = relax.op.permute_dims(weight, to_oihw)
+    if op_ != oc:
+        w = relax.op.nn.pad(w, [0, op_ - oc, 0, 0, 0, 0, 0, 0])
+    w = relax.op.reshape(w, (op_ // plan.nr, plan.nr, ic, r, s))
+    w = relax.op.permute_dims(w, [0, 3, 4, 2, 1])
+    packed = bb.emit(relax.op.reshape(w, (op_ // plan.nr, r, s * ic, plan.nr)))
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    n, h, wd, c = _shape(x)
+    args = [bb.emit(relax.op.reshape(x, (n, h, wd * c))), packed]
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
 
 
@@ -270,6 +349,8 @@ _LOWERINGS = {
     "tpp.dense": _lower_dense,
     "tpp.conv2d": _lower_conv2d,
     "tpp.bmm": _lower_bmm,
+    "tpp.matmul": _lower_matmul,
+    "tpp.col_sum": _lower_col_sum,
     "tpp.layer_norm": _lower_rowwise,
     "tpp.softmax": _lower_rowwise,
 }
@@ -326,6 +407,21 @@ class _Lowerer(relax.PyExprMutator):
         self.logs, self.force_tuned = logs, force_tuned
         self.patterns = {p.name: p for p in pattern_table()}
 
+    def _contraction(self, call: relax.Call) -> relax.Expr:
+        func = self.mod_[call.args[0]]
+        if not func.attrs or "tpp.contraction" not in func.attrs:
+            return call
+        try:
+            out = _lower_contraction(self.builder_, call, func.attrs["tpp.contraction"],
+                                     self.isa)
+        except Exception as err:  # noqa: BLE001 - the TE kernel stays, TVM schedules it
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            log.info("TPP contraction fell back to TVM: %s", reason)
+            self.report.fallbacks[f"tpp.contraction ({reason})"] += 1
+            return call
+        self.report.lowered["tpp.contraction"] += 1
+        return out
+
     def transform(self) -> tvm.IRModule:
         for gv, func in self.mod_.functions.items():
             if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
@@ -334,6 +430,8 @@ class _Lowerer(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
+        if call.op in _CALL_TIR and isinstance(self.mod_[call.args[0]], tvm.tirx.PrimFunc):
+            return self._contraction(call)
         if not isinstance(call.op, relax.GlobalVar):
             return call
         func = self.mod_[call.op]
@@ -373,6 +471,22 @@ class _Lowerer(relax.PyExprMutator):
         return emit_tuned(self.builder_, func, list(call.args), kernel, scheduled,
                           comp.replace(".", "_") + "_tuned")
 
+_CALL_TIR = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_with_grad"))
+
+
+def _lower_contraction(bb: relax.BlockBuilder, call: relax.Call, info, isa: str) -> relax.Expr:
+    """A kernel tagged ``tpp.contraction`` (a custom op's GEMM-shaped TE computation) as a
+    TPP GEMM on the same operands: batched or not, either operand transposed, scaled."""
+    args = list(call.args[1].fields)
+    m, n, k, batch = (int(info[key]) for key in ("m", "n", "k", "batch"))
+    sch, _ = gemm_schedule(m, n, k, isa, batch=batch or None, b_packed=False,
+                           a_transposed=bool(info["a_t"]), b_transposed=bool(info["b_t"]),
+                           a_scale=float(info["scale"]))
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_contraction")
+    shape = (batch, m, n) if batch else (m, n)
+    return relax.call_tir(gv, [args[int(info["a"])], args[int(info["b"])]],
+                          relax.TensorType(shape, "float32"))
+
 
 def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
                          precision: str = "float32", logs=None, force_tuned: bool = False
@@ -387,6 +501,26 @@ def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.
     return inline_composites(mod)
+
+
+def lower_tagged_kernels(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
+    """Swap kernels tagged ``tpp.backward`` (emitted by training gradients as plain TE)
+    for their TPP schedules; one that has no TPP tile keeps its TE form for TVM."""
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or not func.attrs or \
+                "tpp.backward" not in func.attrs:
+            continue
+        op = str(func.attrs["tpp.backward"])
+        try:
+            sch = backward_schedule(func, isa)
+        except Exception as err:  # noqa: BLE001 - keep the TE kernel, TVM schedules it
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            log.info("TPP backward kernel %s fell back to TVM: %s", op, reason)
+            report.fallbacks[f"tpp.{op} ({reason})"] += 1
+            continue
+        mod[gv] = _kernel_attrs(sch.mod["main"])
+        report.lowered[f"tpp.{op}"] += 1
+    return mod
 
 
 def inline_composites(mod: tvm.IRModule) -> tvm.IRModule:

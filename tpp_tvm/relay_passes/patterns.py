@@ -38,7 +38,23 @@ class TPPPattern:
     post_activation: str | None = None  # the unary TPP after the residual add, if any
 
     def as_fusion_pattern(self) -> tuple:
-        return (self.name, self.pattern, self.annotations, self.check)
+        check = self.check
+        return (self.name, self.pattern, self.annotations,
+                lambda ctx: _no_escape(ctx) and check(ctx))
+
+
+def _no_escape(ctx: relax.transform.PatternCheckContext) -> bool:
+    """Only the match's result is used outside it. A training graph reuses forward
+    intermediates (a pre-activation, softmax probabilities) in its backward; fusing over
+    them would make a multi-output composite that no single TPP kernel computes."""
+    inside = set(ctx.matched_bindings.keys())
+    root = ctx.value_to_bound_var.get(ctx.matched_expr)
+    for var in inside:
+        if root is not None and var.same_as(root):
+            continue
+        if any(user not in inside for user in ctx.var_usages.get(var, [])):
+            return False
+    return True
 
 
 def _static_f32(expr: relax.Expr) -> bool:
@@ -127,6 +143,15 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
                       ACTIVATIONS.get(post_activation))
 
 
+def runtime_weight_conv_pattern() -> TPPPattern:
+    """``conv2d(x, W)`` with W computed at run time: a trained filter, or a weight-gradient
+    convolution whose "filter" is dY. The filter is packed per call (``lower.py``)."""
+    lhs, weight = wildcard(), wildcard()
+    out = is_op("relax.nn.conv2d")(lhs, weight)
+    return TPPPattern("tpp.conv2d_runtime_weight", out,
+                      {"lhs": lhs, "weight": weight, "root": out, "out": out}, _conv_check)
+
+
 def _bmm_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """A batched matmul of two activations with the same static batch dims (attention)."""
     a = ctx.annotated_expr
@@ -146,8 +171,74 @@ def bmm_pattern() -> TPPPattern:
     return TPPPattern("tpp.bmm", out, {"lhs": lhs, "rhs": rhs, "root": out}, _bmm_check)
 
 
+def _matmul_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """A matmul of two activations (a training step's weights are inputs): fp32, static, B
+    2D; a transposed operand is a 2D ``permute_dims(.., [1, 0])``; a bias is a row of N."""
+    a = ctx.annotated_expr
+    lhs, rhs = a["lhs"], a["rhs"]
+    if not (_static_f32(lhs) and _static_f32(rhs)) or len(rhs.ty.shape.values) != 2:
+        return False
+    for key in ("lhs_t", "rhs_t"):
+        if key in a:
+            t = a[key]
+            if len(t.ty.shape.values) != 2 or [int(x) for x in t.attrs.axes] != [1, 0]:
+                return False
+    if len(lhs.ty.shape.values) < 2:
+        return False
+    n = int(a["root"].ty.shape.values[-1])
+    if "bias" in a:
+        bias = a["bias"]
+        if not _static_f32(bias) or [int(d) for d in bias.ty.shape.values] != [n]:
+            return False
+    return True
+
+
+def matmul_patterns() -> list[TPPPattern]:
+    """``matmul(A or Aᵀ, B or Bᵀ)`` (+ bias row) (+ act) of activations: the forward and
+    backward GEMMs of training (dX = dY Wᵀ, dW = Xᵀ dY)."""
+    table = []
+    for ta, tb in ((True, False), (False, True), (False, False)):  # transposes first
+        for bias, activation in [(True, act) for act in (*ACTIVATIONS, None)] + [(False, None)]:
+            lhs, rhs = wildcard(), wildcard()
+            ann = {"lhs": lhs, "rhs": rhs}
+            a, b = lhs, rhs
+            if ta:
+                a = ann["lhs_t"] = is_op("relax.permute_dims")(lhs)
+            if tb:
+                b = ann["rhs_t"] = is_op("relax.permute_dims")(rhs)
+            out = ann["root"] = is_op("relax.matmul")(a, b)
+            name = "tpp.matmul" + ("_ta" if ta else "") + ("_tb" if tb else "")
+            if bias:
+                bv = ann["bias"] = wildcard()
+                out = is_op("relax.add")(out, bv)
+                name += "_bias"
+            if activation:
+                out = is_op(activation)(out)
+                name += "_" + ACTIVATIONS[activation]
+            ann["out"] = out
+            table.append(TPPPattern(name, out, ann, _matmul_check, ACTIVATIONS.get(activation)))
+    return table
+
+
+def _col_sum_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """``collapse_sum_to(dY, (N,))`` of a static fp32 dY (..., N): a bias gradient."""
+    a = ctx.annotated_expr
+    dy, root = a["lhs"], a["root"]
+    if not _static_f32(dy) or len(dy.ty.shape.values) < 2:
+        return False
+    shape = [int(d) for d in dy.ty.shape.values]
+    return [int(d) for d in root.ty.shape.values] == shape[-1:]
+
+
+def col_sum_pattern() -> TPPPattern:
+    """The gradient of a bias add: dY summed over all rows (reduce TPPs over columns)."""
+    dy = wildcard()
+    out = is_op("relax.collapse_sum_to")(dy, wildcard())
+    return TPPPattern("tpp.col_sum", out, {"lhs": dy, "root": out}, _col_sum_check)
+
+
 def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """Row-wise ops over the last axis of a static fp32 tensor (constant gamma/beta)."""
+    """Row-wise ops over the last axis of a static fp32 tensor (gamma/beta rows of H)."""
     a = ctx.annotated_expr
     x, call = a["lhs"], a["root"]
     if not _static_f32(x):
@@ -159,13 +250,15 @@ def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
             return False
         if not (attrs.center and attrs.scale):
             return False
-        return all(_static_f32(a[k]) for k in ("gamma", "beta"))
+        width = int(x.ty.shape.values[-1])
+        return all(_static_f32(a[k]) and [int(d) for d in a[k].ty.shape.values] == [width]
+                   for k in ("gamma", "beta"))
     return int(attrs.axis) % ndim == ndim - 1
 
 
 def rowwise_patterns() -> list[TPPPattern]:
     """Layer norm and softmax over the last axis: row-wise TPP equations."""
-    x, gamma, beta = wildcard(), is_const(), is_const()
+    x, gamma, beta = wildcard(), wildcard(), wildcard()  # constants, or trained params
     ln = is_op("relax.nn.layer_norm")(x, gamma, beta)
     x2 = wildcard()
     sm = is_op("relax.nn.softmax")(x2)
@@ -308,7 +401,10 @@ def pattern_table() -> list[TPPPattern]:
             for activation in (*ACTIVATIONS, None):
                 for bias in (True, False):
                     table.append(contraction_pattern(kind, bias, activation, residual))
+    table.append(runtime_weight_conv_pattern())
     table.append(bmm_pattern())
+    table.extend(matmul_patterns())
+    table.append(col_sum_pattern())
     table.extend(rowwise_patterns())
     table.extend(pool_patterns())
     table.extend(eltwise_patterns())  # last: contractions absorb their own epilogues first

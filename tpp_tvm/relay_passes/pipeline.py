@@ -34,7 +34,12 @@ from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from ..tuning import TuneLogs, resolve_logs
 from .canonicalize import CanonicalizeActivations
-from .lower import LoweringReport, check_precision, lower_tpp_composites
+from .lower import (
+    LoweringReport,
+    check_precision,
+    lower_tagged_kernels,
+    lower_tpp_composites,
+)
 from .patterns import pattern_table
 from .quantized import lower_quantized
 
@@ -95,7 +100,8 @@ def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
 
         @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
         def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-            return lower_tpp_composites(mod, isa, report, precision, logs, force_tuned)
+            return lower_tpp_composites(lower_tagged_kernels(mod, isa, report), isa, report,
+                                        precision, logs, force_tuned)
 
         passes = [*partition_passes(isa, report), lower]
     else:

@@ -110,9 +110,26 @@ class ParallelFallback(CPUScheduleRule):
         return sch if changed else None
 
 
+class Guarded(CPUScheduleRule):
+    """A TVM rule that declines (None) instead of raising where its analysis breaks:
+    ``dlight.cpu.Reduction`` crashes in ``compute_at`` on some training-graph reductions
+    (an nll_loss backward fused with its neighbours), which should fall through instead."""
+
+    def __init__(self, rule: CPUScheduleRule) -> None:
+        self.rule = rule
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule runs
+            log.debug("%s declined: %s", type(self.rule).__name__, str(err).splitlines()[0])
+            return None
+
+
 def default_rules() -> list:
     """The fallback rules in priority order."""
-    return [dlight.cpu.GEMV(), dlight.cpu.Reduction(), Injective(), ParallelFallback()]
+    return [Guarded(dlight.cpu.GEMV()), Guarded(dlight.cpu.Reduction()), Injective(),
+            ParallelFallback()]
 
 
 def default_schedule_pass() -> tvm.transform.Pass:

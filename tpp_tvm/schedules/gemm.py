@@ -221,6 +221,42 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     return inputs, out, stages
 
 
+#: Rows of A per transpose TPP when a transposed A is copied into rows.
+TRANSPOSE_ROWS = 16
+
+
+def schedule_transposes(sch: s_tir.Schedule, plan: GemmPlan, isa: str) -> list[str]:
+    """Transposed operands copied in as transpose TPPs (Bᵀ: one (nr x K) block per panel;
+    Aᵀ: one (K x 16) block per 16 rows). Returns the stages left for :func:`schedule_pads`
+    (padded ones, whose edge blocks no TPP matches)."""
+    left = []
+    for name in ("A_transpose", "B_pack"):
+        try:
+            block = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - no such operand in this GEMM
+            continue
+        loops = sch.get_loops(block)
+        if name == "B_pack":
+            *lead, jb, kk, _ = loops
+            spec = TPPSpec("transpose", m=plan.nr, n=plan.kp)
+            padded = plan.np_ != plan.n or plan.kp != plan.k
+            anchor, outer = kk, [*lead, jb]
+        else:
+            *lead, i, _ = loops
+            spec = TPPSpec("transpose", m=plan.kp, n=TRANSPOSE_ROWS)
+            padded = plan.mp != plan.m or plan.kp != plan.k or plan.m % TRANSPOSE_ROWS
+            if not padded:
+                io, anchor = sch.split(i, [None, TRANSPOSE_ROWS])
+                outer = [*lead, io]
+        if padded:
+            left.append(name)
+            continue
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        if not _try_tensorize(sch, anchor, spec, isa, name):
+            sch.vectorize(sch.get_loops(block)[-1])
+    return left
+
+
 def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
     """Padding copies run parallel over rows and vectorized along the contiguous dim."""
     for name in names:
@@ -282,32 +318,72 @@ def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]],
         tensorize_rows(sch, sch.get_sblock(name), spec, isa, name)
 
 
+def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
+    """``src`` (..., cols, rows) transposed to (..., rows, cols), zero-padded to ``shape``:
+    a transposed operand (a backward pass's Xᵀ) copied into the layout the microkernel reads."""
+    rows, cols = valid
+    if tuple(shape[-2:]) == tuple(valid):  # no padding: a plain transpose (TPP-matchable)
+        return te.compute(shape, lambda *ix: src[(*ix[:-2], ix[-1], ix[-2])], name=name)
+
+    def at(*ix):
+        *lead, i, j = ix
+        inside = tirx.all(i < rows, j < cols)
+        return tirx.if_then_else(inside, src[(*lead, tirx.min(j, cols - 1),
+                                              tirx.min(i, rows - 1))],
+                                 tirx.const(0, src.dtype))
+
+    return te.compute(shape, at, name=name)
+
+
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True,
-            post_activation: str | None = None, dequantize: bool = False):
+            post_activation: str | None = None, dequantize: bool = False,
+            a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0):
     """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
-    Inputs in order: A, B (packed panels, or plain (K, N) when ``b_packed`` is False, as
-    for an activation operand), then for int8 with ``dequantize`` the per-column scale and
-    offset (padded to the packed width), bias (likewise), residual (M, N).
+    Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
+    activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
+    then for int8 with ``dequantize`` the per-column scale and offset (padded to the packed
+    width), bias (likewise), residual (M, N). A transposed A is copied into (M, K) rows and a
+    transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
+    transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
+    microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
+    contraction's constant factor). Transposed or scaled operands are fp32 only.
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
     prec = plan.precision
     V = prec.vnni
     lead = (batch,) if batch else ()
-    A = te.placeholder(plan.a_shape(lead), prec.a, name="A")
+    if V > 1 and (a_transposed or b_transposed or a_scale != 1.0):
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: transposed or scaled operands are supported in fp32 only")
+    if a_transposed:
+        A = te.placeholder((*lead, k, m), prec.a, name="A")
+    else:
+        A = te.placeholder(plan.a_shape(lead), prec.a, name="A")
     if b_packed:
         B = te.placeholder(plan.b_packed_shape(lead), prec.b, name="B_packed")
     elif V > 1:
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: B must be a packed constant (VNNI layout); a {plan.dtype} "
             "matmul of two activations is not supported")
+    elif b_transposed:
+        B = te.placeholder((*lead, n, k), prec.b, name="B")
+        B = te.compute((*lead, np_ // nr, kp, nr), _pack_transposed(B, n, k, nr), name="B_pack")
+        b_packed = True
     else:
         B = te.placeholder((*lead, k, n), prec.b, name="B")
-    inputs = [A, B]
-    padded_a = (mp, kp) != (m, k) and not plan.a_prepadded
-    A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if padded_a else A
+    inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
+    if a_transposed:
+        A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_transpose")
+    else:
+        padded_a = (mp, kp) != (m, k) and not plan.a_prepadded
+        A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if padded_a else A
+    if a_scale != 1.0:
+        src = A_in
+        A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * tirx.const(a_scale, "float32"),
+                          name="A_scale")
 
     def mac(a, b):
         if prec.acc == prec.a:
@@ -357,6 +433,21 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
                                                post_activation)
     return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
+
+
+def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):
+    """Element (jb, kk, jj) of packed panels from B given as (N, K), zero-padded."""
+    if n % nr == 0 and int(B.shape[-1]) == k and k >= 2:
+        return lambda *ix: B[(*ix[:-3], ix[-3] * nr + ix[-1], ix[-2])]
+
+    def at(*ix):
+        *lead, jb, kk, jj = ix
+        j = jb * nr + jj
+        inside = tirx.all(kk < k, j < n)
+        return tirx.if_then_else(inside, B[(*lead, tirx.min(j, n - 1), tirx.min(kk, k - 1))],
+                                 tirx.const(0, "float32"))
+
+    return at
 
 
 def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
@@ -409,7 +500,7 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     sch.reorder(*lead, jo, ko, io, ii, ji, ki)
     panel_loop = sch.fuse(*lead, jo) if lead else jo
     sch.parallel(panel_loop)
-    schedule_pads(sch, ("A_pad", "B_pad"))
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
     epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
     init = sch.decompose_reduction(blk, ko)
     tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
@@ -446,7 +537,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
         outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
     sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad", "B_pad"))
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
     b_dtype = prec.b if prec.b != prec.a else None
     gemm = TPPSpec("gemm", prec.a, b_dtype=b_dtype, m=mr, n=nr, k=k, beta=0)
@@ -677,8 +768,9 @@ class GemmKernel:
 def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   bias: bool = False, activation: str | None = None, residual: bool = False,
                   b_packed: bool = True, post_activation: str | None = None,
-                  dtype: str = "float32", dequantize: bool = False
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+                  dtype: str = "float32", dequantize: bool = False,
+                  a_transposed: bool = False, b_transposed: bool = False,
+                  a_scale: float = 1.0) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
     Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
@@ -690,7 +782,8 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
         isa = "avx512"
     plan = plan_gemm(m, n, k, dtype)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
-                                  post_activation, dequantize)
+                                  post_activation, dequantize, a_transposed, b_transposed,
+                                  a_scale)
     func = te.create_prim_func([*inputs, out])
     return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 
