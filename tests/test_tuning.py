@@ -5,7 +5,10 @@ errors of bad logs. Trials are few: these check the machinery, the benchmark che
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,6 +56,22 @@ def test_tune_primfunc_writes_a_log_that_compiles_correctly(tuned_matmul, capsys
     c = tvm.runtime.tensor(np.zeros((64, 64), "float32"))
     rt(tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_log_opens_in_a_fresh_process(tuned_matmul):
+    """Loading a database replays its traces: the TPP intrinsics they name must be registered
+    from the names alone (a new process has generated none)."""
+    _, out = tuned_matmul
+    code = (
+        "import tpp_tvm, sys; sys.path.insert(0, 'tests'); from test_tuning import _matmul\n"
+        "from tpp_tvm.tuning import open_logs\n"
+        f"logs = open_logs({str(out)!r}, tpp_tvm.target(num_cores=1))\n"
+        "print(logs.schedule(_matmul().with_attr('global_symbol', 'main')) is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("True")
 
 
 def test_progress_lines_say_task_trials_best_and_time_left():
