@@ -214,6 +214,8 @@ def tune(mod, target=None, work_dir: str | os.PathLike | None = None, *,
         for task in tasks:
             task.compare = None
     result.tasks = _choose(tasks, TuneLogs(log_dir, database, tgt))
+    if work_dir is None:  # a log kept in tune_logs/ for builds to use: its best records only
+        prune_log(log_dir)
     (log_dir / "meta.json").write_text(json.dumps({
         "target": str(tgt), "tag": target_tag(tgt), "rules": rules,
         "trials_per_task": trials_per_task, "tuning_seconds": round(result.seconds, 1),
@@ -247,6 +249,24 @@ def recompare(mod, log_dir: str | os.PathLike, target=None, params: dict | None 
     if logs is None:
         raise TuningLogError(f"tuning log {log_dir} was made for another target")
     return TuningResult(Path(log_dir), _choose(extract_tasks(mod, tgt, params), logs))
+
+
+def prune_log(path: str | os.PathLike, keep: int = 3) -> int:
+    """Keep only each task's ``keep`` fastest valid records (a shipped log needs the best;
+    every build that applies it parses all of them). Returns the records kept."""
+    records = Path(path) / "database_tuning_record.json"
+    by_task: dict[int, list] = {}
+    for line in records.read_text().splitlines():
+        if not line.strip():
+            continue
+        task, rec = json.loads(line)
+        secs = rec[1] if rec[1] else None
+        if secs:
+            by_task.setdefault(task, []).append((float(np.mean(secs)), line))
+    kept = [line for entries in by_task.values()
+            for _, line in sorted(entries, key=lambda e: e[0])[:keep]]
+    records.write_text("\n".join(kept) + "\n")
+    return len(kept)
 
 
 def search_strategy() -> ms.search_strategy.EvolutionarySearch:
@@ -348,6 +368,18 @@ def shipped_logs(target: tvm.target.Target) -> TuneLogs | None:
     folder = SHIPPED_LOGS / target_tag(target)
     if not folder.is_dir():
         return None
+    stamp = tuple((p.name, p.stat().st_mtime_ns) for p in sorted(folder.glob("*/*.json")))
+    key = (str(folder), str(target), stamp)
+    if key not in _SHIPPED:
+        _SHIPPED.clear()
+        _SHIPPED[key] = _load_shipped(folder, target)
+    return _SHIPPED[key]
+
+
+_SHIPPED: dict[tuple, TuneLogs | None] = {}
+
+
+def _load_shipped(folder: Path, target: tvm.target.Target) -> TuneLogs | None:
     logs = [open_logs(d, target) for d in sorted(folder.iterdir())
             if (d / "database_tuning_record.json").is_file()]
     logs = [lg for lg in logs if lg is not None]
