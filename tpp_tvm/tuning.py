@@ -277,11 +277,9 @@ def search_strategy() -> ms.search_strategy.EvolutionarySearch:
 
 
 def _best_record(database: ms.Database, func: tirx.PrimFunc, target):
-    mod = tvm.IRModule({"main": func})
-    if not database.has_workload(mod):
-        return None
-    top = database.get_top_k(database.commit_workload(mod), 1)
-    return top[0] if top else None
+    """The fastest valid record for ``func`` (any database kind, unions included)."""
+    return database.query_tuning_record(tvm.IRModule({"main": func}), target,
+                                        workload_name="main")
 
 
 # ---------------------------------------------------------------------------
