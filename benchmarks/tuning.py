@@ -10,6 +10,7 @@ hand" is what a build with the log does (per subgraph the faster of the two).
     python benchmarks/tuning.py                         # the default run (about 40 min)
     python benchmarks/tuning.py --quick                 # a 256^3 GEMM, few trials
     python benchmarks/tuning.py --workloads gemm --trials 16,64,256 --tvm-trials 16,64,512
+    python benchmarks/tuning.py --retime /tmp/tpp_tuning_bench_XXXX   # time its logs again
 
 Writes ``benchmarks/results/tuning.{json,md}`` and ``tuning.png`` (speed against trials).
 """
@@ -139,7 +140,13 @@ def run(args) -> list[dict]:
 
     target = tpp_tvm.target(num_cores=args.threads)
     rows = []
-    scratch = Path(tempfile.mkdtemp(prefix="tpp_tuning_bench_"))
+    scratch = Path(args.retime) if args.retime else Path(
+        tempfile.mkdtemp(prefix="tpp_tuning_bench_"))
+    previous = {}
+    if args.retime:  # tuning times come from the run that made the logs
+        for r in json.loads((Path(args.out) / "tuning.json").read_text()):
+            if r.get("tune_seconds_total"):
+                previous[(r["workload"], r["rules"])] = r["tune_seconds_total"]
     workloads = []
     if "gemm" in args.workloads:
         workloads += [("gemm", s) for s in ((256, 256, 256),) if args.quick] or [
@@ -165,10 +172,15 @@ def run(args) -> list[dict]:
         for rules, budgets in plans.items():
             log = scratch / f"{label}-{rules}"
             t0 = time.perf_counter()
-            tuning.tune(func if kind == "gemm" else mod, target, log,
-                        trials_per_task=max(budgets), rules=rules, progress=args.verbose,
-                        compare=(rules == "tpp" and kind != "gemm"))
-            tune_s = time.perf_counter() - t0
+            if args.retime:
+                tune_s = previous[(label, rules)]
+                if rules == "tpp" and kind != "gemm":
+                    tuning.recompare(mod, log, target)  # hand vs tuned, timed again
+            else:
+                tuning.tune(func if kind == "gemm" else mod, target, log,
+                            trials_per_task=max(budgets), rules=rules, progress=args.verbose,
+                            compare=(rules == "tpp" and kind != "gemm"))
+                tune_s = time.perf_counter() - t0
             for n in budgets:
                 cut = truncated_log(log, n, scratch / f"{label}-{rules}-{n}")
                 row = {"workload": label, "rules": rules, "trials": n,
@@ -199,7 +211,8 @@ def render(rows: list[dict], command: str, date: str, load: str, threads: int) -
         f"`{command}` — {date}, load before/after {load}, {threads} thread(s) per kernel.",
         "Speed is relative to the hand schedules (no tuning); N trials = trials per task "
         "(the log cut to its first N records). Same search strategy and XGBoost cost model "
-        "for both rule sets; tune time is the whole run to the largest N.",
+        "for both rule sets; tune time is the whole run to the largest N. With `--retime` the "
+        "logs of an earlier run are built and timed again (tune times are that run's).",
         "",
         "| workload | rules | trials/task | ms | GFLOP/s | × hand | tune time (s) |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -260,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a 256^3 GEMM, 8/16 trials")
     parser.add_argument("--verbose", action="store_true", help="tuning progress lines")
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--retime", metavar="DIR",
+                        help="re-time the logs a previous run left in DIR (no tuning)")
     args = parser.parse_args(argv)
     if args.quick:
         args.workloads, args.trials, args.tvm_trials = "gemm", "8", "8,16"

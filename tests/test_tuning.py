@@ -74,6 +74,19 @@ def test_a_log_opens_in_a_fresh_process(tuned_matmul):
     assert done.stdout.strip().endswith("True")
 
 
+def test_shipped_logs_merge_every_log_for_the_target(tuned_matmul, tmp_path, monkeypatch):
+    import shutil
+
+    _, out = tuned_matmul
+    for name in ("one", "two"):
+        shutil.copytree(out, tmp_path / target_tag(TARGET) / name)
+    monkeypatch.setattr(tuning, "SHIPPED_LOGS", tmp_path)
+    logs = tuning.resolve_logs("shipped", TARGET)
+    assert logs is not None and logs.schedule(_matmul().with_attr("global_symbol", "main"))
+    monkeypatch.setattr(tuning, "SHIPPED_LOGS", tmp_path / "none")
+    assert tuning.resolve_logs("shipped", TARGET) is None
+
+
 def test_progress_lines_say_task_trials_best_and_time_left():
     lines = []
     progress = tuning.TuningProgress(["mm"], [2e6], 8, printer=lines.append)
