@@ -120,7 +120,7 @@ def _target(args: argparse.Namespace) -> Any:
 
 
 def _tune_logs_arg(args: argparse.Namespace) -> str | None:
-    logs = getattr(args, "tune_logs", "shipped")
+    logs = getattr(args, "tune_logs", "none")
     return None if logs == "none" else logs
 
 
@@ -423,9 +423,9 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_tune_logs_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--tune-logs", default="shipped", metavar="PATH",
-        help="tuning log folder from `tune`, 'shipped' (default: logs shipped for this "
-             "target) or 'none' (hand schedules only)")
+        "--tune-logs", default="none", metavar="PATH",
+        help="tuning log folder from `tune`, 'shipped' (the logs in tune_logs/ for this "
+             "CPU) or 'none' (default: hand schedules only)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -156,12 +156,13 @@ def load(path: str | Path) -> CompiledModel:
 
 
 def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
-                  tune_logs="shipped") -> CompiledModel:
+                  tune_logs=None) -> CompiledModel:
     """Compile a Relax module (static input shapes) into a :class:`CompiledModel`.
 
     ``precision="bf16"``: matmuls with constant weights run in bf16 (see ``build``).
-    ``tune_logs``: the tuning logs shipped for this target (default), a folder made by
-    ``tpp_tvm.tune``, or None for hand schedules only.
+    ``tune_logs``: a folder made by ``tpp_tvm.tune``, ``"shipped"`` (the logs in
+    ``tune_logs/`` for this CPU) or None (default: hand schedules only — per-subgraph wins
+    measured in isolation did not hold in a whole BERT-base model, see README).
     """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
@@ -177,7 +178,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
 
 
 def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
-                 precision: str = "float32", tune_logs="shipped") -> CompiledModel:
+                 precision: str = "float32", tune_logs=None) -> CompiledModel:
     """Import an ONNX model (proto, path or bytes) and compile it onto TPPs.
 
     ``precision="bf16"`` runs its matmuls in bf16 with fp32 accumulation; ``tune_logs``
