@@ -438,7 +438,7 @@ class _Lowerer(relax.PyExprMutator):
         comp = str(func.attrs["Composite"]) if func.attrs and "Composite" in func.attrs else None
         if comp is None or not comp.startswith("tpp."):
             return call
-        if self.logs is not None:
+        if self.logs is not None and self.precision == "float32":  # logs hold fp32 kernels
             tuned = self._tuned(func, call, comp)
             if tuned is not None:
                 return tuned
