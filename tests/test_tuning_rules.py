@@ -209,3 +209,15 @@ def test_row_reductions_become_reduce_tpps():
     x = np.random.default_rng(2).standard_normal((6, 4, 96)).astype("float32")
     got = _run(spaces[0], [x, np.zeros((6, 4), "float32")])
     np.testing.assert_allclose(got, (x * x).sum(-1), rtol=1e-5)
+
+
+def test_standalone_elementwise_block_becomes_an_equation_tpp():
+    X = te.placeholder((4, 16, 96), name="X")
+    bias = te.placeholder((96,), name="bias")
+    Y = te.compute((4, 16, 96), lambda a, i, j: tirx.max(X[a, i, j] + bias[j], 0.0), name="act")
+    spaces = _designs(te.create_prim_func([X, bias, Y]))
+    assert any(n.endswith("bias_relu") for n in _tensorized(spaces[0]))
+    rng = np.random.default_rng(3)
+    x, b = rng.standard_normal((4, 16, 96), "float32"), rng.standard_normal(96).astype("float32")
+    got = _run(spaces[0], [x, b, np.zeros_like(x)])
+    np.testing.assert_allclose(got, np.maximum(x + b, 0), rtol=1e-6)

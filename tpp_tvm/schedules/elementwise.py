@@ -88,24 +88,25 @@ def match_equation(sch: Schedule, block: SBlockRV):
 
 
 def tensorize_equation(sch: Schedule, block: SBlockRV, steps: tuple[str, ...], mr: int,
-                       nr: int, isa: str) -> bool:
-    """Tile the block's last two loops by (mr, nr) and make each tile one equation TPP."""
+                       nr: int, isa: str) -> list | None:
+    """Tile the block's last two loops by (mr, nr) and make each tile one equation TPP.
+    Returns the loops around the TPP calls (outer axes, row tiles, column tiles), or None."""
     loops = sch.get_loops(block)
     if len(loops) < 2:
-        return False
+        return None
     rows, cols = loops[-2:]
     ext = [sch.get(lp).extent for lp in (rows, cols)]
     if not all(isinstance(e, tirx.IntImm) for e in ext):
-        return False
+        return None
     r, c = int(ext[0]), int(ext[1])
     mr, nr = min(mr, r), min(nr, c)
     if r % mr or c % nr or mr < 2 or nr < 2:
-        return False
+        return None
     ro, ri = sch.split(rows, [None, mr])
     co, ci = sch.split(cols, [None, nr])
     sch.reorder(ro, co, ri, ci)
     sch.tensorize(ri, intrinsic(TPPSpec("equation", "float32", m=mr, n=nr, steps=steps), isa))
-    return True
+    return [*loops[:-2], ro, co]
 
 
 def _gelu_as_tpp(bb, call):

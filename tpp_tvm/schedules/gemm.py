@@ -122,7 +122,7 @@ class GemmPlan:
 #: measurements (AVX-512 on Zen 5, 1 thread, benchmarks/gemm.py shapes); ties go to the
 #: earlier entry. Tiles under 8 independent FMA chains cannot hide the FMA latency on two
 #: pipes and serve only tiny M.
-_TILES: dict[tuple[int, int], float] = {
+TILE_EFFICIENCY: dict[tuple[int, int], float] = {
     (8, 48): 0.97, (4, 64): 0.97, (8, 32): 0.95, (6, 64): 0.93, (5, 64): 0.92,
     (9, 48): 0.92, (7, 48): 0.92, (12, 32): 0.91, (11, 32): 0.90, (10, 32): 0.90, (14, 32): 0.88,
     (3, 64): 0.80, (2, 64): 0.60,
@@ -138,7 +138,7 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
 
         return GemmPlan(m, n, k, MR, NR, dtype, amx=True)
     best = None
-    for (mr, nr), efficiency in _TILES.items():
+    for (mr, nr), efficiency in TILE_EFFICIENCY.items():
         if mr > max(m, 2) and mr > 2:
             continue
         nv = -(-nr // 16)

@@ -38,7 +38,7 @@ from ..intrinsics.registry import on_short_stack
 from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
 from .elementwise import candidate_steps, match_equation, tensorize_equation
-from .gemm import _TILES
+from .gemm import TILE_EFFICIENCY
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def register_tiles(m: int, n: int, limit: int = MAX_TILES) -> list[tuple[int, in
         for mr in range(2, min(m, 14) + 1):
             if m % mr or (mr + 1) * nv > _VREGS:
                 continue
-            eff = _TILES.get((mr, nr))
+            eff = TILE_EFFICIENCY.get((mr, nr))
             if eff is None:  # unmeasured: accumulator chains x lane use, scaled below table
                 eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * _LANES)
             scored.append((eff, mr * nr, (mr, nr)))
@@ -224,15 +224,13 @@ class ElementwiseTPP(ms.schedule_rule.PyScheduleRule):
         space = sch.copy()
         try:
             blk = space.get_sblock(sch.get(block).name_hint)
-            lps = space.get_loops(blk)
-            rows = space.fuse(*lps[:-1]) if len(lps) > 2 else lps[0]
+            rows = space.get_loops(blk)[-2]  # fusing rows first would not blockize
             mr = next((d for d in (8, 4, 2) if int(space.get(rows).extent) % d == 0), None)
-            if mr is None:
+            outer = mr and tensorize_equation(space, blk, matched[0], mr, nr, self.isa)
+            if not outer:
                 return [sch]
-            ro, _ = space.split(rows, [None, mr])
-            if not tensorize_equation(space, blk, matched[0], mr, nr, self.isa):
-                return [sch]
-            space.parallel(space.get_loops(blk)[0])
+            # The other axes and the row tiles in parallel; column tiles stay serial.
+            space.parallel(space.fuse(*outer[:-1]) if len(outer) > 2 else outer[0])
         except Exception as err:  # noqa: BLE001 - leave it to the stock rules
             log.debug("element-wise TPP rejected: %s", str(err).splitlines()[-1])
             return [sch]
