@@ -425,21 +425,9 @@ def _spawn_worker(
         "--shapes",
         ",".join(map(shape_name, shapes)),
     ] + (["--quick"] if quick else [])
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=_worker_env(impl, threads),
-            capture_output=True,
-            text=True,
-            timeout=WORKER_TIMEOUT_S,
-        )
-        if proc.returncode == 0:
-            return json.loads(proc.stdout.strip().splitlines()[-1])
-        why = f"worker exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    except subprocess.TimeoutExpired:
-        why = f"worker timed out after {WORKER_TIMEOUT_S} s"
-    except (json.JSONDecodeError, IndexError) as exc:
-        why = f"worker printed no JSON: {exc}"
+    rows, why = worker_rows(cmd, _worker_env(impl, threads), WORKER_TIMEOUT_S)
+    if rows is not None:
+        return rows
     return [_row(m, n, k, impl, threads, status="error", note=why[:300]) for m, n, k in shapes]
 
 
@@ -657,6 +645,20 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
                   lambda command, date, load: render_markdown(rows, all_peaks, command,
                                                               _machine(), date, load))
     return 0
+
+
+def worker_rows(cmd: list[str], env: dict, timeout: float) -> tuple[list | None, str]:
+    """Run a benchmark worker process; (its JSON rows, "") or (None, why it gave none)."""
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout.strip().splitlines()[-1]), ""
+        why = f"worker exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    except subprocess.TimeoutExpired:
+        why = f"worker timed out after {timeout} s"
+    except (json.JSONDecodeError, IndexError) as exc:
+        why = f"worker printed no JSON: {exc}"
+    return None, why
 
 
 def write_results(out_dir: str, name: str, argv: list[str], rows: list[dict],

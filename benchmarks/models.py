@@ -37,7 +37,6 @@ import inspect
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -540,21 +539,13 @@ def _spawn_worker(impl: str, threads: int, names: list[str], args: argparse.Name
         "--threads", str(threads), "--models", ",".join(names), "--size", args.size,
         "--cache-dir", str(args.cache_dir), "--refs", json.dumps(refs),
     ] + (["--quick"] if args.quick else [])
-    try:
-        env = gemm._worker_env(impl, threads)
-        if impl == "torch_compile":
-            # Compile time means a cold compile, not a hit in inductor's on-disk cache.
-            env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
-        proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S
-        )
-        if proc.returncode == 0:
-            return json.loads(proc.stdout.strip().splitlines()[-1])
-        why = f"worker exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    except subprocess.TimeoutExpired:
-        why = f"worker timed out after {WORKER_TIMEOUT_S} s"
-    except (json.JSONDecodeError, IndexError) as exc:
-        why = f"worker printed no JSON: {exc}"
+    env = gemm._worker_env(impl, threads)
+    if impl == "torch_compile":
+        # Compile time means a cold compile, not a hit in inductor's on-disk cache.
+        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    rows, why = gemm.worker_rows(cmd, env, WORKER_TIMEOUT_S)
+    if rows is not None:
+        return rows
     return [_row(n, impl, threads, status="error", note=why[:300]) for n in names]
 
 
