@@ -229,21 +229,6 @@ class Measured:
 Adapter = Callable[[Case], Measured]
 
 
-def _run_tpp_tvm(case: Case) -> Measured:
-    """``compile_onnx`` with the host's TPP target sized to ``threads`` cores."""
-    from tpp_tvm import compile_onnx, target
-
-    t0 = time.perf_counter()
-    compiled = compile_onnx(case.model, target=target(num_cores=case.threads))
-    compile_s = time.perf_counter() - t0
-    values = list(case.inputs.values())
-    outputs = compiled(*values)
-    fallbacks = compiled.report_data.get("fallbacks", {})
-    note = f"{_FALLBACKS}{dict(fallbacks)}" if fallbacks else ""
-    seconds = gemm._median_time(lambda: compiled(*values))
-    return Measured(seconds, outputs, compile_s, note)
-
-
 def _quantized(case: Case, kind: str) -> onnx.ModelProto:
     """The model quantized by ONNX Runtime (``dynamic`` or static ``qdq``, u8 activations,
     s8 weights; QDQ calibrated on the example inputs), cached next to the fp32 export."""
@@ -273,6 +258,7 @@ def _quantized(case: Case, kind: str) -> onnx.ModelProto:
 
 
 def _tpp_tvm(case: Case, model: onnx.ModelProto, precision: str = "float32") -> Measured:
+    """``compile_onnx`` (``precision``) with the host's TPP target sized to ``threads``."""
     from tpp_tvm import compile_onnx, target
 
     t0 = time.perf_counter()
@@ -467,7 +453,7 @@ ADAPTERS: dict[str, Adapter] = {
     "onnxruntime_int8_dynamic": lambda case: _ort(case, _quantized(case, "dynamic")),
     "tpp_tvm_int8_qdq": lambda case: _tpp_tvm(case, _quantized(case, "qdq")),
     "onnxruntime_int8_qdq": lambda case: _ort(case, _quantized(case, "qdq")),
-    "tpp_tvm": _run_tpp_tvm,
+    "tpp_tvm": lambda case: _tpp_tvm(case, case.model),
     "onnxruntime": _run_onnxruntime,
     "torch": _run_torch,
     "torch_compile": _run_torch_compile,
