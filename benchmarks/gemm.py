@@ -227,30 +227,20 @@ def _time_kernel(kernel, a: np.ndarray, b_packed: np.ndarray) -> float:
     return float(kernel.time(a, b_packed, number=number, repeat=repeat))
 
 
-def _run_tpp_tvm_bf16(m: int, n: int, k: int, threads: int) -> Measured:
-    """tpp_tvm bf16 GEMM (vdpbf16ps microkernel, fp32 accumulation and output)."""
+def _run_tpp_tvm_lowp(dtype: str, m: int, n: int, k: int, threads: int) -> Measured:
+    """tpp_tvm low-precision GEMM: bf16 (vdpbf16ps, fp32 accumulation and output) or
+    u8 x s8 -> int32 (vpdpbusd)."""
     from tpp_tvm.schedules.gemm import build_gemm
     from tpp_tvm.target import target
 
-    a, b, ref = _bf16_inputs(m, n, k)
-    kernel = build_gemm(m, n, k, dtype="bfloat16", target=target(num_cores=threads))
+    a, b, ref = (_bf16_inputs if dtype == "bfloat16" else _int8_inputs)(m, n, k)
+    kernel = build_gemm(m, n, k, dtype=dtype, target=target(num_cores=threads))
     b_packed = kernel.pack_b(b)
     err = _rel_err(kernel.run_packed(a, b_packed), m, n, k, ref)
+    note = ("bf16 in, fp32 out; B packed (VNNI-2)" if dtype == "bfloat16"
+            else "u8 x s8 -> int32; B packed (VNNI-4)")
     return Measured(_time_kernel(kernel, a, b_packed), err,
-                    note="bf16 in, fp32 out; B packed (VNNI-2) once, outside the timed loop")
-
-
-def _run_tpp_tvm_int8(m: int, n: int, k: int, threads: int) -> Measured:
-    """tpp_tvm u8 x s8 -> int32 GEMM (vpdpbusd microkernel)."""
-    from tpp_tvm.schedules.gemm import build_gemm
-    from tpp_tvm.target import target
-
-    a, b, ref = _int8_inputs(m, n, k)
-    kernel = build_gemm(m, n, k, dtype="int8", target=target(num_cores=threads))
-    b_packed = kernel.pack_b(b)
-    err = _rel_err(kernel.run_packed(a, b_packed), m, n, k, ref)
-    return Measured(_time_kernel(kernel, a, b_packed), err,
-                    note="u8 x s8 -> int32; B packed (VNNI-4) once, outside the timed loop")
+                    note=note + " once, outside the timed loop")
 
 
 def _run_torch_bf16(m: int, n: int, k: int, threads: int) -> Measured:
@@ -346,9 +336,9 @@ ADAPTERS: dict[str, Callable[[int, int, int, int], Measured]] = {
     "torch": _run_torch,
     "numpy": _run_numpy,
     "tvm_default": _run_tvm_default,
-    "tpp_tvm_bf16": _run_tpp_tvm_bf16,
+    "tpp_tvm_bf16": lambda m, n, k, threads: _run_tpp_tvm_lowp("bfloat16", m, n, k, threads),
     "torch_bf16": _run_torch_bf16,
-    "tpp_tvm_int8": _run_tpp_tvm_int8,
+    "tpp_tvm_int8": lambda m, n, k, threads: _run_tpp_tvm_lowp("int8", m, n, k, threads),
 }
 
 
