@@ -16,6 +16,7 @@ from tvm import s_tir, te
 
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
 from tpp_tvm.target import target as tpp_target
+from tpp_tvm.tir_pipeline import compile_kernels
 
 
 def measure_microkernel(mr: int = 6, nr: int = 64, k: int = 64, batch: int = 2,
@@ -37,7 +38,7 @@ def measure_microkernel(mr: int = 6, nr: int = 64, k: int = 64, batch: int = 2,
     sch.tensorize(i, name)
     # All reps write the same C tile region in memory order: keep it in L1 by making the
     # output small relative to the work (reps tiles of mr*nr*4 bytes each stream through).
-    mod = tvm.compile(sch.mod, target=tpp_target(num_cores=1)).jit()
+    mod = compile_kernels(sch.mod, tpp_target(num_cores=1)).jit()
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
     a = tvm.runtime.tensor(rng.standard_normal((batch, mr, k), dtype="float32"), dev)

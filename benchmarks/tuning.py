@@ -78,12 +78,13 @@ def gemm_func(m: int, n: int, k: int):
 def time_gemm_log(func, log: Path, target, shape) -> float | None:
     import tvm
 
+    from tpp_tvm.tir_pipeline import compile_kernels
     from tpp_tvm.tuning import open_logs
 
     sched = open_logs(log, target).schedule(func)
     if sched is None:
         return None
-    rt = tvm.compile(tvm.IRModule({"main": sched}), target=target).jit()
+    rt = compile_kernels(tvm.IRModule({"main": sched}), target).jit()
     m, n, k = shape
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))

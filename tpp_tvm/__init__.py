@@ -18,6 +18,7 @@ use ``tpp_tvm.target()`` for the target and ``tpp_tvm.target_info`` for host det
 """
 
 from . import target as target_info
+from . import tir_pipeline  # noqa: F401 - registers the "tpp" TIR pipeline
 from .compiled import CompiledModel, compile_onnx, compile_relax, load
 from .errors import TPPError
 from .frontend import from_onnx

@@ -37,6 +37,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from .errors import TPPError
 from .target import isa_of
 from .target import target as tpp_target
+from .tir_pipeline import PIPELINE as TIR_PIPELINE
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None):
     intrinsic package (23 s per worker) — candidates arrive already tensorized."""
     from tvm.driver import build as tvm_build
 
-    return tvm_build(mod, target=target)
+    return tvm_build(mod, target=target, pipeline=TIR_PIPELINE)
 
 
 def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,

@@ -21,6 +21,7 @@ from tvm import relax
 from ..errors import UnsupportedOperatorError, UnsupportedShapeError
 from ..relay_passes.lower import LoweringReport
 from ..relay_passes.pipeline import tpp_kernel_passes
+from ..tir_pipeline import compile_kernels
 from .runner import Call, run_calls
 from .toolchain import export_library
 
@@ -45,7 +46,7 @@ class ModelPlan:
 
     def build(self, target: tvm.target.Target, path: str | Path) -> Path:
         """Compile every kernel for ``target`` into one shared library at ``path``."""
-        return export_library(tvm.compile(self.kernels, target=target), path)
+        return export_library(compile_kernels(self.kernels, target), path)
 
     def arrays(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Every tensor slot filled: inputs and weights by value, the rest zeros."""

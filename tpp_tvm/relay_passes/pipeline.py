@@ -32,6 +32,7 @@ from tvm.relax.backend.cpu_generic.pipeline import (
 from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
+from ..tir_pipeline import PIPELINE as TIR_PIPELINE
 from ..tuning import TuneLogs, resolve_logs
 from .canonicalize import CanonicalizeActivations
 from .lower import (
@@ -165,7 +166,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
     t0 = time.perf_counter()
     with tgt:
         mod = tpp_pipeline(report, precision, logs, force_tuned)(mod)
-    exe = tvm.compile(mod, target=tgt, relax_pipeline=None)
+    exe = tvm.compile(mod, target=tgt, relax_pipeline=None, tir_pipeline=TIR_PIPELINE)
     if report is not None:
         report.compile_seconds = time.perf_counter() - t0
     return exe

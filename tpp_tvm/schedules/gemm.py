@@ -35,6 +35,7 @@ from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
 from ..runtime import configure_threads, target_threads
 from ..target import host_isa, isa_of
 from ..target import target as tpp_target
+from ..tir_pipeline import compile_kernels
 
 log = logging.getLogger(__name__)
 
@@ -697,7 +698,7 @@ class GemmKernel:
             return pack_b_numpy(np.asarray(b, dtype="float32"), p.nr, self.b_layout, p.kp)
         if self._pack is None:
             sch = pack_b_schedule(p.k, p.n, p.nr, p.kp, self.b_layout, self.isa)
-            self._pack = tvm.compile(sch.mod, target=self.target).jit()
+            self._pack = compile_kernels(sch.mod, self.target).jit()
         src = tvm.runtime.tensor(np.ascontiguousarray(b, dtype="float32"), self._dev)
         out = tvm.runtime.tensor(np.empty((p.np_ // p.nr, p.kp, p.nr), "float32"), self._dev)
         self._pack(src, out)
@@ -837,7 +838,7 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
     else:
         sch, plan = gemm_schedule(m, n, k, "avx512", batch=batch, bias=bias,
                                   activation=activation, dtype=dtype, dequantize=dequantize)
-    rt = tvm.compile(sch.mod, target=tgt).jit()
+    rt = compile_kernels(sch.mod, tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
                       time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,
                       target=tgt, dequantize=dequantize)

@@ -1,0 +1,67 @@
+"""The "tpp" TIR pipeline keeps a tile's intermediates on the stack.
+
+A GEMM with a fused epilogue allocates its C tile (and, for int8, the dequantized tile)
+inside the parallel tile loop. TVM's default lowering turns each into a workspace
+allocation per tile; the "tpp" pipeline must leave none in the tile loop, and the kernel
+must still compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from tpp_tvm.schedules.gemm import build_gemm
+from tpp_tvm.target import target
+from tpp_tvm.tir_pipeline import PIPELINE, STACK_LIMIT_BYTES, compile_kernels
+
+TGT = target("avx512", num_cores=2)
+
+
+def _asm(mod: tvm.IRModule, **kwargs) -> str:
+    return tvm.compile(mod, target=TGT, **kwargs).mod.inspect_source("asm")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_tile_buffers_leave_the_workspace_allocator(dtype: str) -> None:
+    kw = {"dequantize": True} if dtype == "int8" else {}
+    gemm = build_gemm(64, 256, 128, dtype, target=TGT, bias=True, activation="gelu", **kw)
+    default = _asm(gemm.schedule.mod)
+    tpp = _asm(gemm.schedule.mod, tir_pipeline=PIPELINE)
+    # The default lowering allocates the per-tile buffers from the workspace pool...
+    assert default.count("callq\t*(%") > tpp.count("callq\t*(%")
+    assert "TVMBackendAllocWorkspace@GOTPCREL" in default
+    # ...the tpp pipeline keeps every one of them on the stack.
+    assert "TVMBackendAllocWorkspace@GOTPCREL" not in tpp
+
+
+def test_gemm_with_epilogue_matches_numpy_through_the_pipeline() -> None:
+    rng = np.random.default_rng(0)
+    m, n, k = 37, 200, 96
+    gemm = build_gemm(m, n, k, "int8", target=TGT, bias=True, activation="relu",
+                      dequantize=True)
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    bias = rng.standard_normal(n).astype(np.float32)
+    scale = np.full(n, 1e-4, np.float32)
+    got = gemm(a, b, bias, scale=scale, offset=np.zeros(n, np.float32))
+    want = np.maximum((a.astype(np.int64) @ b.astype(np.int64)) * 1e-4 + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_large_buffers_still_use_the_workspace() -> None:
+    """A buffer above the stack limit is left to TVM (a worker's stack is finite)."""
+    from tvm import te
+
+    n = STACK_LIMIT_BYTES // 4 + 16
+    x = te.placeholder((n,), "float32", name="x")
+    tmp = te.compute((n,), lambda i: x[i] * 2.0, name="tmp")
+    y = te.compute((n,), lambda i: tmp[n - 1 - i] + 1.0, name="y")
+    exe = compile_kernels(te.create_prim_func([x, y]), TGT)
+    assert "TVMBackendAllocWorkspace@GOTPCREL" in exe.mod.inspect_source("asm")
+    lib = exe.jit()
+    xs = np.arange(n, dtype=np.float32)
+    out = tvm.runtime.tensor(np.zeros(n, np.float32))
+    lib["main"](tvm.runtime.tensor(xs), out)
+    np.testing.assert_allclose(out.numpy(), xs[::-1] * 2 + 1)

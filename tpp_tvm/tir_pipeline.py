@@ -1,0 +1,103 @@
+"""The TIR lowering tpp_tvm compiles kernels with: TVM's default pipeline, then small
+kernel-local buffers kept on the stack instead of TVM's workspace allocator.
+
+A tiled TPP kernel keeps a register tile's intermediates (a GEMM's C tile before its
+epilogue, an int8 tile before dequantization, an equation's temporaries) in buffers that
+TVM allocates inside the tile loop. ``LowerTVMBuiltin`` turns every such allocation of
+1 KiB or more, and every non-``global`` one of any size, into a
+``TVMBackendAllocWorkspace``/``FreeWorkspace`` pair *per tile*; measured on an int8
+64x4096x1024 GEMM, three pairs per 4x64 tile cost as much as a third of the kernel.
+Buffers this small belong on the stack: this pass marks constant-size allocations up to
+:data:`STACK_LIMIT_BYTES` with TVM's ``disable_lower_builtin`` annotation, so they stay
+``alloca``s (one per thread, hoisted by LLVM), and the ``"tpp"`` TIR pipeline runs it
+after TVM's default lowering. :func:`compile_kernels` is ``tvm.compile`` with it; the
+Relax ``build`` and the tuning builder pass the same pipeline name.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+from tvm.runtime import Executable
+from tvm.tirx import compilation_pipeline
+
+#: Largest buffer kept on the stack. Worker threads have MiB-sized stacks; a register
+#: tile's intermediates are a few KiB, an unrolled conv panel's tens of KiB.
+STACK_LIMIT_BYTES = 64 * 1024
+#: The TIR pipeline name that adds this pass (``tvm.compile(..., tir_pipeline=...)``).
+PIPELINE = "tpp"
+_DISABLE_LOWER = "disable_lower_builtin"  # tvm::tirx::transform::kDisableLowerTVMBuiltin
+
+
+def _constant_bytes(buffer: tirx.Buffer) -> int | None:
+    size = tvm.DataType(buffer.dtype)
+    total = size.bits * max(size.lanes, 1) // 8
+    for dim in buffer.shape:
+        if not isinstance(dim, tirx.IntImm):
+            return None
+        total *= int(dim)
+    return total
+
+
+def _on_stack(stmt: tirx.Stmt) -> tirx.Stmt:
+    """``stmt`` with every small AllocBuffer annotated; unchanged nodes are returned as is."""
+    if isinstance(stmt, tirx.AllocBuffer):
+        nbytes = _constant_bytes(stmt.buffer)
+        if nbytes is None or nbytes > STACK_LIMIT_BYTES or _DISABLE_LOWER in stmt.annotations:
+            return stmt
+        marked = {**dict(stmt.annotations), _DISABLE_LOWER: tirx.IntImm("int32", 1)}
+        return tirx.AllocBuffer(stmt.buffer, marked)
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [_on_stack(s) for s in stmt.seq]
+        changed = any(a is not b for a, b in zip(seq, stmt.seq))
+        return tirx.SeqStmt(seq, stmt.span) if changed else stmt
+    if isinstance(stmt, tirx.For):
+        body = _on_stack(stmt.body)
+        if body is stmt.body:
+            return stmt
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                        stmt.thread_binding, stmt.annotations, stmt.step, stmt.span)
+    if isinstance(stmt, tirx.AttrStmt):
+        body = _on_stack(stmt.body)
+        if body is stmt.body:
+            return stmt
+        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body, stmt.span)
+    if isinstance(stmt, tirx.IfThenElse):
+        then_case = _on_stack(stmt.then_case)
+        else_case = _on_stack(stmt.else_case) if stmt.else_case is not None else None
+        if then_case is stmt.then_case and else_case is stmt.else_case:
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then_case, else_case, stmt.span)
+    if isinstance(stmt, tirx.While):
+        body = _on_stack(stmt.body)
+        return stmt if body is stmt.body else tirx.While(stmt.condition, body, stmt.span)
+    return stmt
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.StackAllocateSmallBuffers")
+def stack_allocate_small_buffers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """Mark small constant-size allocations of CPU kernels to stay on the stack."""
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if target is not None and target.kind.name not in ("llvm", "c"):
+        return func
+    body = _on_stack(func.body)
+    return func if body is func.body else func.with_body(body)
+
+
+def _tpp_pipeline():
+    base, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default")
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.TIRPipeline")
+    def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return stack_allocate_small_buffers(base(mod))
+
+    return pipeline, finalize_host, finalize_device
+
+
+compilation_pipeline.register_tir_pipeline(PIPELINE, _tpp_pipeline)
+
+
+def compile_kernels(mod: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Target | str
+                    ) -> Executable:
+    """``tvm.compile`` of TIR kernels through the ``"tpp"`` TIR pipeline."""
+    return tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
