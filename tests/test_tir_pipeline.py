@@ -19,21 +19,20 @@ from tpp_tvm.tir_pipeline import PIPELINE, STACK_LIMIT_BYTES, compile_kernels
 TGT = target("avx512", num_cores=2)
 
 
-def _asm(mod: tvm.IRModule, **kwargs) -> str:
-    return tvm.compile(mod, target=TGT, **kwargs).mod.inspect_source("asm")
+def _workspace_uses(mod: tvm.IRModule, **kwargs) -> int:
+    """References to TVM's workspace allocator in the LLVM IR (calls, plus its declaration)."""
+    ll = tvm.compile(mod, target=TGT, **kwargs).mod.inspect_source("ll")
+    return ll.count("@__TVMBackendAllocWorkspace")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_tile_buffers_leave_the_workspace_allocator(dtype: str) -> None:
     kw = {"dequantize": True} if dtype == "int8" else {}
     gemm = build_gemm(64, 256, 128, dtype, target=TGT, bias=True, activation="gelu", **kw)
-    default = _asm(gemm.schedule.mod)
-    tpp = _asm(gemm.schedule.mod, tir_pipeline=PIPELINE)
     # The default lowering allocates the per-tile buffers from the workspace pool...
-    assert default.count("callq\t*(%") > tpp.count("callq\t*(%")
-    assert "TVMBackendAllocWorkspace@GOTPCREL" in default
+    assert _workspace_uses(gemm.schedule.mod) > 0
     # ...the tpp pipeline keeps every one of them on the stack.
-    assert "TVMBackendAllocWorkspace@GOTPCREL" not in tpp
+    assert _workspace_uses(gemm.schedule.mod, tir_pipeline=PIPELINE) == 0
 
 
 def test_gemm_with_epilogue_matches_numpy_through_the_pipeline() -> None:
@@ -65,3 +64,13 @@ def test_large_buffers_still_use_the_workspace() -> None:
     out = tvm.runtime.tensor(np.zeros(n, np.float32))
     lib["main"](tvm.runtime.tensor(xs), out)
     np.testing.assert_allclose(out.numpy(), xs[::-1] * 2 + 1)
+
+
+def test_bf16_gemm_keeps_its_vector_temporary_with_tvm() -> None:
+    """The measured exception: with the bf16 dot kernel inlined, a promoted one-vector
+    temporary made LLVM rotate every hoisted constant through registers (3x slower GELU
+    epilogue), so there it stays where TVM puts it; the C tile still leaves the pool."""
+    gemm = build_gemm(64, 256, 128, "bfloat16", target=TGT, bias=True, activation="gelu")
+    default = _workspace_uses(gemm.schedule.mod)
+    tpp = _workspace_uses(gemm.schedule.mod, tir_pipeline=PIPELINE)
+    assert 0 < tpp < default
