@@ -124,6 +124,15 @@ def test_tiny_model_tuned_from_the_cli_and_applied_in_a_build(tmp_path, capsys):
     compiled = tpp_tvm.compile_onnx(model, TARGET, tune_logs=logs)
     n_tuned = sum(c["use"] == "tuned" for c in choices.values())
     assert compiled.report().count("(tuned)") == min(n_tuned, 2)
+    # In the model: a kernel chosen alone stays tuned only if the whole model got faster.
+    from tpp_tvm.relay_passes.tuned import confirm_in_model
+
+    forced = {k: {**c, "use": "tuned"} for k, c in choices.items()}
+    confirmed = confirm_in_model(mod, TARGET, None, open_logs(logs, TARGET), forced)
+    for c in confirmed.values():
+        assert c["model_hand_ms"] > 0 and c["model_tuned_alone_ms"] > 0
+        if c["use"] == "tuned":
+            assert c["model_tuned_alone_ms"] < c["model_hand_ms"]
 
 
 def test_rpc_tracker_and_two_servers_on_loopback(tmp_path):

@@ -214,7 +214,8 @@ def tune(mod, target=None, work_dir: str | os.PathLike | None = None, *,
     if not compare:
         for task in tasks:
             task.compare = None
-    result.tasks = _choose(tasks, TuneLogs(log_dir, database, tgt))
+    model = mod if isinstance(mod, tvm.IRModule) and _has_relax(mod) else None
+    result.tasks = _choose(tasks, TuneLogs(log_dir, database, tgt), model, params)
     if work_dir is None:  # a log kept in tune_logs/ for builds to use: its best records only
         prune_log(log_dir)
     (log_dir / "meta.json").write_text(json.dumps({
@@ -224,9 +225,11 @@ def tune(mod, target=None, work_dir: str | os.PathLike | None = None, *,
     return result
 
 
-def _choose(tasks: list[Task], logs: TuneLogs) -> list[dict]:
+def _choose(tasks: list[Task], logs: TuneLogs, model: tvm.IRModule | None = None,
+            params: dict | None = None) -> list[dict]:
     """Per task: the best tuned time and, for model subgraphs, tuned vs hand schedule timed
-    in one harness; written to ``choices.json`` (what a build follows)."""
+    in one harness, then (given the ``model``) confirmed in the whole model; written to
+    ``choices.json`` (what a build follows)."""
     choices, entries = {}, []
     for task in tasks:
         rec = _best_record(logs.database, task.func, logs.target)
@@ -237,6 +240,10 @@ def _choose(tasks: list[Task], logs: TuneLogs) -> list[dict]:
             entry.update(task.compare(logs))
         choices[task.key] = entry
         entries.append(entry)
+    if model is not None and any(t.compare is not None for t in tasks):
+        from .relay_passes.tuned import confirm_in_model
+
+        confirm_in_model(model, logs.target, params, logs, choices)
     (logs.path / "choices.json").write_text(json.dumps(choices, indent=1, sort_keys=True))
     return entries
 
@@ -249,7 +256,8 @@ def recompare(mod, log_dir: str | os.PathLike, target=None, params: dict | None 
     logs = open_logs(log_dir, tgt)
     if logs is None:
         raise TuningLogError(f"tuning log {log_dir} was made for another target")
-    return TuningResult(Path(log_dir), _choose(extract_tasks(mod, tgt, params), logs))
+    return TuningResult(Path(log_dir), _choose(extract_tasks(mod, tgt, params), logs,
+                                               mod if _has_relax(mod) else None, params))
 
 
 def prune_log(path: str | os.PathLike, keep: int = 3) -> int:
@@ -315,12 +323,16 @@ def extract_tasks(mod, target: tvm.target.Target, params: dict | None = None) ->
         raise TypeError(f"tune() takes a PrimFunc or an IRModule, got {type(mod).__name__}")
     prims = [(gv.name_hint, f) for gv, f in mod.functions_items()
              if isinstance(f, tirx.PrimFunc)]
-    has_relax = any(not isinstance(f, tirx.PrimFunc) for _, f in mod.functions_items())
-    if not has_relax:
+    if not _has_relax(mod):
         return [Task(n, _plain(f)) for n, f in sorted(prims, key=lambda x: x[0])]
     from .relay_passes.tuned import subgraph_tasks
 
     return subgraph_tasks(mod, target, params)
+
+
+def _has_relax(mod) -> bool:
+    return isinstance(mod, tvm.IRModule) and any(
+        not isinstance(f, tirx.PrimFunc) for _, f in mod.functions_items())
 
 
 def _plain(func: tirx.PrimFunc) -> tirx.PrimFunc:
