@@ -134,6 +134,38 @@ def test_matmul_designs_tensorize_and_compute_the_product():
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
 
 
+def _packing_blocks(sch) -> list[str]:
+    return [str(i.kind.name) for i in sch.trace.insts
+            if i.kind.name == "Annotate" and "layout_rewrite_preproc" in str(i.attrs)]
+
+
+def test_weights_are_packed_into_panels_only_when_layout_free():
+    rng = np.random.default_rng(1)
+    tensors, C = _matmul(32, 96, 128)
+    func = te.create_prim_func([*tensors, C])
+    assert not any(_packing_blocks(s) for s in _designs(func))  # B may be an activation
+    packed = _designs(func.with_attr("layout_free_buffers", [1]))
+    assert packed and all(_packing_blocks(s) for s in packed)
+    a, b = rng.standard_normal((32, 128), "float32"), rng.standard_normal((128, 96), "float32")
+    for sch in packed[:: max(1, len(packed) // 3)]:
+        # With the packing block in place the kernel still computes A @ B from unpacked B...
+        got = _run(sch.copy(), [a, b, np.zeros((32, 96), "float32")])
+        np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
+        # ...and as tuning times it, B arrives in (N/nr, K, nr) panels.
+        for post in default_postprocs():
+            assert post.apply(sch)
+        mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(
+            sch.mod)
+        shape = [int(d) for d in mod["main"].params[1].ty.shape]
+        nr = shape[-1]
+        panels = b.reshape(128, 96 // nr, nr).transpose(1, 0, 2).copy()
+        assert shape == list(panels.shape)
+        rt = tvm.compile(mod, target=TARGET).jit()
+        args = [tvm.runtime.tensor(x) for x in (a, panels, np.zeros((32, 96), "float32"))]
+        rt(*args)
+        np.testing.assert_allclose(args[-1].numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+
 def test_conv_design_tensorizes_filter_taps_as_gemm_calls():
     rng = np.random.default_rng(1)
     tensors, Y = _conv_nhwc(10, 10, 16, 32, 3, 3)

@@ -105,6 +105,11 @@ def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
                                         precision, logs, force_tuned)
 
         passes = [*partition_passes(isa, report), lower]
+        if logs is not None:
+            # Tuned kernels that pack their weights: the packing becomes its own call,
+            # folded into the constant weights at build time.
+            passes += [relax.transform.SplitLayoutRewritePreproc(),
+                       relax.transform.FoldConstant()]
     else:
         passes = simplify_passes()
     passes += library_dispatch_passes(target) + legalize_passes(target)

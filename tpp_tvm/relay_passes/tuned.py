@@ -73,6 +73,11 @@ def composite_kernel(func: relax.Function, target: tvm.target.Target) -> Composi
     if any(isinstance(a, relax.Var) and a not in params for a in args):
         return None
     prim = prim.with_attr("global_symbol", "main")
+    # Constant operands (weights, biases) may be repacked once at build time (TVM's
+    # convention, which the TPP rules and TVM's RewriteLayout both follow).
+    weights = [i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant)]
+    if weights:
+        prim = prim.with_attr("layout_free_buffers", weights)
     for attr in ("op_pattern", "tirx.is_scheduled"):
         if prim.attrs and attr in prim.attrs:
             prim = prim.without_attr(attr)

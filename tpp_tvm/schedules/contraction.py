@@ -60,6 +60,11 @@ def _product_operands(value: tirx.Expr, out: tirx.Buffer):
     return None
 
 
+def product_loads(store: tirx.BufferStore) -> tuple[TensorLoad, TensorLoad] | None:
+    """(A load, B load) of a contraction's update ``C[...] = C[...] + A[...] * B[...]``."""
+    return _product_operands(store.value, store.buffer)
+
+
 def contraction_roles(sch: Schedule, block: SBlockRV) -> ContractionRoles | None:
     """The roles of ``block``'s loops if it is a contraction a BRGEMM TPP can serve."""
     blk = sch.get(block)

@@ -27,6 +27,7 @@ import logging
 import re
 import sys
 
+from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
@@ -37,6 +38,7 @@ from ..intrinsics import TPPSpec, intrinsic
 from ..intrinsics.registry import on_short_stack
 from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
+from .contraction import product_loads as _product_loads
 from .elementwise import candidate_steps, match_equation, tensorize_equation
 from .gemm import TILE_EFFICIENCY
 
@@ -166,8 +168,46 @@ def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr
     if not whole_k:
         init = sch.decompose_reduction(block, red[0])
         sch.vectorize(sch.get_loops(init)[-1])
+    pack_weights(sch, block, roles, nr)
     spec = TPPSpec("gemm", roles.dtype, m=mr, n=nr, k=kc, beta=0 if whole_k else 1)
     sch.tensorize(mi, intrinsic(spec, isa))
+
+
+#: Block annotation TVM's layout-rewrite machinery keys on: MetaSchedule's builder drops
+#: such a block before timing (the operand arrives packed), Relax's
+#: ``SplitLayoutRewritePreproc`` moves it out of the kernel (folded for constant weights).
+LAYOUT_REWRITE = "meta_schedule.layout_rewrite_preproc"
+
+
+def pack_weights(sch: Schedule, block: SBlockRV, roles: ContractionRoles, nr: int) -> bool:
+    """B in (..., N/nr, K, nr) panels, as the hand schedules pack weights, when B is a
+    parameter laid out (..., K, N) that the PrimFunc's ``layout_free_buffers`` attribute
+    lists (a weight: an activation would be repacked on every call).
+
+    Read straight from (K, N), each of the TPP's B rows is a separate cache line run N
+    floats apart (12 KiB for a BERT FFN); packed, a tile's B is one contiguous block.
+    The packing is a layout-rewrite block: not timed in tuning, and done once at build
+    time for constant weights.
+    """
+    blk = sch.get(block)
+    _, b = _product_loads(blk.body)
+    func = sch.mod["main"]
+    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
+    index = next((i for i, p in enumerate(func.params) if p.same_as(b.source)), None)
+    if index is None or not free or index not in [int(i) for i in free] or len(b.indices) < 2:
+        return False
+    ivs = [iv.var for iv in blk.iter_vars]
+    if not (isinstance(b.indices[-2], tirx.Var) and b.indices[-2].same_as(ivs[roles.inner_k])):
+        return False
+    n = int(b.source.shape[-1])
+    if n % nr:
+        return False
+    read = next(i for i, r in enumerate(blk.reads) if r.source.same_as(b.source))
+    cache = sch.cache_read(block, read, "global")
+    sch.annotate(cache, LAYOUT_REWRITE, True)
+    sch.transform_layout(block, ("read", read),
+                         lambda *i: (*i[:-2], i[-1] // nr, i[-2], i[-1] % nr))
+    return True
 
 
 _NAME = re.compile(r"^tpp\.(gemm|equation|reduce_\w+)\.f32\.(\w+)\.m(\d+)n(\d+)(?:k(\d+))?")
