@@ -166,6 +166,18 @@ def test_weights_are_packed_into_panels_only_when_layout_free():
         np.testing.assert_allclose(args[-1].numpy(), a @ b, rtol=1e-4, atol=1e-3)
 
 
+def test_narrow_output_rows_also_get_the_stock_tiling():
+    """N = 28 (an NCHW convolution's pixel row) fills no whole vector: the stock tiling's
+    designs compete with the TPP ones; with N = 96 only TPP designs are offered."""
+    def designs(n):
+        tensors, out = _matmul(64, n, 64)
+        return _designs(te.create_prim_func([*tensors, out]))
+
+    kinds = {any(n.startswith("tpp.gemm") for n in _tensorized(s)) for s in designs(28)}
+    assert kinds == {True, False}
+    assert all(any(n.startswith("tpp.gemm") for n in _tensorized(s)) for s in designs(96))
+
+
 def test_conv_design_tensorizes_filter_taps_as_gemm_calls():
     rng = np.random.default_rng(1)
     tensors, Y = _conv_nhwc(10, 10, 16, 32, 3, 3)

@@ -125,7 +125,16 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
             log.debug("contraction %s: no TPP design fits; stock tiling",
                       sch.get(block).name_hint)
             return self.fallback.apply(sch, block) if self.fallback else [sch]
+        if self.fallback is not None and not _vector_friendly(roles, sch, block):
+            # A TPP tile cannot fill vectors here (an NCHW convolution's pixel row of 28 as
+            # N): the stock tiling competes in the same search.
+            spaces += self.fallback.apply(sch.copy(), block)
         return spaces
+
+
+def _vector_friendly(roles: ContractionRoles, sch: Schedule, block: SBlockRV) -> bool:
+    """Whether the TPP's N (the contiguous output dim) is a whole number of vectors."""
+    return roles.extents[roles.inner_n] % _LANES == 0
 
 
 def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr: int,
@@ -401,7 +410,29 @@ def default_postprocs() -> list[ms.Postproc]:
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),
         ms.postproc.RewriteReductionBlock(),
+        RewriteLayoutUnlessPacked(),
     ]
+
+
+@derived_object
+class RewriteLayoutUnlessPacked(ms.postproc.PyPostproc):
+    """TVM's ``RewriteLayout`` (weights repacked for the stock tiling's access order) for
+    designs whose weights the TPP rule did not already pack into panels."""
+
+    def __init__(self) -> None:
+        self.rewrite = ms.postproc.RewriteLayout()
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.rewrite._initialize_with_tune_context(context)  # noqa: SLF001
+
+    def apply(self, sch: Schedule) -> bool:
+        trace = sch.trace
+        packed = trace is not None and any(
+            i.kind.name == "Annotate" and LAYOUT_REWRITE in str(i.attrs) for i in trace.insts)
+        return True if packed else self.rewrite.apply(sch)
+
+    def clone(self) -> RewriteLayoutUnlessPacked:
+        return RewriteLayoutUnlessPacked()
 
 
 def default_mutators() -> dict[ms.Mutator, float]:
