@@ -148,8 +148,11 @@ class TuningResult:
     def summary(self) -> str:
         lines = [f"tuning log: {self.log_dir} ({self.seconds:.0f} s)"]
         for t in self.tasks:
-            hand = (f", in the model {t['tuned_vm_ms']:.3f} ms vs hand {t['hand_ms']:.3f} ms"
+            hand = (f", as a subgraph {t['tuned_vm_ms']:.3f} ms vs hand {t['hand_ms']:.3f} ms"
                     if t.get("hand_ms") else "")
+            if t.get("model_hand_ms"):
+                hand += (f"; whole model {t['model_tuned_alone_ms']:.3f} ms with it vs "
+                         f"{t['model_hand_ms']:.3f} ms hand")
             tuned = f"{t['tuned_ms']:.3f} ms" if t.get("tuned_ms") else "no valid schedule"
             lines.append(f"  {t['name']} x{t['weight']}: tuned {tuned}{hand}"
                          f" -> {t.get('use', 'tuned')}")
