@@ -156,8 +156,8 @@ def _comparison(func: relax.Function, target: tvm.target.Target):
 
 
 def _model_timer(mod: tvm.IRModule, target: tvm.target.Target, params: dict | None):
-    """``time(logs) -> ms``: the whole model built with ``logs`` (None: hand schedules
-    only), on fixed random inputs; the best of interleaved rounds is taken by the caller."""
+    """(``evaluator(logs)``: a time evaluator of the whole model built with ``logs``, None
+    for hand schedules only; the fixed random inputs to call it with)."""
     from .pipeline import build
 
     rng = np.random.default_rng(0)
@@ -207,8 +207,8 @@ def confirm_in_model(mod: tvm.IRModule, target: tvm.target.Target, params: dict 
     hand_ms, *alone = best_ms(None, *(variant({k}) for k in tuned))
     keep = {k for k, ms in zip(tuned, alone) if ms < hand_ms}
     if len(keep) > 1:
-        (together,) = best_ms(variant(keep))
-        if together >= hand_ms:
+        hand_again, together = best_ms(None, variant(keep))
+        if together >= hand_again:
             keep = {min(zip(alone, tuned))[1]} if min(alone) < hand_ms else set()
     for k, ms in zip(tuned, alone):
         choices[k]["model_hand_ms"] = hand_ms
