@@ -230,6 +230,12 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
 _FAKE_QUANT_DROPPED = "QDQ pair between fp32 ops dropped (fp32 value kept)"
 
 
+def _fake_quantized(x):
+    """``dequantize(quantize(x))``: static QDQ rounding an fp32 value to the int8 grid."""
+    q = is_op("relax.quantize")(x, wildcard(), wildcard())
+    return is_op("relax.dequantize")(q, wildcard(), wildcard())
+
+
 def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> relax.Function:
     """``dequantize(quantize(x, s, z), s, z)`` -> ``x`` where no int8 kernel consumes it.
 
@@ -239,8 +245,8 @@ def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> rela
     fp32 value (closer to the fp32 model than ONNX Runtime's int8 result) and lets the
     element-wise chain fuse into TPP kernels instead of running per element in TVM.
     """
-    x, s_q, z_q, s_d, z_d = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
-    pattern = is_op("relax.dequantize")(is_op("relax.quantize")(x, s_q, z_q), s_d, z_d)
+    x = wildcard()
+    pattern = _fake_quantized(x)
 
     def rewrite(orig, m):
         if _dtype(m[x]) != "float32" or _dtype(orig) != "float32":
@@ -309,8 +315,8 @@ def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringRep
     drop = _elementwise_only_dequantizes(func)
     if not drop:
         return func
-    x, s_q, z_q, s_d, z_d = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
-    pattern = is_op("relax.dequantize")(is_op("relax.quantize")(x, s_q, z_q), s_d, z_d)
+    x = wildcard()
+    pattern = _fake_quantized(x)
 
     def rewrite(orig, m):
         if _dtype(m[x]) != "float32" or not any(orig.same_as(d) for d in drop):

@@ -126,6 +126,13 @@ def subgraph_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: dict | 
     return tasks
 
 
+def _random_inputs(func: relax.Function) -> list[np.ndarray]:
+    """Fixed standard-normal inputs for ``func``'s parameters (timing only)."""
+    rng = np.random.default_rng(0)
+    return [np.asarray(rng.standard_normal([int(d) for d in p.ty.shape.values]),
+                       dtype=str(p.ty.dtype)) for p in func.params]
+
+
 def _comparison(func: relax.Function, target: tvm.target.Target):
     """Time the subgraph with its hand schedule and with the tuned kernel (same harness)."""
 
@@ -133,9 +140,7 @@ def _comparison(func: relax.Function, target: tvm.target.Target):
         from .pipeline import build
 
         mod = tvm.IRModule({"main": _plain_function(func)})
-        rng = np.random.default_rng(0)
-        inputs = [np.asarray(rng.standard_normal([int(d) for d in p.ty.shape.values]),
-                             dtype=str(p.ty.dtype)) for p in func.params]
+        inputs = _random_inputs(func)
         timers = {}
         for use, kwargs in (("hand", {}), ("tuned", {"tune_logs": logs, "force_tuned": True})):
             exe = build(mod, target, **kwargs)
@@ -160,10 +165,7 @@ def _model_timer(mod: tvm.IRModule, target: tvm.target.Target, params: dict | No
     for hand schedules only; the fixed random inputs to call it with)."""
     from .pipeline import build
 
-    rng = np.random.default_rng(0)
-    inputs = [tvm.runtime.tensor(np.asarray(
-        rng.standard_normal([int(d) for d in p.ty.shape.values]), dtype=str(p.ty.dtype)))
-        for p in mod["main"].params]
+    inputs = [tvm.runtime.tensor(x) for x in _random_inputs(mod["main"])]
 
     def evaluator(logs):
         exe = build(mod, target, params=params, tune_logs=logs)
