@@ -21,8 +21,9 @@ error against ONNX Runtime, tpp_tvm's speed relative to ONNX Runtime, the model'
 (``benchmarks/peak.py``). Writes ``models.json`` (rows) and ``models.md`` (tables).
 
 Low-precision rows (their own table): bf16 (``compile_onnx(precision="bf16")`` against
-torch eager under bf16 autocast) on the MLP and BERT, and int8 on the MLP (the model
-quantized by ONNX Runtime, dynamic and static QDQ, run by tpp_tvm and by ONNX Runtime)::
+torch eager under bf16 autocast) on the MLP and BERT, and int8 on the MLP and ResNet-50
+(the model quantized by ONNX Runtime, dynamic and static QDQ, run by tpp_tvm and by ONNX
+Runtime)::
 
     python benchmarks/models.py --quick --models mlp,bert \
         --impls tpp_tvm_bf16,torch_bf16,tpp_tvm_int8_dynamic,onnxruntime_int8_dynamic
@@ -77,9 +78,11 @@ IMPL_TITLES.update({
     "tpp_tvm_int8_qdq": "tpp_tvm int8 QDQ",
     "onnxruntime_int8_qdq": "ORT int8 QDQ",
 })
-#: Models each low-precision implementation runs on (int8: the MLP, whose matmuls all have
-#: constant weights; BERT's attention matmuls would stay int32 in TVM's default path).
-LOWP_MODELS = {impl: ("mlp",) if "int8" in impl else ("mlp", "bert") for impl in LOWP_IMPLS}
+#: Models each low-precision implementation runs on (int8: the MLP and ResNet-50, whose
+#: matmuls and convolutions all have constant weights; BERT's attention matmuls would stay
+#: int32 in TVM's default path; bf16: the MLP and BERT, where matmuls dominate).
+LOWP_MODELS = {impl: ("mlp", "resnet50") if "int8" in impl else ("mlp", "bert")
+               for impl in LOWP_IMPLS}
 
 TVM_DEFAULT_MAX_S = 60.0
 """TVM without tpp_tvm runs ~100x slower: a model whose one run would take longer is skipped."""

@@ -48,18 +48,23 @@ def test_low_precision_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(
     dtypes=st.sampled_from(DOT_DTYPES),
-    op=st.sampled_from(["gemm", "brgemm"]),
+    op=st.sampled_from(["gemm", "brgemm", "conv_brgemm"]),
     beta=st.sampled_from([0, 1]),
     m=st.integers(2, 12),
     n=st.integers(2, 70),  # full vectors, tails and tail-only rows
     kgroups=st.integers(2, 12),
-    batch=st.integers(2, 3),
+    batch=st.integers(1, 3),
+    stride_groups=st.integers(1, 3),
 )
-def test_dot_contractions(dtypes, op, beta, m, n, kgroups, batch) -> None:
+def test_dot_contractions(dtypes, op, beta, m, n, kgroups, batch, stride_groups) -> None:
+    """conv_brgemm: output pixels ``stride`` elements apart in one input row (a whole
+    number of VNNI groups: the channels are padded), batched over filter rows."""
     a, b = dtypes
     vnni = 2 if a == "bfloat16" else 4
+    conv = op == "conv_brgemm"
     _check(TPPSpec(op, a, b_dtype=b, m=m, n=n, k=kgroups * vnni, beta=beta,
-                   batch=1 if op == "gemm" else batch))
+                   batch=1 if op == "gemm" else batch if conv else max(batch, 2),
+                   stride=stride_groups * vnni if conv else 1))
 
 
 @needs_bf16
@@ -144,8 +149,8 @@ def test_dot_steps_are_single_instructions(spec: TPPSpec, instr: str) -> None:
      ["k=6", "VNNI factor 4"]),
     (lambda: TPPSpec("gemm", "int8", m=2, n=16, k=8), UnsupportedDTypeError,
      ["int8 x int8", "uint8 x int8"]),
-    (lambda: TPPSpec("conv_brgemm", "bfloat16", m=2, n=16, k=8, batch=2),
-     UnsupportedDTypeError, ["conv_brgemm", "fp32 only"]),
+    (lambda: TPPSpec("conv_brgemm", "uint8", b_dtype="int8", m=2, n=16, k=8, batch=2,
+                     stride=6), UnsupportedShapeError, ["conv_brgemm", "stride 6", "VNNI"]),
     (lambda: TPPSpec("quantize", "float32", m=2, n=16, out_dtype="int32"),
      UnsupportedDTypeError, ["quantize", "float32->int32", "float32->uint8"]),
     (lambda: TPPSpec("relu", m=2, n=16, b_dtype="int8"), UnsupportedDTypeError, ["relu"]),

@@ -30,22 +30,26 @@ def _fp32_mlp(tmp_path) -> tuple[onnx.ModelProto, str]:
 
 
 class _Calibration(quantization.CalibrationDataReader):
-    def __init__(self) -> None:
-        self.batches = iter([{"input": np.random.default_rng(i).standard_normal(
-            (MLP["batch"], MLP["dims"][0])).astype("float32")} for i in range(4)])
+    """Four seeded normal batches of the model's (single) input."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.batches = iter([{"input": np.random.default_rng(i).standard_normal(shape).astype(
+            "float32")} for i in range(4)])
 
     def get_next(self):
         return next(self.batches, None)
 
 
-def _quantize(kind: str, src: str, dst: str) -> onnx.ModelProto:
+def _quantize(kind: str, src: str, dst: str, per_channel: bool = False) -> onnx.ModelProto:
     q = quantization
     if kind == "dynamic":
-        q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8)
+        q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8, per_channel=per_channel)
     else:
+        shape = tuple(models.example_inputs(onnx.load(src))["input"].shape)
         act = q.QuantType.QUInt8 if kind == "qdq_u8" else q.QuantType.QInt8
-        q.quantize_static(src, dst, _Calibration(), quant_format=q.QuantFormat.QDQ,
-                          activation_type=act, weight_type=q.QuantType.QInt8)
+        q.quantize_static(src, dst, _Calibration(shape), quant_format=q.QuantFormat.QDQ,
+                          activation_type=act, weight_type=q.QuantType.QInt8,
+                          per_channel=per_channel)
     return onnx.load(dst)
 
 
@@ -111,3 +115,59 @@ def test_weight_zero_point_falls_back_and_stays_correct() -> None:
     compiled = compile_onnx(model)
     np.testing.assert_array_equal(compiled(a)[0], run_onnxruntime(model, {"a": a})[0])
     assert "tpp.int8_matmul (weight zero point)" in compiled.report_data["fallbacks"]
+
+
+#: Small CNNs: 3x3 convolutions with ReLU and max pooling (``small_cnn``), and a ResNet-50
+#: bottleneck (1x1 -> 3x3 -> 1x1 convolutions, residual add).
+CNNS = {
+    "small_cnn": lambda: models.small_cnn(batch=1, image=16, channels=(8, 16)),
+    "resnet_block": lambda: models.resnet50_block(batch=1, image=8, planes=8),
+}
+
+
+@pytest.mark.parametrize(("cnn", "kind", "per_channel", "kernel"), [
+    ("small_cnn", "dynamic", False, "tpp.conv_integer"),
+    ("small_cnn", "qdq_u8", False, "tpp.qdq_conv2d"),
+    ("small_cnn", "qdq_s8", True, "tpp.qdq_conv2d"),
+    ("resnet_block", "dynamic", True, "tpp.conv_integer"),
+    ("resnet_block", "qdq_u8", True, "tpp.qdq_conv2d"),
+])
+def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
+                                                per_channel: bool, kernel: str) -> None:
+    """Every convolution runs on the int8 conv kernel (ConvInteger or QDQ Conv), as close
+    to the fp32 model as ONNX Runtime's own int8 result."""
+    fp32 = CNNS[cnn]()
+    path = str(tmp_path / "fp32.onnx")
+    onnx.save(fp32, path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"), per_channel)
+    inputs = models.example_inputs(fp32)
+    compiled = compile_onnx(model)
+    got = compiled(*inputs.values())[0]
+    ort_int8 = run_onnxruntime(model, inputs)[0]
+    exact = run_onnxruntime(fp32, inputs)[0]
+    scale = np.abs(exact).max()
+    ort_err = np.abs(ort_int8 - exact).max()
+    assert 0 < ort_err and np.abs(got - exact).max() <= 1.05 * ort_err + 1e-5 * scale
+    if kind == "dynamic":  # the same integer math as ORT; only fp32 rounding differs
+        np.testing.assert_allclose(got, ort_int8, atol=1e-4 * scale, rtol=0)
+    data = compiled.report_data
+    convs = sum(node.op_type == "Conv" for node in fp32.graph.node)
+    ours = sum(v for k, v in data["lowered"].items() if k.startswith(kernel))
+    assert ours == convs, data["lowered"]
+    assert not data["fallbacks"], data["fallbacks"]
+
+
+def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
+    """A depthwise ConvInteger is left to TVM, reported, and still right."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-128, 128, (8, 1, 3, 3)).astype(np.int8)
+    node = helper.make_node("ConvInteger", ["x", "W"], ["y"], group=8, pads=[1, 1, 1, 1])
+    graph = helper.make_graph(
+        [node], "depthwise", [helper.make_tensor_value_info("x", TensorProto.UINT8,
+                                                            [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 8, 6, 6])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = rng.integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
+    compiled = compile_onnx(model)
+    np.testing.assert_array_equal(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])

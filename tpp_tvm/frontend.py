@@ -520,7 +520,7 @@ def _check_supported(model: onnx.ModelProto) -> None:
     )
 
 
-def _qlinear_matmul(inputs: Any, attrs: dict[str, Any]) -> Any:
+def _qlinear_matmul(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     """QLinearMatMul as dequantize -> matmul -> quantize (what it computes, by its spec);
     ``relay_passes/quantized.py`` turns the dequantize -> matmul part into an int8 GEMM."""
     from tvm import relax
@@ -536,8 +536,32 @@ def _qlinear_matmul(inputs: Any, attrs: dict[str, Any]) -> Any:
     return relax.op.quantize(y, sy, zy, axis=0, out_dtype=str(zy.ty.dtype))
 
 
+def _conv_integer(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """ConvInteger (``quantize_dynamic``'s convolution) as its spec states it: an int32
+    convolution of ``x - x_zero_point`` and ``w - w_zero_point`` (padding the shifted input
+    with 0 is padding x with its zero point). ``relay_passes/quantized.py`` turns it, with
+    the scale multiply after it, into an int8 TPP convolution."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx.onnx_frontend import Conv
+
+    x, w, x_zp, w_zp = (list(inputs) + [None] * 4)[:4]
+    x32 = relax.op.astype(x, "int32")
+    if x_zp is not None:
+        x32 = relax.op.subtract(x32, relax.op.astype(x_zp, "int32"))
+    w32 = relax.op.astype(w, "int32")
+    if w_zp is not None:  # scalar, or one per output channel
+        zp = relax.op.astype(w_zp, "int32")
+        if len(w_zp.ty.shape.values) == 1:
+            zp = relax.op.reshape(zp, [-1] + [1] * (len(w.ty.shape.values) - 1))
+        w32 = relax.op.subtract(w32, zp)
+    return Conv._impl_v11(bb, [bb.normalize(x32), bb.normalize(w32), None], dict(attrs), {})
+
+
 #: Converters for ONNX ops TVM's importer lacks, by op type.
-_EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {"QLinearMatMul": _qlinear_matmul}
+_EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
+    "QLinearMatMul": _qlinear_matmul,
+    "ConvInteger": _conv_integer,
+}
 
 
 @functools.cache
@@ -556,7 +580,7 @@ def _importer_class() -> type:
         ) -> Any:
             try:
                 if op_name in _EXTRA_CONVERTERS:
-                    return _EXTRA_CONVERTERS[op_name](inputs, attrs)
+                    return _EXTRA_CONVERTERS[op_name](self.bb, inputs, attrs)
                 return super()._convert_operator(op_name, inputs, attrs, opset)
             except ModelLoadError:
                 raise

@@ -233,14 +233,20 @@ def dot_brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         raise UnsupportedDTypeError(
             f"TPP {spec.op} {dt} x {bdt}: {isa.name} has no dot-product kernel in this package")
     geo = contraction_geometry(spec)
-    batched = spec.op == "brgemm"
+    conv = spec.op == "conv_brgemm"
+    batched = spec.op == "brgemm" or (conv and spec.batch > 1)
     kernel = isa.dot_brgemm(dt, bdt, M, N, spec.k // spec.vnni, spec.batch if batched else 1,
                             spec.beta)
     ir_text = module_text(kernel)
     beta0 = spec.beta == 0
 
     def strides(A, B, C):
-        """lda, A's batch stride, B's k-group stride, B's batch stride, ldc."""
+        """lda, A's batch stride, B's k-group stride, B's batch stride, ldc. A convolution's
+        rows are output pixels ``stride`` elements apart in one flattened input row; its
+        batch is the filter rows (input rows)."""
+        if conv:
+            return (spec.stride, A.strides[0] if batched else 0, B.strides[-3],
+                    B.strides[0] if batched else 0, C.strides[0])
         if batched:
             return A.strides[1], A.strides[0], B.strides[1], B.strides[0], C.strides[0]
         return A.strides[0], 0, B.strides[0], 0, C.strides[0]

@@ -314,10 +314,10 @@ class TPPSpec:
                 f"TPP {self.op}: A x B dtypes {pair[0]} x {pair[1]} are not supported; "
                 f"supported: {supported}"
             )
-        if self.vnni > 1 and self.op == "conv_brgemm":
-            raise UnsupportedDTypeError(
-                f"TPP conv_brgemm is fp32 only, got {self.dtype}; run a low-precision "
-                "convolution as a GEMM over im2col rows"
+        if self.vnni > 1 and self.op == "conv_brgemm" and self.stride % self.vnni:
+            raise UnsupportedShapeError(
+                f"TPP conv_brgemm {self.dtype}: stride {self.stride} must be a multiple of "
+                f"the VNNI factor {self.vnni} (pad the channels to a multiple of it)"
             )
         if self.k % self.vnni:
             raise UnsupportedShapeError(
@@ -700,14 +700,24 @@ def contraction_geometry(spec: TPPSpec) -> ContractionGeometry:
 
 
 def _vnni_geometry(spec: TPPSpec) -> ContractionGeometry:
-    """GEMM/BRGEMM with B packed ``(K/V, N, V)``: k splits into (k // V, k % V), the first a
-    batch-like dim, the second the innermost reduction (one dot-product lane)."""
+    """GEMM/BRGEMM/conv BRGEMM with B packed ``(K/V, N, V)``: k splits into (k // V, k % V),
+    the first a batch-like dim, the second the innermost reduction (one dot-product lane)."""
     M, N, K, V = spec.m, spec.n, spec.k, spec.vnni
     KO = K // V
     if spec.op == "gemm":
         return ContractionGeometry(
             (KO,), (M, K), (KO, N, V), lambda rs, i, v: (i, rs[-1] * V + v),
             lambda rs, v, j: (rs[-1], j, v), V, lambda: [T.int32(), V, 1])
+    if spec.op == "conv_brgemm":
+        R, st, span = spec.batch, spec.stride, (M - 1) * spec.stride + K
+        if R == 1:
+            return ContractionGeometry(
+                (KO,), (span,), (KO, N, V), lambda rs, i, v: (i * st + rs[-1] * V + v,),
+                lambda rs, v, j: (rs[-1], j, v), V, lambda: [T.int32(), V, 1])
+        return ContractionGeometry(
+            (R, KO), (R, span), (R, KO, N, V),
+            lambda rs, i, v: (rs[0], i * st + rs[-1] * V + v),
+            lambda rs, v, j: (rs[0], rs[-1], j, v), V, lambda: [T.int32(), T.int32(), V, 1])
     R = spec.batch
     return ContractionGeometry(
         (R, KO), (R, M, K), (R, KO, N, V), lambda rs, i, v: (rs[0], i, rs[-1] * V + v),

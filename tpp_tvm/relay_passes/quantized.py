@@ -1,34 +1,42 @@
-"""Quantized matmuls onto the int8 (u8 x s8 -> int32) TPP GEMM.
+"""Quantized matmuls and convolutions onto the int8 (u8 x s8 -> int32) TPP kernels.
 
 ONNX quantized models reach Relax in two shapes (TVM's converter spells out the math):
 
 * dynamic (``onnxruntime.quantization.quantize_dynamic``: DynamicQuantizeLinear +
-  MatMulInteger + Cast + Mul): ``float(matmul(int32(a_q) - int32(a_zp), int32(W_q))) * s``;
+  MatMulInteger / ConvInteger + Cast + Mul):
+  ``float(op(int32(a_q) - int32(a_zp), int32(W_q))) * s``;
 * QDQ (``quantize_static`` in QDQ format, and QLinearMatMul, which ``frontend.py`` imports
-  as dequantize -> matmul -> quantize): ``matmul(dequantize(a_q, s_a, z_a),
+  as dequantize -> matmul -> quantize): ``op(dequantize(a_q, s_a, z_a),
   dequantize(W_q, s_w, 0))``.
 
-Both are ``C = (A_q - z_a) @ W_q * s_a * s_w[j]`` with a constant s8 weight of zero point 0
-(symmetric, as both tools quantize weights by default). That is one int8 GEMM kernel with
-its dequantize epilogue: ``Y = float(A_q @ W_q) * S[j] + O[j]``, ``S = s_a * s_w`` and
-``O = -z_a * colsum(W_q)[j] * S`` (a few tiny Relax ops compute S and O from the run-time
-activation scale). s8 activations are shifted to u8 (``+128``, zero point too) because the
-VNNI/AMX dot products take u8 x s8. Anything else (weight zero points, non-constant weights,
-blocked quantization) is left to TVM and counted as a fallback in the report.
+For a matmul both are ``C = (A_q - z_a) @ W_q * s_a * s_w[j]`` with a constant s8 weight of
+zero point 0 (symmetric, as both tools quantize weights by default). That is one int8 GEMM
+kernel with its dequantize epilogue: ``Y = float(A_q @ W_q) * S[j] + O[j]``,
+``S = s_a * s_w`` and ``O = -z_a * colsum(W_q)[j] * S`` (a few tiny Relax ops compute S and O
+from the run-time activation scale). A convolution is the same with the column sum taken
+over the filter's (C, R, S) and the spatial padding filled with z_a, on the int8 conv
+BRGEMM (NHWC inside the kernel). s8 activations are shifted to u8 (``+128``, zero point
+too) because the VNNI/AMX dot products take u8 x s8. Anything else (weight zero points,
+non-constant weights, blocked quantization, grouped or dilated convolutions) is left to TVM
+and counted as a fallback in the report.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
+from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .canonicalize import rewrite_erf_gelu
 from .lower import LoweringReport, _kernel_attrs
 from .patterns import ACTIVATIONS
+from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
 
 def _shape(expr: relax.Expr) -> list[int]:
@@ -43,8 +51,30 @@ def _const(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
 
 
+@dataclass(frozen=True)
+class _Epilogue:
+    """What an int8 kernel applies to its fp32 result: ``post(act(C + bias) + residual)``;
+    ``residual`` is in the layout of the graph's output (NCHW for a convolution)."""
+
+    bias: np.ndarray | None = None
+    activation: str | None = None
+    residual: relax.Expr | None = None
+    post_activation: str | None = None
+
+    @property
+    def suffix(self) -> str:
+        """How the report names the fused steps: ``_bias_relu``, ``_bias_residual_relu``."""
+        steps = ["bias" if self.bias is not None else None, self.activation,
+                 "residual" if self.residual is not None else None, self.post_activation]
+        return "".join(f"_{step}" for step in steps if step)
+
+    def schedule_args(self) -> dict:
+        return {"bias": self.bias is not None, "activation": self.activation,
+                "residual": self.residual is not None, "post_activation": self.post_activation}
+
+
 class _Emitter:
-    """Builds int8 GEMM calls and collects the kernels they need (added to the module)."""
+    """Builds int8 GEMM/convolution calls and collects the kernels they need."""
 
     def __init__(self, bb: relax.BlockBuilder, isa: str, report: LoweringReport) -> None:
         self.bb = bb
@@ -53,10 +83,10 @@ class _Emitter:
         self.kernels = 0
 
     def int8_matmul(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
-                    scale: relax.Expr, name: str, bias: np.ndarray | None = None,
-                    activation: str | None = None) -> relax.Expr | None:
-        """``act((a_q - a_zp) @ w_q * scale + bias)`` in fp32, or None (with a reported
-        reason); bias and activation run in the GEMM's epilogue."""
+                    scale: relax.Expr, name: str, epi: _Epilogue = _Epilogue()
+                    ) -> relax.Expr | None:
+        """``(a_q - a_zp) @ w_q * scale`` in fp32 with ``epi`` in the GEMM's epilogue, or
+        None (with a reported reason)."""
         why = self._unsupported(a_q, a_zp, w_q, scale)
         if why:
             self.report.fallbacks[f"tpp.int8_matmul ({why})"] += 1
@@ -64,143 +94,319 @@ class _Emitter:
         xs = _shape(a_q)
         k, n = w_q.shape
         m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
-        sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True,
-                                  bias=bias is not None, activation=activation)
-        gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_matmul")
-        self.kernels += 1
         a2 = relax.op.reshape(a_q, (m, k)) if len(xs) != 2 else a_q
-        zp = relax.op.astype(a_zp, "float32")
-        if _dtype(a_q) == "int8":  # u8 x s8 only: shift A (and its zero point) by 128
-            a2 = relax.op.astype(relax.op.add(relax.op.astype(a2, "int32"),
-                                              relax.const(128, "int32")), "uint8")
-            zp = relax.op.add(zp, relax.const(128.0, "float32"))
-        pad = plan.np_ - n
-        s = relax.op.reshape(scale, (1,)) if not _shape(scale) else scale
-        s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
-        colsum = w_q.astype(np.int64).sum(axis=0).astype("float32")
-        o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum), zp), s_row)
-        if pad:
-            s_row = relax.op.concat([s_row, relax.const(np.zeros(pad, "float32"))])
-            o_row = relax.op.concat([o_row, relax.const(np.zeros(pad, "float32"))])
-        packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
-        args = [a2, packed, s_row, o_row]
-        if bias is not None:
-            args.append(relax.const(np.pad(bias.reshape(-1).astype("float32"), (0, pad))))
-        out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
-        epilogue = "_bias" if bias is not None else ""
-        epilogue += f"_{activation}" if activation else ""
-        self.report.lowered[f"{name}{epilogue} [int8]"] += 1
+        res = epi.residual
+        res = relax.op.reshape(res, (m, n)) if res is not None and len(xs) != 2 else res
+        out = self._gemm(a2, _dtype(a_q), m, a_zp, w_q, scale, name, epi, res)
         return relax.op.reshape(out, (*xs[:-1], n)) if len(xs) != 2 else out
 
+    def _gemm(self, a2: relax.Expr, a_dtype: str, m: int, a_zp: relax.Expr, w_q: np.ndarray,
+              scale: relax.Expr, name: str, epi: _Epilogue, residual: relax.Expr | None
+              ) -> relax.Expr:
+        """The int8 GEMM call on (m, K) rows ``a2`` of ``a_dtype`` (``residual``: (m, N)):
+        (m, N) fp32."""
+        k, n = w_q.shape
+        sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True,
+                                  **epi.schedule_args())
+        gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_matmul")
+        self.kernels += 1
+        a2, zp = _as_uint8(a2, a_zp, a_dtype)
+        packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
+        colsum = w_q.astype(np.int64).sum(axis=0)
+        args = [a2, packed, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
+        args += [residual] if residual is not None else []
+        out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
+        self.report.lowered[f"{name}{epi.suffix} [int8]"] += 1
+        return out
+
+    def int8_conv2d(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
+                    scale: relax.Expr, attrs, name: str, epi: _Epilogue = _Epilogue()
+                    ) -> relax.Expr | None:
+        """``conv2d(a_q - a_zp, w_q) * scale`` in fp32 (NCHW in and out, OIHW filter) with
+        ``epi`` in the epilogue, or None with a reported reason. The kernel runs NHWC: the
+        u8 input is transposed on the way in, the output on the way out (consecutive
+        convolutions' transposes cancel: :func:`~.transposes.sink_transposes`)."""
+        why = self._unsupported(a_q, a_zp, w_q, scale, ndim=4) or _conv_unsupported(attrs)
+        if why:
+            self.report.fallbacks[f"tpp.int8_conv2d ({why})"] += 1
+            return None
+        n, c, h, w = _shape(a_q)
+        oc, _, r, s = w_q.shape
+        pad = [int(p) for p in attrs.padding]
+        shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]),
+                          tuple(pad * 2 if len(pad) == 2 else pad))
+        x = relax.op.permute_dims(a_q, TO_NHWC)
+        res = epi.residual
+        res = relax.op.permute_dims(res, TO_NHWC) if res is not None else None
+        if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
+            # pointwise: one GEMM over all pixels (far longer M than one output row)
+            rows = n * h * w
+            out = self._gemm(relax.op.reshape(x, (rows, c)), _dtype(a_q), rows, a_zp,
+                             np.ascontiguousarray(w_q[:, :, 0, 0].T), scale, name, epi,
+                             None if res is None else relax.op.reshape(res, (rows, oc)))
+            return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
+        sch, plan = conv_schedule(shape, self.isa, dtype="int8", **epi.schedule_args())
+        gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_conv2d")
+        self.kernels += 1
+        x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, _dtype(a_q))
+        zp_u8 = relax.op.astype(relax.op.reshape(zp, (1,)), "uint8")
+        packed = relax.const(pack_filter(w_q.astype(np.int8), plan.nr, vnni=4))
+        colsum = w_q.astype(np.int64).sum(axis=(1, 2, 3))
+        args = [x, packed, zp_u8, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
+        args += [res] if res is not None else []
+        out = relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
+        self.report.lowered[f"{name}{epi.suffix} [int8]"] += 1
+        return relax.op.permute_dims(out, TO_NCHW)
+
     @staticmethod
-    def _unsupported(a_q, a_zp, w_q, scale) -> str | None:
+    def _unsupported(a_q, a_zp, w_q, scale, ndim: int = 2) -> str | None:
         if _dtype(a_q) not in ("uint8", "int8"):
             return f"activation dtype {_dtype(a_q)}"
-        if w_q.ndim != 2 or w_q.min() < -128 or w_q.max() > 127:
-            return "weight is not a 2-D s8 constant"
+        if w_q.ndim != ndim or w_q.min() < -128 or w_q.max() > 127:
+            return f"weight is not a {ndim}-D s8 constant"
         if _shape(a_zp) not in ([], [1]):
             return "per-row activation zero points"
-        if _shape(scale) not in ([], [1], [w_q.shape[1]]):
+        channels = w_q.shape[1] if ndim == 2 else w_q.shape[0]
+        if int(np.prod(_shape(scale))) not in (1, channels):
             return f"scale of shape {_shape(scale)}"
         return None
 
 
-def _matmul_integer_pattern():
+def _conv_unsupported(attrs) -> str | None:
+    """Why the int8 convolution kernel cannot run a Relax conv2d (None: it can)."""
+    if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
+        return f"layout {attrs.data_layout}/{attrs.kernel_layout}"
+    if int(attrs.groups) != 1:
+        return f"groups={int(attrs.groups)}"
+    if any(int(d) != 1 for d in attrs.dilation):
+        return "dilation"
+    if len({int(st) for st in attrs.strides}) != 1:
+        return "unequal strides"
+    return None
+
+
+def _as_uint8(a: relax.Expr, a_zp: relax.Expr, dtype: str) -> tuple[relax.Expr, relax.Expr]:
+    """``a`` (of ``dtype``) as u8 and its zero point as fp32: the VNNI/AMX dot products
+    take u8 x s8, so s8 activations (and their zero point) are shifted by 128."""
+    zp = relax.op.astype(a_zp, "float32")
+    if dtype == "int8":
+        a = relax.op.astype(relax.op.add(relax.op.astype(a, "int32"),
+                                         relax.const(128, "int32")), "uint8")
+        zp = relax.op.add(zp, relax.const(128.0, "float32"))
+    return a, zp
+
+
+def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, width: int,
+                     bias: np.ndarray | None) -> list[relax.Expr]:
+    """The int8 kernel's per-column epilogue operands, padded to its packed ``width``:
+    ``S = scale`` and ``O = -zp * colsum(W) * S`` (so ``float(A_q @ W) * S + O`` is
+    ``(A_q - zp) @ W * scale``), and the bias row if any."""
+    n = colsum.size
+    s = relax.op.reshape(scale, (int(np.prod(_shape(scale))),))
+    s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
+    o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum.astype("float32")), zp),
+                              s_row)
+    pad = width - n
+    if pad:
+        s_row = relax.op.concat([s_row, relax.const(np.zeros(pad, "float32"))])
+        o_row = relax.op.concat([o_row, relax.const(np.zeros(pad, "float32"))])
+    rows = [s_row, o_row]
+    if bias is not None:
+        rows.append(relax.const(np.pad(bias.reshape(-1).astype("float32"), (0, pad))))
+    return rows
+
+
+def _integer_pattern(op: str):
+    """``float(op(int32(a_q) - a_zp, int32(W) - w_zp)) * scale``: MatMulInteger or
+    ConvInteger (``frontend.py``) followed by the dequantizing multiply."""
     a_q, a_zp, w, w_zp, scale = wildcard(), wildcard(), is_const(), is_const(), wildcard()
     a32 = is_op("relax.astype")(a_q)
     lhs = is_op("relax.subtract")(a32, is_op("relax.astype")(a_zp)) | a32
     w32 = is_op("relax.astype")(w)
-    rhs = is_op("relax.subtract")(w32, is_op("relax.astype")(w_zp)) | w32
-    mm = is_op("relax.matmul")(lhs, rhs)
-    root = is_op("relax.multiply")(is_op("relax.astype")(mm), scale)
-    return root, a_q, a_zp, w, w_zp, scale
+    w_zp32 = is_op("relax.astype")(w_zp)
+    w_zp_rows = is_op("relax.reshape")(w_zp32, wildcard())  # ConvInteger's per-channel zp
+    rhs = is_op("relax.subtract")(w32, w_zp32 | w_zp_rows) | w32
+    core = is_op(op)(lhs, rhs)
+    root = is_op("relax.multiply")(is_op("relax.astype")(core), scale)
+    return root, core, a_q, a_zp, w, w_zp, scale
 
 
-def _qdq_pattern():
+def _qdq_pattern(op: str):
+    """``op(dequantize(a_q, s_a, z_a), dequantize(W, s_w, z_w))``, W constant (for a
+    matmul also transposed: a Gemm with transB, a linear layer)."""
     a_q, s_a, z_a = wildcard(), wildcard(), wildcard()
     w, s_w, z_w = is_const(), is_const(), is_const()
     dq_w = is_op("relax.dequantize")(w, s_w, z_w)
-    w_t = is_op("relax.permute_dims")(dq_w)  # a Gemm with transB (a linear layer)
-    root = is_op("relax.matmul")(is_op("relax.dequantize")(a_q, s_a, z_a), dq_w | w_t)
-    return root, a_q, s_a, z_a, w, s_w, z_w, w_t, dq_w
+    w_t = is_op("relax.permute_dims")(dq_w)
+    core = is_op(op)(is_op("relax.dequantize")(a_q, s_a, z_a), dq_w | w_t)
+    return core, core, a_q, s_a, z_a, w, s_w, z_w, w_t, dq_w
 
 
-def _bias_value(expr: relax.Expr, n: int) -> np.ndarray | None:
-    """A constant bias row of width n (or a dequantized constant one, as QDQ writes it)."""
+def _bias_value(expr: relax.Expr, n: int, conv: bool = False,
+                bound: dict[relax.Var, relax.Expr] | None = None) -> np.ndarray | None:
+    """A constant bias of n channels (or a dequantized constant one, as QDQ writes it): a
+    row for a matmul, ``(n,)`` or ``(1, n, 1, 1)`` for an NCHW convolution. ``bound``
+    resolves variables to the values bound to them."""
+    bound = bound or {}
+    expr = bound.get(expr, expr)
+    if conv and isinstance(expr, relax.Call) and expr.op.name == "relax.reshape":
+        expr = bound.get(expr.args[0], expr.args[0])  # QDQ: reshape(dequantize(b_q), 4-D)
     value = _const(expr)
     if value is None and isinstance(expr, relax.Call) and expr.op.name == "relax.dequantize":
         q, sc, zp = (_const(a) for a in expr.args)
         if q is None or sc is None or zp is None:
             return None
         value = (q.astype(np.float64) - zp.astype(np.float64)) * sc.astype(np.float64)
-    if value is None or value.shape[-1:] != (n,) or value.size != n:
+    if value is None or value.size != n:
+        return None
+    if value.shape[-1:] != (n,) and not (conv and value.shape == (1, n, 1, 1)):
         return None
     return value.reshape(n).astype(np.float32)
 
 
-def _with_epilogues(core):
-    """(pattern, bias, activation patterns) variants of ``core``, biggest first: act(core +
-    bias), core + bias, core. Each is rewritten in its own pass, so a matmul whose output
-    feeds a bias and an activation becomes one kernel, not three."""
-    bias = wildcard()
+def _bindings(func: relax.Function) -> dict[relax.Var, relax.Expr]:
+    """Each variable of ``func``'s body and the value bound to it."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return {}
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+
+@dataclass(frozen=True)
+class _EpiloguePattern:
+    """One fused-epilogue shape around a contraction pattern, with its operand patterns."""
+
+    pattern: DFPattern
+    bias: DFPattern | None = None
+    activation: str | None = None
+    residual: DFPattern | None = None
+    post_activation: str | None = None
+
+    def value(self, m, call: relax.Call, w: np.ndarray, bound: dict) -> _Epilogue | None:
+        """The epilogue a match stands for; None when its operands do not fit (a bias
+        that is not a constant row, a residual of another shape)."""
+        conv = call.op.name != "relax.matmul"
+        bias = None
+        if self.bias is not None:
+            bias = _bias_value(m[self.bias], _out_channels(call, w), conv, bound)
+            if bias is None:
+                return None
+        residual = m[self.residual] if self.residual is not None else None
+        if residual is not None and (_dtype(residual) != "float32"
+                                     or _shape(residual) != _shape(m[self.pattern])):
+            return None
+        return _Epilogue(bias, self.activation, residual, self.post_activation)
+
+
+def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
+    """The fused-epilogue variants of ``core``, biggest first: ``relu(core + bias +
+    residual)`` (a ResNet block's last convolution), ``act(core + bias)``, ``core + bias``,
+    ``core``. Each is rewritten in its own pass, so a contraction followed by a bias and
+    an activation becomes one kernel, not three."""
+    bias, residual = wildcard(), wildcard()
     with_bias = is_op("relax.add")(core, bias)
-    variants = [(is_op(op)(with_bias), bias, ACTIVATIONS[op]) for op in ACTIVATIONS]
-    return [*variants, (with_bias, bias, None), (core, None, None)]
+    variants = []
+    for pre, pre_bias in ((with_bias, bias), (core, None)):
+        added = is_op("relax.add")(pre, residual) | is_op("relax.add")(residual, pre)
+        variants.append(_EpiloguePattern(is_op("relax.nn.relu")(added), pre_bias,
+                                         residual=residual, post_activation="relu"))
+        variants.append(_EpiloguePattern(added, pre_bias, residual=residual))
+    variants += [_EpiloguePattern(is_op(op)(with_bias), bias, ACTIVATIONS[op])
+                 for op in ACTIVATIONS]
+    return [*variants, _EpiloguePattern(with_bias, bias), _EpiloguePattern(core)]
 
 
-def rewrite_quantized_matmuls(func: relax.Function, emitter: _Emitter) -> relax.Function:
-    """Replace the dynamic and QDQ quantized matmul forms in ``func`` with int8 GEMMs,
-    with a following constant bias and activation fused into the GEMM's epilogue."""
-    core, a_q, a_zp, w, w_zp, scale = _matmul_integer_pattern()
+#: Quantized contractions: Relax op -> (report name of the integer form, of the QDQ form).
+_CONTRACTIONS = {
+    "relax.matmul": ("tpp.matmul_integer", "tpp.qdq_matmul"),
+    "relax.nn.conv2d": ("tpp.conv_integer", "tpp.qdq_conv2d"),
+}
 
-    def dynamic(bias, act):
+
+#: The kernel each contraction becomes, as fallbacks name it.
+_KERNELS = {"relax.matmul": "tpp.int8_matmul", "relax.nn.conv2d": "tpp.int8_conv2d"}
+
+
+def _emit(emitter: _Emitter, call: relax.Call, a_q: relax.Expr, a_zp: relax.Expr,
+          w: np.ndarray, scale: relax.Expr, name: str, epi: _Epilogue) -> relax.Expr | None:
+    if call.op.name == "relax.matmul":
+        return emitter.int8_matmul(a_q, a_zp, w, scale, name, epi)
+    return emitter.int8_conv2d(a_q, a_zp, w, scale, call.attrs, name, epi)
+
+
+def _out_channels(call: relax.Call, w: np.ndarray) -> int:
+    return w.shape[1] if call.op.name == "relax.matmul" else w.shape[0]
+
+
+def rewrite_quantized_contractions(func: relax.Function, emitter: _Emitter) -> relax.Function:
+    """Replace the dynamic and QDQ quantized matmuls and convolutions in ``func`` with
+    int8 TPP kernels, a following constant bias, activation and residual add fused into
+    the epilogue."""
+    for op, (integer_name, qdq_name) in _CONTRACTIONS.items():
+        func = _rewrite_integer(func, emitter, op, integer_name)
+        func = _rewrite_qdq(func, emitter, op, qdq_name)
+    return func
+
+
+def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
+                     ) -> relax.Function:
+    root, core, a_q, a_zp, w, w_zp, scale = _integer_pattern(op)
+
+    def rewrite_with(variant: _EpiloguePattern):
         def rewrite(orig, m):
             wz = _const(m[w_zp]) if w_zp in m else None
             if _dtype(m[w]) != "int8":
                 return orig
             if wz is not None and np.any(wz):
-                emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
+                emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
                 return orig
-            b = _bias_value(m[bias], _const(m[w]).shape[1]) if bias is not None else None
-            if bias is not None and b is None:
+            call, weight = m[core], _const(m[w])
+            epi = variant.value(m, call, weight, _bindings(func))
+            if epi is None:
                 return orig
             zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
-            out = emitter.int8_matmul(m[a_q], zp, _const(m[w]), m[scale],
-                                      "tpp.matmul_integer", b, act)
+            out = _emit(emitter, call, m[a_q], zp, weight, m[scale], name, epi)
             return orig if out is None else out
         return rewrite
 
-    for pattern, bias, act in _with_epilogues(core):
-        func = rewrite_call(pattern, dynamic(bias, act), func)
-    core, xq, s_a, z_a, wq, s_w, z_w, w_t, dq_w = _qdq_pattern()
+    for variant in _with_epilogues(root):
+        func = rewrite_call(variant.pattern, rewrite_with(variant), func)
+    return func
 
-    def qdq(bias, act):
+
+def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
+                 ) -> relax.Function:
+    root, core, xq, s_a, z_a, wq, s_w, z_w, w_t, dq_w = _qdq_pattern(op)
+    # the axis of W's per-channel scales that is the output channel: (K, N) / (O, I, H, W)
+    out_axis = 1 if op == "relax.matmul" else 0
+
+    def rewrite_with(variant: _EpiloguePattern):
         def rewrite(orig, m):
             if _dtype(m[wq]) != "int8":
                 return orig
             if np.any(_const(m[z_w])) or _shape(m[s_a]) not in ([], [1]):
-                emitter.report.fallbacks["tpp.int8_matmul (weight zero point)"] += 1
+                emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
                 return orig
             w = _const(m[wq])
             transposed = w_t in m
             if transposed:
-                if [int(a) for a in m[w_t].attrs.axes] != [1, 0]:
+                if op != "relax.matmul" or [int(a) for a in m[w_t].attrs.axes] != [1, 0]:
                     return orig
                 w = np.ascontiguousarray(w.T)
-            if _const(m[s_w]).size > 1 and \
-                    int(m[dq_w].attrs.axis) % 2 != (0 if transposed else 1):
-                emitter.report.fallbacks["tpp.int8_matmul (per-row weight scales)"] += 1
+            axis = int(m[dq_w].attrs.axis) % w.ndim
+            if _const(m[s_w]).size > 1 and axis != (1 - out_axis if transposed else out_axis):
+                emitter.report.fallbacks[f"{_KERNELS[op]} (per-input-channel weight scales)"] += 1
                 return orig
-            b = _bias_value(m[bias], w.shape[1]) if bias is not None else None
-            if bias is not None and b is None:
+            call = m[core]
+            epi = variant.value(m, call, w, _bindings(func))
+            if epi is None:
                 return orig
             s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
-            out = emitter.int8_matmul(m[xq], m[z_a], w, s, "tpp.qdq_matmul", b, act)
+            out = _emit(emitter, call, m[xq], m[z_a], w, s, name, epi)
             return orig if out is None else out
         return rewrite
 
-    for pattern, bias, act in _with_epilogues(core):
-        func = rewrite_call(pattern, qdq(bias, act), func)
+    for variant in _with_epilogues(root):
+        func = rewrite_call(variant.pattern, rewrite_with(variant), func)
     return func
 
 
@@ -228,12 +434,80 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
 
 
 _FAKE_QUANT_DROPPED = "QDQ pair between fp32 ops dropped (fp32 value kept)"
+_FAKE_QUANT_RELU = "quantization clipping at 0 shown as a ReLU (ONNX Runtime folds ReLU into it)"
 
 
 def _fake_quantized(x):
     """``dequantize(quantize(x))``: static QDQ rounding an fp32 value to the int8 grid."""
     q = is_op("relax.quantize")(x, wildcard(), wildcard())
     return is_op("relax.dequantize")(q, wildcard(), wildcard())
+
+
+#: Ops whose result is never negative, and ops bounded to [-1, 1].
+_NON_NEGATIVE = frozenset({"relax.nn.relu", "relax.sigmoid", "relax.exp", "relax.sqrt"})
+_UNIT_BOUNDED = frozenset({"relax.erf", "relax.tanh"})
+
+
+def _unwrapped(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> relax.Expr:
+    """The value behind ``expr``: variables resolved, fake-quantization pairs skipped."""
+    expr = bound.get(expr, expr)
+    while isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+            and expr.op.name == "relax.dequantize":
+        inner = bound.get(expr.args[0], expr.args[0])
+        if not (isinstance(inner, relax.Call) and inner.op.name == "relax.quantize"):
+            break
+        expr = bound.get(inner.args[0], inner.args[0])
+    return expr
+
+
+def _non_negative(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> bool:
+    """Whether ``expr`` is provably >= 0 (a small syntactic check: GELU's ``1 + erf(.)``,
+    products and sums of non-negative values, non-negative constants)."""
+    expr = _unwrapped(expr, bound)
+    value = _const(expr)
+    if value is not None:
+        return bool(np.all(value >= 0))
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return False
+    op, args = expr.op.name, expr.args
+    if op in _NON_NEGATIVE:
+        return True
+    if op in ("relax.multiply", "relax.add", "relax.nn.max_pool2d", "relax.mean"):
+        if all(_non_negative(a, bound) for a in args):
+            return True
+    if op == "relax.add":  # c + erf(.) with c >= 1
+        for a, b in (args, args[::-1]):
+            c, other = _const(_unwrapped(a, bound)), _unwrapped(b, bound)
+            if c is not None and np.all(c >= 1) and isinstance(other, relax.Call) \
+                    and isinstance(other.op, tvm.ir.Op) and other.op.name in _UNIT_BOUNDED:
+                return True
+    return False
+
+
+def _clips_at_zero(quantize: relax.Call) -> bool:
+    """Whether a quantize's zero point is its dtype's minimum: its range starts at 0."""
+    zp = _const(quantize.args[2])
+    lowest = {"uint8": 0, "int8": -128}.get(_dtype(quantize))
+    return zp is not None and lowest is not None and zp.size > 0 and bool(np.all(zp == lowest))
+
+
+def expose_folded_relus(func: relax.Function, report: LoweringReport) -> relax.Function:
+    """``quantize(x)`` -> ``quantize(relu(x))`` where the quantization clips at 0 and x
+    may be negative: the same values (quantize saturates), with the ReLU that ONNX
+    Runtime folded into the range visible again, so it fuses into the epilogue of the
+    contraction that produces x (and the residual add's ReLU of a ResNet block with it)."""
+    bound = _bindings(func)
+    x = wildcard()
+    pattern = is_op("relax.quantize")(x, wildcard(), wildcard())
+
+    def rewrite(orig, m):
+        if _dtype(m[x]) != "float32" or not _clips_at_zero(orig) or _non_negative(m[x], bound):
+            return orig
+        report.rewrites[_FAKE_QUANT_RELU] += 1
+        return relax.op.quantize(relax.op.nn.relu(m[x]), orig.args[1], orig.args[2],
+                                 axis=int(orig.attrs.axis), out_dtype=_dtype(orig))
+
+    return rewrite_call(pattern, rewrite, func)
 
 
 def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> relax.Function:
@@ -243,7 +517,9 @@ def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> rela
     run after the matmul rewrite (which takes the quantized tensors it needs), the pairs
     left only round an fp32 value to the int8 grid and back. Dropping them keeps the exact
     fp32 value (closer to the fp32 model than ONNX Runtime's int8 result) and lets the
-    element-wise chain fuse into TPP kernels instead of running per element in TVM.
+    element-wise chain fuse into TPP kernels instead of running per element in TVM. A pair
+    that clips at 0 stands for a ReLU, which :func:`expose_folded_relus` has put in front
+    of its quantize already.
     """
     x = wildcard()
     pattern = _fake_quantized(x)
@@ -264,6 +540,8 @@ _ELEMENTWISE = frozenset({
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.erf",
     "relax.tanh", "relax.sigmoid", "relax.exp", "relax.sqrt", "relax.power",
     "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
+    # pooling commutes with the ReLU a pair may stand for, which then fuses before it
+    "relax.nn.max_pool2d", "relax.mean",
 })
 
 
@@ -272,7 +550,7 @@ def _elementwise_only_dequantizes(func: relax.Function) -> list[relax.Call]:
     function has a quantized matmul at all (else none: nothing to fuse into)."""
     bound: dict[relax.Var, relax.Expr] = {}
     consumers: dict[relax.Var, set[str]] = {}
-    has_qdq_matmul = False
+    has_qdq_contraction = False
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
@@ -282,11 +560,11 @@ def _elementwise_only_dequantizes(func: relax.Function) -> list[relax.Call]:
             for arg in value.args:
                 if isinstance(arg, relax.Var):
                     consumers.setdefault(arg, set()).add(value.op.name)
-            if value.op.name == "relax.matmul" and isinstance(value.args[0], relax.Var):
+            if value.op.name in _CONTRACTIONS and isinstance(value.args[0], relax.Var):
                 lhs = bound.get(value.args[0])
-                has_qdq_matmul |= isinstance(lhs, relax.Call) and \
+                has_qdq_contraction |= isinstance(lhs, relax.Call) and \
                     lhs.op.name == "relax.dequantize"
-    if not has_qdq_matmul:
+    if not has_qdq_contraction:
         return []
     found = []
     for var, value in bound.items():
@@ -328,14 +606,17 @@ def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringRep
 
 
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
-    """Apply :func:`rewrite_quantized_matmuls` to every Relax function; add the kernels."""
+    """Apply :func:`rewrite_quantized_contractions` to every Relax function; add the
+    kernels."""
     bb = relax.BlockBuilder(mod)
     emitter = _Emitter(bb, isa, report)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            func = drop_elementwise_fake_quantization(func, report)
-            func = rewrite_quantized_matmuls(func, emitter)
+            func = drop_elementwise_fake_quantization(expose_folded_relus(func, report),
+                                                      report)
+            func = rewrite_quantized_contractions(func, emitter)
             if emitter.kernels:  # a quantized model: its range reductions, its fake quant
-                func = split_full_reductions(drop_fake_quantization(func, report), bb)
+                func = sink_transposes(drop_fake_quantization(func, report))
+                func = split_full_reductions(func, bb)
             bb.update_func(gv, func)
     return relax.transform.DeadCodeElimination()(bb.get()) if emitter.kernels else mod

@@ -422,18 +422,24 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     if dequantize:
         if prec.acc != "int32":
             raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
-        scale = te.placeholder((np_,), "float32", name="dq_scale")
-        offset = te.placeholder((np_,), "float32", name="dq_offset")
-        src = C
-        C = te.compute((*lead, mp, np_), lambda *ix: quant_expr(
-            "dequantize", src[ix], scale[ix[-1]], offset[ix[-1]], "float32"), name="dequant")
-        deq_inputs, deq_stages = [scale, offset], [("dequant", ("dequantize",))]
+        deq_inputs, C, deq_stages = dequantize_te(C)
     elif prec.acc != "float32" and (bias or activation or residual or post_activation):
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
                                                post_activation)
     return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
+
+
+def dequantize_te(C: te.Tensor) -> tuple[list[te.Tensor], te.Tensor, list]:
+    """An int32 contraction's fp32 value, ``C * scale[j] + offset[j]`` per output column
+    (both padded to C's width): inputs, output and its epilogue stage."""
+    width = int(C.shape[-1])
+    scale = te.placeholder((width,), "float32", name="dq_scale")
+    offset = te.placeholder((width,), "float32", name="dq_offset")
+    out = te.compute(tuple(C.shape), lambda *ix: quant_expr(
+        "dequantize", C[ix], scale[ix[-1]], offset[ix[-1]], "float32"), name="dequant")
+    return [scale, offset], out, [("dequant", ("dequantize",))]
 
 
 def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):

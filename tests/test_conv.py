@@ -1,0 +1,93 @@
+"""Convolution kernels (BRGEMM over filter taps) against numpy: fp32, and int8 (u8 data x
+s8 filter, dequantized in the epilogue) with channel padding to VNNI groups, zero-point
+padding, strides, K-blocked panels and fused bias + activation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from tpp_tvm.errors import UnsupportedDTypeError
+from tpp_tvm.schedules.conv import ConvShape, conv_k_block, conv_schedule, pack_filter
+from tpp_tvm.target import host_isa, target
+from tpp_tvm.tir_pipeline import compile_kernels
+
+needs_vnni = pytest.mark.skipif(not host_isa().avx512_vnni,
+                                reason="int8 convolutions need an AVX512_VNNI host")
+
+
+def _conv_ref(x: np.ndarray, w_oihw: np.ndarray, sh: ConvShape, fill: float) -> np.ndarray:
+    """NHWC output of an NHWC x OIHW convolution in float64, padding with ``fill``."""
+    top, left, bottom, right = sh.pad
+    xp = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)),
+                constant_values=fill)
+    out = np.zeros((sh.n, sh.oh, sh.ow, sh.oc))
+    for r in range(sh.r):
+        for s in range(sh.s):
+            win = xp[:, r:r + (sh.oh - 1) * sh.stride + 1:sh.stride,
+                     s:s + (sh.ow - 1) * sh.stride + 1:sh.stride, :]
+            out += np.einsum("nhwc,oc->nhwo", win, w_oihw[:, :, r, s].astype(np.float64))
+    return out
+
+
+def _run(sch, args: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
+    lib = compile_kernels(sch.mod, target(num_cores=2))
+    dev = tvm.cpu()
+    tensors = [tvm.runtime.tensor(a, dev) for a in args]
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"), dev)
+    lib["main"](*tensors, out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("sh", [
+    ConvShape(1, 9, 9, 8, 24, 3, 3, 1, (1, 1, 1, 1)),
+    ConvShape(1, 11, 10, 3, 16, 7, 7, 2, (3, 3, 3, 3)),  # a stem: 3 channels, stride 2
+    ConvShape(2, 8, 8, 16, 40, 1, 1, 2),  # strided pointwise (a downsampling shortcut)
+])
+def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
+    rng = np.random.default_rng(sh.c)
+    x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
+    w = rng.standard_normal((sh.oc, sh.c, sh.r, sh.s)).astype("float32")
+    bias = rng.standard_normal(sh.oc).astype("float32")
+    sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu")
+    args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr),
+            np.pad(bias, (0, plan.np_ - sh.oc))]
+    got = _run(sch, args, (sh.n, sh.oh, sh.ow, sh.oc))
+    want = np.maximum(_conv_ref(x, w, sh, 0.0) + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_vnni
+@pytest.mark.parametrize(("sh", "blocked"), [
+    (ConvShape(1, 9, 9, 8, 24, 3, 3, 1, (1, 1, 1, 1)), False),
+    (ConvShape(1, 11, 10, 3, 16, 7, 7, 2, (3, 3, 3, 3)), False),  # channels padded 3 -> 4
+    (ConvShape(2, 8, 8, 16, 40, 1, 1, 2), False),
+    (ConvShape(1, 5, 5, 512, 64, 3, 3, 1, (1, 1, 1, 1)), True),  # panel outgrows L2
+])
+def test_int8_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
+    """``(x - z) * w`` with x padded by its zero point z: exact in int32, then dequantized
+    per output channel with bias and ReLU in the epilogue."""
+    assert (conv_k_block(sh.r, sh.s * -(-sh.c // 4) * 4, 64, 1, 4) is not None) == blocked
+    rng = np.random.default_rng(sh.oc)
+    x = rng.integers(0, 256, (sh.n, sh.h, sh.w, sh.c)).astype(np.uint8)
+    w = rng.integers(-128, 128, (sh.oc, sh.c, sh.r, sh.s)).astype(np.int8)
+    z = 7
+    scale = rng.uniform(0.5, 1.5, sh.oc).astype("float32") * 1e-3
+    bias = rng.standard_normal(sh.oc).astype("float32")
+    sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu", dtype="int8")
+    assert "tpp.conv_brgemm.u8i8" in str(sch.trace)
+    pad = plan.np_ - sh.oc
+    colsum = w.astype(np.int64).sum(axis=(1, 2, 3))
+    args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, vnni=4),
+            np.array([z], np.uint8), np.pad(scale, (0, pad)),
+            np.pad(-z * colsum * scale, (0, pad)).astype("float32"), np.pad(bias, (0, pad))]
+    got = _run(sch, args, (sh.n, sh.oh, sh.ow, sh.oc))
+    exact = _conv_ref(x.astype(np.int64) - z, w, sh, 0.0)  # padding x with z: (x - z) = 0
+    want = np.maximum(exact * scale + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_conv_rejects_other_dtypes() -> None:
+    with pytest.raises(UnsupportedDTypeError, match="bfloat16"):
+        conv_schedule(ConvShape(1, 8, 8, 8, 16, 3, 3), "avx512", dtype="bfloat16")

@@ -1,0 +1,157 @@
+"""Sink layout transposes through layout-agnostic ops until they meet their inverse.
+
+The int8 convolution kernels run NHWC inside NCHW graphs (ONNX's layout), so each one is
+wrapped in ``permute_dims`` on the way in and out (``quantized.py``). Between two of them sit
+ops that do not care about layout: the QDQ model's quantize/dequantize, ReLU, the residual
+add, max pooling, a global mean. ``sink_transposes`` moves each transpose below such ops
+(rewriting their axis attributes) so that ``permute(permute(x, p), p⁻¹)`` appears and
+cancels: the network then runs NHWC from the first convolution to the last, as it would
+with ``ConvertLayout``, which does not know the quantization ops. A transpose is only moved
+past an op all of whose tensor inputs can follow it, so no transpose is ever added.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm_ffi import structural_equal
+
+#: Element-wise ops with one tensor input and no axis: ``f(x.T) = f(x).T``.
+_UNARY = frozenset({
+    "relax.nn.relu", "relax.astype", "relax.clip", "relax.sigmoid", "relax.tanh",
+    "relax.erf", "relax.exp", "relax.round", "relax.sqrt", "relax.negative",
+})
+#: Element-wise ops with two (broadcasting) tensor inputs.
+_BINARY = frozenset({
+    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+    "relax.minimum",
+})
+#: Reductions that, over all axes (``axis=None``), give a scalar whatever the layout (the
+#: range of dynamic quantization).
+_FULL_REDUCTIONS = frozenset({"relax.max", "relax.min", "relax.sum"})
+#: NCHW -> NHWC and back.
+TO_NCHW = [0, 3, 1, 2]
+TO_NHWC = [0, 2, 3, 1]
+
+
+def _axes(call: relax.Call) -> list[int] | None:
+    axes = call.attrs.axes
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _ndim(expr: relax.Expr) -> int:
+    return len(expr.ty.shape.values)
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    return [int(i) for i in np.argsort(perm)]
+
+
+def _follows(other: relax.Expr, perm: list[int]) -> relax.Expr | None:
+    """``other`` as the un-transposed op would take it (None: it cannot follow cheaply):
+    scalars and 1-D rows that broadcast the same after the move stay; constants of full
+    rank are transposed (folded at build time)."""
+    rank = _ndim(other)
+    if rank == 0:
+        return other
+    if rank == len(perm) and isinstance(other, tvm.ir.Constant):
+        return relax.op.permute_dims(other, _inverse(perm))
+    shape = [int(d) for d in other.ty.shape.values]
+    if all(d == 1 for d in shape):  # a broadcast scalar of any rank
+        return other
+    return None
+
+
+def _move_unary(call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr | None:
+    """``call`` applied to ``x`` where it was applied to ``permute(x, perm)``, or None."""
+    name = call.op.name
+    if name in _UNARY:
+        return relax.Call(call.op, [x, *call.args[1:]], call.attrs, call.ty_args)
+    if name in ("relax.quantize", "relax.dequantize"):
+        axis = int(call.attrs.axis) % len(perm)
+        op = relax.op.quantize if name == "relax.quantize" else relax.op.dequantize
+        return op(x, call.args[1], call.args[2], axis=perm[axis],
+                  out_dtype=str(call.attrs.out_dtype))
+    if name == "relax.nn.max_pool2d" and perm == TO_NCHW and str(call.attrs.layout) == "NCHW" \
+            and str(call.attrs.out_layout) == "NCHW":
+        a = call.attrs
+        return relax.op.nn.max_pool2d(
+            x, [int(v) for v in a.pool_size], [int(v) for v in a.strides],
+            [int(v) for v in a.padding], [int(v) for v in a.dilation], bool(a.ceil_mode),
+            bool(a.count_include_pad), layout="NHWC", out_layout="NHWC")
+    if name in _FULL_REDUCTIONS and call.attrs.axis is None:
+        return relax.Call(call.op, [x], call.attrs, call.ty_args)  # no layout left
+    if name == "relax.mean" and bool(call.attrs.keepdims) and call.attrs.axis is not None:
+        axes = [perm[int(a) % len(perm)] for a in call.attrs.axis]
+        return relax.op.mean(x, axes, keepdims=True)
+    return None
+
+
+def sink_transposes(func: relax.Function) -> relax.Function:
+    """Move transposes below layout-agnostic ops and cancel inverse pairs (see module)."""
+    x, y = wildcard(), wildcard()
+    transposed = is_op("relax.permute_dims")(x)
+    twice = is_op("relax.permute_dims")(transposed)
+    binary_lhs = is_op("relax.permute_dims")(x)
+    binary_rhs = is_op("relax.permute_dims")(y)
+
+    def cancel(orig, m):
+        inner, outer = _axes(m[transposed]), _axes(orig)
+        if inner is None or outer is None:
+            return orig
+        combined = [inner[a] for a in outer]
+        if combined == list(range(len(combined))):
+            return m[x]
+        return relax.op.permute_dims(m[x], combined)
+
+    def sink_unary(orig, m):
+        perm = _axes(m[transposed])
+        if perm is None:
+            return orig
+        moved = _move_unary(orig, m[x], perm)
+        if moved is None or orig.op.name in _FULL_REDUCTIONS:
+            return orig if moved is None else moved
+        return relax.op.permute_dims(moved, perm)
+
+    def sink_binary(orig, m):
+        if orig.op.name not in _BINARY:
+            return orig
+        a, b = orig.args
+        pa = _axes(m[binary_lhs]) if binary_lhs in m else None
+        pb = _axes(m[binary_rhs]) if binary_rhs in m else None
+        if pa is not None and pb is not None:
+            if pa != pb:
+                return orig
+            return relax.op.permute_dims(relax.Call(orig.op, [m[x], m[y]], orig.attrs), pa)
+        perm = pa if pa is not None else pb
+        if perm is None:
+            return orig
+        other = _follows(b if pa is not None else a, perm)
+        if other is None:
+            return orig
+        inner = m[x] if pa is not None else m[y]
+        args = [inner, other] if pa is not None else [other, inner]
+        return relax.op.permute_dims(relax.Call(orig.op, args, orig.attrs), perm)
+
+    unary_patterns = [is_op(op)(transposed) for op in sorted(_UNARY)]
+    unary_patterns += [is_op(op)(transposed, wildcard(), wildcard())
+                       for op in ("relax.quantize", "relax.dequantize")]
+    unary_patterns += [is_op(op)(transposed) for op in ("relax.nn.max_pool2d", "relax.mean",
+                                                        *sorted(_FULL_REDUCTIONS))]
+    func = rewrite_call(twice, cancel, func)
+    for _ in range(64):  # each round moves every transpose one op further down
+        before = func
+        for pattern in unary_patterns:
+            func = rewrite_call(pattern, sink_unary, func)
+        for op in sorted(_BINARY):
+            both = is_op(op)(binary_lhs, binary_rhs)
+            left = is_op(op)(binary_lhs, wildcard())
+            right = is_op(op)(wildcard(), binary_rhs)
+            for pattern in (both, left, right):
+                func = rewrite_call(pattern, sink_binary, func)
+        func = rewrite_call(twice, cancel, func)
+        if structural_equal(before, func):
+            break
+    return func
