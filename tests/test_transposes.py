@@ -1,0 +1,83 @@
+"""Transpose sinking: NHWC kernels' transposes move through layout-agnostic ops and cancel,
+values unchanged; a transpose that would have to be added stays where it is."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tpp_tvm.relay_passes.transposes import TO_NCHW, TO_NHWC, sink_transposes
+
+NHWC = (1, 6, 5, 8)
+
+
+def _ops(func: relax.Function) -> list[str]:
+    return [b.value.op.name for block in func.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
+    exe = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def _check(build, *args: np.ndarray) -> relax.Function:
+    """Build ``main`` with ``build(bb, params)``, sink, and compare the two numerically."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(a.shape, str(a.dtype)))
+              for i, a in enumerate(args)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    sunk = relax.transform.DeadCodeElimination()(
+        tvm.IRModule({"main": sink_transposes(mod["main"])}))
+    np.testing.assert_allclose(_run(sunk, *args), _run(mod, *args), rtol=1e-6, atol=1e-6)
+    return sunk["main"]
+
+
+def test_a_qdq_resnet_step_runs_without_transposes() -> None:
+    """kernel out (NHWC) -> NCHW -> +residual -> ReLU -> max pool -> quantize -> NHWC."""
+    rng = np.random.default_rng(0)
+    y, res = (rng.standard_normal(NHWC).astype("float32") for _ in range(2))
+
+    def build(bb, y, res):
+        a = bb.emit(relax.op.permute_dims(y, TO_NCHW))
+        b = bb.emit(relax.op.permute_dims(res, TO_NCHW))
+        s = bb.emit(relax.op.nn.relu(relax.op.add(a, b)))
+        p = bb.emit(relax.op.nn.max_pool2d(s, [2, 2], [2, 2]))
+        q = bb.emit(relax.op.quantize(p, relax.const(0.05, "float32"),
+                                      relax.const(3, "uint8"), axis=1, out_dtype="uint8"))
+        return relax.op.permute_dims(q, TO_NHWC)
+
+    func = _check(build, y, res)
+    assert "relax.permute_dims" not in _ops(func), func
+
+
+def test_full_reductions_and_a_keepdims_mean_follow() -> None:
+    x = np.random.default_rng(1).standard_normal(NHWC).astype("float32")
+
+    def build(bb, x):
+        t = bb.emit(relax.op.permute_dims(x, TO_NCHW))
+        lo = bb.emit(relax.op.min(t))
+        m = bb.emit(relax.op.mean(t, axis=[2, 3], keepdims=True))
+        return relax.op.subtract(m, lo)
+
+    func = _check(build, x)
+    # only the (1, C, 1, 1) result is transposed back, not the input
+    assert _ops(func).count("relax.permute_dims") == 1
+
+
+def test_a_transpose_is_never_added() -> None:
+    """add(permute(a), b) with b a full-size variable: moving would need b transposed."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(NHWC).astype("float32")
+    b = rng.standard_normal((1, 8, 6, 5)).astype("float32")
+
+    def build(bb, a, b):
+        return relax.op.add(bb.emit(relax.op.permute_dims(a, TO_NCHW)), b)
+
+    assert _ops(_check(build, a, b)) == ["relax.permute_dims", "relax.add"]
