@@ -139,3 +139,33 @@ def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
         want = (a.astype(ml_dtypes.bfloat16).astype(np.float32)
                 @ b.astype(ml_dtypes.bfloat16).astype(np.float32))
         np.testing.assert_allclose(kernel(a, b), want, rtol=1e-4, atol=1e-3)
+
+
+def test_quantized_convolutions_build_for_amx_on_the_vnni_unit() -> None:
+    """A ConvInteger model compiles for an AMX target: a convolution's strided rows are
+    not tile rows, so its BRGEMM is the AVX-512 VNNI dot product (no tile config)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tpp_tvm.frontend import from_onnx
+    from tpp_tvm.relay_passes.lower import LoweringReport
+    from tpp_tvm.relay_passes.pipeline import build
+
+    spec = TPPSpec("conv_brgemm", "uint8", b_dtype="int8", m=4, n=32, k=24, batch=3, beta=0,
+                   stride=8)
+    asm = _asm(spec)
+    assert _count(asm, "vpdpbusd") >= 4 and _count(asm, "ldtilecfg") == 0
+    w = np.random.default_rng(0).integers(-128, 128, (16, 8, 3, 3)).astype(np.int8)
+    nodes = [helper.make_node("ConvInteger", ["x", "W"], ["acc"], pads=[1, 1, 1, 1]),
+             helper.make_node("Cast", ["acc"], ["acc_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["acc_f", "scale"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])],
+        [numpy_helper.from_array(w, "W"),
+         numpy_helper.from_array(np.array(1e-3, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    report = LoweringReport()
+    build(from_onnx(model), target=target("amx"), report=report)
+    assert dict(report.lowered) == {"tpp.conv_integer [int8]": 1}, report.lowered
+    assert not report.fallbacks, report.fallbacks

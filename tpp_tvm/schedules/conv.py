@@ -28,6 +28,7 @@ from .gemm import (
     epilogue_te,
     fuse_epilogue,
     plan_gemm,
+    register_tile_isa,
     schedule_pads,
     tensorize_epilogue,
     tensorize_rows,
@@ -173,6 +174,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     if dtype not in ("float32", "int8"):
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32 or int8 (u8 data x s8 filter)")
+    isa = register_tile_isa(isa)
     plan = plan_conv(shape, dtype)
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)

@@ -783,16 +783,20 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
     [residual], output."""
     _check(m, n, k, dtype, activation)
-    if isa == "amx":
-        # Tensorized tiles here are register tiles; AMX's 32 x 32 tile blocks without an
-        # epilogue are ``amx_gemm.py``. An AMX CPU runs these on its AVX-512 unit.
-        isa = "avx512"
+    isa = register_tile_isa(isa)
     plan = plan_gemm(m, n, k, dtype)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
                                   a_scale)
     func = te.create_prim_func([*inputs, out])
     return schedule_gemm(func, plan, isa, batch is not None, stages), plan
+
+
+def register_tile_isa(isa: str) -> str:
+    """The ISA of a schedule's tensorized register tiles: AMX's 32 x 32 tile blocks
+    without an epilogue are ``amx_gemm.py``; every other kernel of an AMX target runs on
+    the AVX-512 (VNNI, BF16) unit each AMX CPU has."""
+    return "avx512" if isa == "amx" else isa
 
 
 def _amx_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target,
