@@ -193,6 +193,22 @@ def test_conv_design_tensorizes_filter_taps_as_gemm_calls():
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
 
 
+def test_a_models_convolution_tasks_get_tpp_designs():
+    """The pipeline lays filters out HWIO (N innermost), so the convolution subgraphs a
+    model is tuned on are contractions for the TPP rule, not left to the stock tiling."""
+    pytest.importorskip("torch", reason="the model generator exports from torch")
+    from tpp_tvm import models
+    from tpp_tvm.relay_passes.tuned import subgraph_tasks
+
+    mod = tpp_tvm.from_onnx(models.small_cnn(batch=1, image=16, channels=(16, 32)))
+    tasks = [t for t in subgraph_tasks(mod, tpp_tvm.target(num_cores=1), None)
+             if "conv2d" in t.name]
+    assert tasks
+    for task in tasks:
+        assert any(n.startswith("tpp.gemm") for s in _designs(task.func)
+                   for n in _tensorized(s)), task.name
+
+
 def test_strided_conv_falls_back_to_stock_tiling():
     tensors, Y = _conv_nhwc(11, 11, 8, 16, 3, 3, stride=2)
     spaces = _designs(te.create_prim_func([*tensors, Y]))

@@ -78,7 +78,9 @@ def partition_passes(isa: str, report: LoweringReport | None = None
     return [
         *simplify_passes(isa, report),
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        # Filters HWIO: output channels innermost, so a convolution subgraph's loop nest is
+        # a contraction the tuning rules tile around a TPP (OHWI has K innermost).
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
         relax.transform.FoldConstant(),
         relax.transform.FuseOpsByPattern(
             [p.as_fusion_pattern() for p in pattern_table()],
