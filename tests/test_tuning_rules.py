@@ -209,6 +209,35 @@ def test_a_models_convolution_tasks_get_tpp_designs():
                    for n in _tensorized(s)), task.name
 
 
+def test_padded_conv_gets_brgemm_over_filter_rows_designs():
+    """A 3x3 convolution on a padded copy of its input, filter layout-free: designs with
+    the hand schedule's kernel (conv BRGEMM over filter rows, K = taps x channels, the tile
+    in registers) join the GEMM-per-tap ones, and all compute the convolution + ReLU."""
+    from tvm import topi
+
+    rng = np.random.default_rng(3)
+    X = te.placeholder((1, 10, 12, 16), name="X")
+    W = te.placeholder((3, 3, 16, 32), name="W")
+    conv = topi.nn.conv2d_nhwc(X, W, 1, 1, 1)
+    Y = te.compute(conv.shape, lambda *i: tirx.max(conv(*i), 0.0), name="relu")
+    func = te.create_prim_func([X, W, Y]).with_attr("layout_free_buffers", [1])
+    spaces = _designs(func)
+    taps = [s for s in spaces if any(n.startswith("tpp.conv_brgemm.f32")
+                                     for n in _tensorized(s))]
+    assert taps and len(taps) < len(spaces)
+    x = rng.standard_normal((1, 10, 12, 16), "float32")
+    w = rng.standard_normal((3, 3, 16, 32), "float32")
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = np.zeros((1, 10, 12, 32), "float32")
+    for r in range(3):
+        for s_ in range(3):
+            ref[0] += xp[0, r:r + 10, s_:s_ + 12, :] @ w[r, s_]
+    ref = np.maximum(ref, 0)
+    for space in (taps[0], taps[-1], spaces[0]):
+        got = _run(space, [x, w, np.zeros_like(ref)])
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
 def test_strided_conv_falls_back_to_stock_tiling():
     tensors, Y = _conv_nhwc(11, 11, 8, 16, 3, 3, stride=2)
     spaces = _designs(te.create_prim_func([*tensors, Y]))

@@ -26,6 +26,7 @@ import itertools
 import logging
 import re
 import sys
+from dataclasses import dataclass
 
 from tvm import tirx
 from tvm.ir.utils import derived_object
@@ -121,6 +122,20 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
                           str(err).splitlines()[-1])
                 continue
             spaces.append(space)
+        taps = conv_taps(sch, block, roles)
+        if taps is not None:
+            for (mr, nr), order in itertools.product(
+                register_tiles(ext[roles.inner_m], ext[roles.inner_n]), LOOP_ORDERS[:2],
+            ):
+                space = sch.copy()
+                try:
+                    tile_conv_taps(space, space.get_sblock(sch.get(block).name_hint), roles,
+                                   taps, mr, nr, order, self.isa)
+                except Exception as err:  # noqa: BLE001 - skip the design
+                    log.debug("TPP tap design %dx%d %s rejected: %s", mr, nr, order,
+                              str(err).splitlines()[-1])
+                    continue
+                spaces.append(space)
         if not spaces:
             log.debug("contraction %s: no TPP design fits; stock tiling",
                       sch.get(block).name_hint)
@@ -165,21 +180,135 @@ def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr
     sch.parallel(fused)
     whole_k = not outer_k and ext[roles.inner_k] == kc
     epilogue_at = fused if order == "k_outer" else tile[-1]
-    for consumer in sch.get_consumers(block):
-        try:
-            sch.reverse_compute_at(consumer, epilogue_at)
-        except Exception as err:  # noqa: BLE001 - e.g. a consumer that is a reduction
-            log.debug("epilogue left in place: %s", str(err).splitlines()[-1])
-            continue
-        matched = match_equation(sch, consumer)
-        if matched is None or not tensorize_equation(sch, consumer, matched[0], mr, nr, isa):
-            sch.vectorize(sch.get_loops(consumer)[-1])
+    fuse_epilogues(sch, block, epilogue_at, mr, nr, isa)
     if not whole_k:
         init = sch.decompose_reduction(block, red[0])
         sch.vectorize(sch.get_loops(init)[-1])
     pack_weights(sch, block, roles, nr)
     spec = TPPSpec("gemm", roles.dtype, m=mr, n=nr, k=kc, beta=0 if whole_k else 1)
     sch.tensorize(mi, intrinsic(spec, isa))
+
+
+def fuse_epilogues(sch: Schedule, block: SBlockRV, at, mr: int, nr: int, isa: str) -> None:
+    """The contraction's consumers computed at loop ``at``, each an equation TPP where its
+    math is one, else vectorized."""
+    for consumer in sch.get_consumers(block):
+        try:
+            sch.reverse_compute_at(consumer, at)
+        except Exception as err:  # noqa: BLE001 - e.g. a consumer that is a reduction
+            log.debug("epilogue left in place: %s", str(err).splitlines()[-1])
+            continue
+        matched = match_equation(sch, consumer)
+        if matched is None or not tensorize_equation(sch, consumer, matched[0], mr, nr, isa):
+            sch.vectorize(sch.get_loops(consumer)[-1])
+
+
+@dataclass(frozen=True)
+class ConvTaps:
+    """A stride-1 NHWC convolution seen as a contraction: the reduction positions of the
+    filter row (``ry``, none for one row), the tap (``rx``) and the channel (``rc``), and
+    the channel count. Its taps and channels are one contiguous K = S*C run per input row
+    once the padded input's (W, C) dims are flattened: a conv BRGEMM over filter rows."""
+
+    ry: int | None
+    rx: int
+    rc: int
+    channels: int
+
+
+def conv_taps(sch: Schedule, block: SBlockRV, roles: ContractionRoles) -> ConvTaps | None:
+    """The tap structure of ``block`` if it is a stride-1 NHWC convolution whose input is
+    an intermediate buffer (the padded copy, which may be re-laid out) and whose filter
+    ``(..., R, S, C, N)`` is layout-free; None otherwise."""
+    blk = sch.get(block)
+    a, b = _product_loads(blk.body)
+    func = sch.mod["main"]
+    if any(p.same_as(a.source) for p in func.params) or len(a.indices) < 3:
+        return None
+    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
+    index = next((i for i, p in enumerate(func.params) if p.same_as(b.source)), None)
+    if index is None or not free or index not in [int(i) for i in free]:
+        return None
+    ivs = [iv.var for iv in blk.iter_vars]
+    pos = {v: i for i, v in enumerate(ivs)}
+
+    def tap_of(index: tirx.Expr, spatial: int) -> int | None:
+        """k position of ``index = spatial_var + k_var``."""
+        if not isinstance(index, tirx.Add):
+            return None
+        for s_, k_ in ((index.a, index.b), (index.b, index.a)):
+            if (isinstance(s_, tirx.Var) and pos.get(s_) == spatial
+                    and isinstance(k_, tirx.Var) and pos.get(k_) in roles.k):
+                return pos[k_]
+        return None
+
+    rx = tap_of(a.indices[-2], roles.inner_m)
+    if rx is None or [pos.get(i) if isinstance(i, tirx.Var) else None
+                      for i in b.indices[-3:]] != [rx, roles.inner_k, roles.inner_n]:
+        return None
+    rows = [p for p in roles.m if p != roles.inner_m]
+    ry = tap_of(a.indices[-3], rows[-1]) if rows else None
+    others = [p for p in roles.k if p not in (rx, roles.inner_k, ry)]
+    if ry is None or roles.extents[rx] < 2 or roles.extents[ry] < 2:
+        return None  # a pointwise (or one-row) convolution is a plain GEMM design
+    if others or (ry is not None and (len(b.indices) < 4 or not isinstance(b.indices[-4], tirx.Var)
+                                      or pos.get(b.indices[-4]) != ry)):
+        return None
+    return ConvTaps(ry, rx, roles.inner_k, roles.extents[roles.inner_k])
+
+
+def tile_conv_taps(sch: Schedule, block: SBlockRV, roles: ContractionRoles, taps: ConvTaps,
+                   mr: int, nr: int, order: str, isa: str) -> None:
+    """One convolution design: the padded input's rows flattened (W*C), taps and channels
+    fused into one K, the filter packed ``(N/nr, R, S*C, nr)``, and an ``mr x nr`` conv
+    BRGEMM TPP over the filter rows with the tile in registers (the hand schedule's
+    kernel); cache tile and parallel split sampled as for GEMMs."""
+    C = taps.channels
+    sch.transform_layout(block, ("read", 0 if _reads_a_first(sch, block) else 1),
+                         lambda *i: (*i[:-2], i[-2] * C + i[-1]))
+    ext = roles.extents
+    S = ext[taps.rx]
+    R = ext[taps.ry] if taps.ry is not None else 1
+    fused = (taps.rx, taps.rc)
+    keep = [p for p in range(len(ext)) if p not in fused]
+
+    def block_map(*v):
+        return (*[v[p] for p in keep], v[taps.rx] * C + v[taps.rc])
+
+    index_dtype = str(sch.get(block).iter_vars[0].var.ty)
+    sch.transform_block_layout(block, tirx.IndexMap.from_func(block_map, ndim=len(ext),
+                                                              index_dtype=index_dtype))
+    blk = sch.get(block)
+    b_read = next(i for i, r in enumerate(blk.reads)
+                  if any(p.same_as(r.source) for p in sch.mod["main"].params))
+    cache = sch.cache_read(block, b_read, "global")
+    sch.annotate(cache, LAYOUT_REWRITE, True)
+    sch.transform_layout(block, ("read", b_read),
+                         lambda *i: (i[-1] // nr, *i[:-3], i[-3] * C + i[-2], i[-1] % nr))
+    loops = sch.get_loops(block)
+    new_pos = {p: i for i, p in enumerate(keep)}
+    k = loops[-1]
+    m, n = loops[new_pos[roles.inner_m]], loops[new_pos[roles.inner_n]]
+    ry = loops[new_pos[taps.ry]] if taps.ry is not None else None
+    mo, mi = sch.split(m, [None, mr])
+    no, ni = sch.split(n, [None, nr])
+    m1, m2 = sch.split(mo, sch.sample_perfect_tile(mo, n=2, max_innermost_factor=16))
+    outer = [loops[new_pos[p]] for p in (*roles.batch, *roles.m, *roles.n)
+             if p not in (roles.inner_m, roles.inner_n)]
+    par = [*outer, no, m1] if order == "cols_outer" else [*outer, m1, no]
+    sch.reorder(*par, m2, mi, ni, *([ry] if ry is not None else []), k)
+    fused_par = sch.fuse(*par) if len(par) > 1 else par[0]
+    sch.parallel(fused_par)
+    fuse_epilogues(sch, block, m2, mr, nr, isa)
+    spec = TPPSpec("conv_brgemm", roles.dtype, m=mr, n=nr, k=S * C, batch=R, beta=0,
+                   stride=C)
+    sch.tensorize(mi, intrinsic(spec, isa))
+
+
+def _reads_a_first(sch: Schedule, block: SBlockRV) -> bool:
+    blk = sch.get(block)
+    a, _ = _product_loads(blk.body)
+    return blk.reads[0].source.same_as(a.source)
 
 
 #: Block annotation TVM's layout-rewrite machinery keys on: MetaSchedule's builder drops
@@ -219,7 +348,8 @@ def pack_weights(sch: Schedule, block: SBlockRV, roles: ContractionRoles, nr: in
     return True
 
 
-_NAME = re.compile(r"^tpp\.(gemm|equation|reduce_\w+)\.f32\.(\w+)\.m(\d+)n(\d+)(?:k(\d+))?")
+_NAME = re.compile(r"^tpp\.(gemm|conv_brgemm|equation|reduce_\w+)\.f32\.(\w+)\.m(\d+)n(\d+)"
+                   r"(?:k(\d+))?(?:b(\d+))?(?:s(\d+))?")
 
 
 def register_trace_intrinsics(names) -> None:
@@ -229,10 +359,13 @@ def register_trace_intrinsics(names) -> None:
         hit = _NAME.match(name)
         if not hit:
             continue
-        op, isa, m, n, k = hit.groups()
+        op, isa, m, n, k, batch, stride = hit.groups()
         if op == "gemm":
             specs = [TPPSpec("gemm", "float32", m=int(m), n=int(n), k=int(k), beta=b)
                      for b in (0, 1)]
+        elif op == "conv_brgemm":
+            specs = [TPPSpec(op, "float32", m=int(m), n=int(n), k=int(k), batch=int(batch),
+                             stride=int(stride), beta=0)]
         elif op.startswith("reduce_"):
             specs = [TPPSpec(op, "float32", m=int(m), n=int(n))]
         else:
