@@ -53,12 +53,10 @@ def _quantize(kind: str, src: str, dst: str, per_channel: bool = False) -> onnx.
     return onnx.load(dst)
 
 
-@pytest.mark.parametrize(("kind", "kernel"), [("dynamic", "tpp.matmul_integer"),
-                                              ("qdq_u8", "tpp.qdq_matmul"),
-                                              ("qdq_s8", "tpp.qdq_matmul")])
-def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str) -> None:
-    fp32, path = _fp32_mlp(tmp_path)
-    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"))
+def _compiled_like_onnxruntime(fp32: onnx.ModelProto, model: onnx.ModelProto, kind: str):
+    """Compile the quantized ``model``; check it is as close to the ``fp32`` model as ONNX
+    Runtime's own int8 result (and, dynamic, the same integer math as ORT's). Returns
+    (compiled, our output, ORT's int8 output, ORT's max error vs fp32)."""
     inputs = models.example_inputs(fp32)
     compiled = compile_onnx(model)
     got = compiled(*inputs.values())[0]
@@ -67,9 +65,19 @@ def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str
     scale = np.abs(exact).max()
     ort_err = np.abs(ort_int8 - exact).max()
     assert 0 < ort_err and np.abs(got - exact).max() <= 1.05 * ort_err + 1e-5 * scale
-    if kind == "dynamic":  # the same integer math as ORT; only fp32 rounding differs
+    if kind == "dynamic":  # only fp32 rounding differs
         np.testing.assert_allclose(got, ort_int8, atol=1e-4 * scale, rtol=0)
-    else:  # the QDQ pairs between element-wise ops are dropped: fp32 there, not int8
+    return compiled, got, ort_int8, ort_err
+
+
+@pytest.mark.parametrize(("kind", "kernel"), [("dynamic", "tpp.matmul_integer"),
+                                              ("qdq_u8", "tpp.qdq_matmul"),
+                                              ("qdq_s8", "tpp.qdq_matmul")])
+def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str) -> None:
+    fp32, path = _fp32_mlp(tmp_path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"))
+    compiled, got, ort_int8, ort_err = _compiled_like_onnxruntime(fp32, model, kind)
+    if kind != "dynamic":  # the QDQ pairs between element-wise ops are dropped: fp32 there
         assert compiled.report_data["rewrites"]
         assert np.abs(got - ort_int8).max() <= 2 * ort_err
     data = compiled.report_data
@@ -140,16 +148,7 @@ def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
     path = str(tmp_path / "fp32.onnx")
     onnx.save(fp32, path)
     model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"), per_channel)
-    inputs = models.example_inputs(fp32)
-    compiled = compile_onnx(model)
-    got = compiled(*inputs.values())[0]
-    ort_int8 = run_onnxruntime(model, inputs)[0]
-    exact = run_onnxruntime(fp32, inputs)[0]
-    scale = np.abs(exact).max()
-    ort_err = np.abs(ort_int8 - exact).max()
-    assert 0 < ort_err and np.abs(got - exact).max() <= 1.05 * ort_err + 1e-5 * scale
-    if kind == "dynamic":  # the same integer math as ORT; only fp32 rounding differs
-        np.testing.assert_allclose(got, ort_int8, atol=1e-4 * scale, rtol=0)
+    compiled = _compiled_like_onnxruntime(fp32, model, kind)[0]
     data = compiled.report_data
     convs = sum(node.op_type == "Conv" for node in fp32.graph.node)
     ours = sum(v for k, v in data["lowered"].items() if k.startswith(kernel))
@@ -158,16 +157,21 @@ def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
 
 
 def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
-    """A depthwise ConvInteger is left to TVM, reported, and still right."""
+    """A depthwise ConvInteger (with its dequantizing Cast + Mul) is left to TVM, reported
+    with the reason, and still right."""
     rng = np.random.default_rng(0)
     w = rng.integers(-128, 128, (8, 1, 3, 3)).astype(np.int8)
-    node = helper.make_node("ConvInteger", ["x", "W"], ["y"], group=8, pads=[1, 1, 1, 1])
+    nodes = [helper.make_node("ConvInteger", ["x", "W"], ["acc"], group=8, pads=[1, 1, 1, 1]),
+             helper.make_node("Cast", ["acc"], ["acc_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["acc_f", "scale"], ["y"])]
     graph = helper.make_graph(
-        [node], "depthwise", [helper.make_tensor_value_info("x", TensorProto.UINT8,
-                                                            [1, 8, 6, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 8, 6, 6])],
-        [numpy_helper.from_array(w, "W")])
+        nodes, "depthwise", [helper.make_tensor_value_info("x", TensorProto.UINT8,
+                                                           [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [numpy_helper.from_array(w, "W"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "scale")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     x = rng.integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
     compiled = compile_onnx(model)
     np.testing.assert_array_equal(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
+    assert compiled.report_data["fallbacks"] == {"tpp.int8_conv2d (groups=8)": 1}
