@@ -33,22 +33,15 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule, pack_b_numpy
 from ..schedules.reduce_all import LANES, reduce_all_schedule
-from .canonicalize import rewrite_erf_gelu
+from .exprs import bindings, const_value, dtype_of, shape_of
+from .fake_quant import (
+    drop_elementwise_fake_quantization,
+    drop_fake_quantization,
+    expose_folded_relus,
+)
 from .lower import LoweringReport, _kernel_attrs
 from .patterns import ACTIVATIONS
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
-
-
-def _shape(expr: relax.Expr) -> list[int]:
-    return [int(d) for d in expr.ty.shape.values]
-
-
-def _dtype(expr: relax.Expr) -> str:
-    return str(expr.ty.dtype)
-
-
-def _const(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
 
 
 @dataclass(frozen=True)
@@ -91,13 +84,13 @@ class _Emitter:
         if why:
             self.report.fallbacks[f"tpp.int8_matmul ({why})"] += 1
             return None
-        xs = _shape(a_q)
+        xs = shape_of(a_q)
         k, n = w_q.shape
         m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
         a2 = relax.op.reshape(a_q, (m, k)) if len(xs) != 2 else a_q
         res = epi.residual
         res = relax.op.reshape(res, (m, n)) if res is not None and len(xs) != 2 else res
-        out = self._gemm(a2, _dtype(a_q), m, a_zp, w_q, scale, name, epi, res)
+        out = self._gemm(a2, dtype_of(a_q), m, a_zp, w_q, scale, name, epi, res)
         return relax.op.reshape(out, (*xs[:-1], n)) if len(xs) != 2 else out
 
     def _gemm(self, a2: relax.Expr, a_dtype: str, m: int, a_zp: relax.Expr, w_q: np.ndarray,
@@ -130,7 +123,7 @@ class _Emitter:
         if why:
             self.report.fallbacks[f"tpp.int8_conv2d ({why})"] += 1
             return None
-        n, c, h, w = _shape(a_q)
+        n, c, h, w = shape_of(a_q)
         oc, _, r, s = w_q.shape
         pad = [int(p) for p in attrs.padding]
         shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]),
@@ -141,14 +134,14 @@ class _Emitter:
         if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
             # pointwise: one GEMM over all pixels (far longer M than one output row)
             rows = n * h * w
-            out = self._gemm(relax.op.reshape(x, (rows, c)), _dtype(a_q), rows, a_zp,
+            out = self._gemm(relax.op.reshape(x, (rows, c)), dtype_of(a_q), rows, a_zp,
                              np.ascontiguousarray(w_q[:, :, 0, 0].T), scale, name, epi,
                              None if res is None else relax.op.reshape(res, (rows, oc)))
             return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
         sch, plan = conv_schedule(shape, self.isa, dtype="int8", **epi.schedule_args())
         gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
-        x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, _dtype(a_q))
+        x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
         zp_u8 = relax.op.astype(relax.op.reshape(zp, (1,)), "uint8")
         packed = relax.const(pack_filter(w_q.astype(np.int8), plan.nr, vnni=4))
         colsum = w_q.astype(np.int64).sum(axis=(1, 2, 3))
@@ -160,15 +153,15 @@ class _Emitter:
 
     @staticmethod
     def _unsupported(a_q, a_zp, w_q, scale, ndim: int = 2) -> str | None:
-        if _dtype(a_q) not in ("uint8", "int8"):
-            return f"activation dtype {_dtype(a_q)}"
+        if dtype_of(a_q) not in ("uint8", "int8"):
+            return f"activation dtype {dtype_of(a_q)}"
         if w_q.ndim != ndim or w_q.min() < -128 or w_q.max() > 127:
             return f"weight is not a {ndim}-D s8 constant"
-        if _shape(a_zp) not in ([], [1]):
+        if shape_of(a_zp) not in ([], [1]):
             return "per-row activation zero points"
         channels = w_q.shape[1] if ndim == 2 else w_q.shape[0]
-        if int(np.prod(_shape(scale))) not in (1, channels):
-            return f"scale of shape {_shape(scale)}"
+        if int(np.prod(shape_of(scale))) not in (1, channels):
+            return f"scale of shape {shape_of(scale)}"
         return None
 
 
@@ -202,7 +195,7 @@ def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, widt
     ``S = scale`` and ``O = -zp * colsum(W) * S`` (so ``float(A_q @ W) * S + O`` is
     ``(A_q - zp) @ W * scale``), and the bias row if any."""
     n = colsum.size
-    s = relax.op.reshape(scale, (int(np.prod(_shape(scale))),))
+    s = relax.op.reshape(scale, (int(np.prod(shape_of(scale))),))
     s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
     o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum.astype("float32")), zp),
                               s_row)
@@ -251,9 +244,9 @@ def _bias_value(expr: relax.Expr, n: int, conv: bool = False,
     expr = bound.get(expr, expr)
     if conv and isinstance(expr, relax.Call) and expr.op.name == "relax.reshape":
         expr = bound.get(expr.args[0], expr.args[0])  # QDQ: reshape(dequantize(b_q), 4-D)
-    value = _const(expr)
+    value = const_value(expr)
     if value is None and isinstance(expr, relax.Call) and expr.op.name == "relax.dequantize":
-        q, sc, zp = (_const(a) for a in expr.args)
+        q, sc, zp = (const_value(a) for a in expr.args)
         if q is None or sc is None or zp is None:
             return None
         value = (q.astype(np.float64) - zp.astype(np.float64)) * sc.astype(np.float64)
@@ -262,13 +255,6 @@ def _bias_value(expr: relax.Expr, n: int, conv: bool = False,
     if value.shape[-1:] != (n,) and not (conv and value.shape == (1, n, 1, 1)):
         return None
     return value.reshape(n).astype(np.float32)
-
-
-def _bindings(func: relax.Function) -> dict[relax.Var, relax.Expr]:
-    """Each variable of ``func``'s body and the value bound to it."""
-    if not isinstance(func.body, relax.SeqExpr):
-        return {}
-    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
 
 
 @dataclass(frozen=True)
@@ -291,8 +277,8 @@ class _EpiloguePattern:
             if bias is None:
                 return None
         residual = m[self.residual] if self.residual is not None else None
-        if residual is not None and (_dtype(residual) != "float32"
-                                     or _shape(residual) != _shape(m[self.pattern])):
+        if residual is not None and (dtype_of(residual) != "float32"
+                                     or shape_of(residual) != shape_of(m[self.pattern])):
             return None
         return _Epilogue(bias, self.activation, residual, self.post_activation)
 
@@ -353,14 +339,14 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
 
     def rewrite_with(variant: _EpiloguePattern):
         def rewrite(orig, m):
-            wz = _const(m[w_zp]) if w_zp in m else None
-            if _dtype(m[w]) != "int8":
+            wz = const_value(m[w_zp]) if w_zp in m else None
+            if dtype_of(m[w]) != "int8":
                 return orig
             if wz is not None and np.any(wz):
                 emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
                 return orig
-            call, weight = m[core], _const(m[w])
-            epi = variant.value(m, call, weight, _bindings(func))
+            call, weight = m[core], const_value(m[w])
+            epi = variant.value(m, call, weight, bindings(func))
             if epi is None:
                 return orig
             zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
@@ -381,23 +367,23 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
 
     def rewrite_with(variant: _EpiloguePattern):
         def rewrite(orig, m):
-            if _dtype(m[wq]) != "int8":
+            if dtype_of(m[wq]) != "int8":
                 return orig
-            if np.any(_const(m[z_w])) or _shape(m[s_a]) not in ([], [1]):
+            if np.any(const_value(m[z_w])) or shape_of(m[s_a]) not in ([], [1]):
                 emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
                 return orig
-            w = _const(m[wq])
+            w = const_value(m[wq])
             transposed = w_t in m
             if transposed:
                 if op != "relax.matmul" or [int(a) for a in m[w_t].attrs.axes] != [1, 0]:
                     return orig
                 w = np.ascontiguousarray(w.T)
             axis = int(m[dq_w].attrs.axis) % w.ndim
-            if _const(m[s_w]).size > 1 and axis != (1 - out_axis if transposed else out_axis):
+            if const_value(m[s_w]).size > 1 and axis != (1 - out_axis if transposed else out_axis):
                 emitter.report.fallbacks[f"{_KERNELS[op]} (per-input-channel weight scales)"] += 1
                 return orig
             call = m[core]
-            epi = variant.value(m, call, w, _bindings(func))
+            epi = variant.value(m, call, w, bindings(func))
             if epi is None:
                 return orig
             s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
@@ -417,9 +403,9 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
     pattern = is_op("relax.max")(x) | is_op("relax.min")(x)
 
     def rewrite(orig, m):
-        if orig.attrs.axis is not None or _dtype(m[x]) != "float32" or not _shape(m[x]):
+        if orig.attrs.axis is not None or dtype_of(m[x]) != "float32" or not shape_of(m[x]):
             return orig
-        size = int(np.prod(_shape(m[x])))
+        size = int(np.prod(shape_of(m[x])))
         if size % LANES or size < 64 * LANES:
             return orig
         op = "max" if orig.op.name == "relax.max" else "min"
@@ -431,178 +417,6 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
         return final(part, keepdims=bool(orig.attrs.keepdims))
 
     return rewrite_call(pattern, rewrite, func)
-
-
-_FAKE_QUANT_DROPPED = "QDQ pair between fp32 ops dropped (fp32 value kept)"
-_FAKE_QUANT_RELU = "quantization clipping at 0 shown as a ReLU (ONNX Runtime folds ReLU into it)"
-
-
-def _fake_quantized(x):
-    """``dequantize(quantize(x))``: static QDQ rounding an fp32 value to the int8 grid."""
-    q = is_op("relax.quantize")(x, wildcard(), wildcard())
-    return is_op("relax.dequantize")(q, wildcard(), wildcard())
-
-
-#: Ops whose result is never negative, and ops bounded to [-1, 1].
-_NON_NEGATIVE = frozenset({"relax.nn.relu", "relax.sigmoid", "relax.exp", "relax.sqrt"})
-_UNIT_BOUNDED = frozenset({"relax.erf", "relax.tanh"})
-
-
-def _unwrapped(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> relax.Expr:
-    """The value behind ``expr``: variables resolved, fake-quantization pairs skipped."""
-    expr = bound.get(expr, expr)
-    while isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-            and expr.op.name == "relax.dequantize":
-        inner = bound.get(expr.args[0], expr.args[0])
-        if not (isinstance(inner, relax.Call) and inner.op.name == "relax.quantize"):
-            break
-        expr = bound.get(inner.args[0], inner.args[0])
-    return expr
-
-
-def _non_negative(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> bool:
-    """Whether ``expr`` is provably >= 0 (a small syntactic check: GELU's ``1 + erf(.)``,
-    products and sums of non-negative values, non-negative constants)."""
-    expr = _unwrapped(expr, bound)
-    value = _const(expr)
-    if value is not None:
-        return bool(np.all(value >= 0))
-    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
-        return False
-    op, args = expr.op.name, expr.args
-    if op in _NON_NEGATIVE:
-        return True
-    if op in ("relax.multiply", "relax.add", "relax.nn.max_pool2d", "relax.mean"):
-        if all(_non_negative(a, bound) for a in args):
-            return True
-    if op == "relax.add":  # c + erf(.) with c >= 1
-        for a, b in (args, args[::-1]):
-            c, other = _const(_unwrapped(a, bound)), _unwrapped(b, bound)
-            if c is not None and np.all(c >= 1) and isinstance(other, relax.Call) \
-                    and isinstance(other.op, tvm.ir.Op) and other.op.name in _UNIT_BOUNDED:
-                return True
-    return False
-
-
-def _clips_at_zero(quantize: relax.Call) -> bool:
-    """Whether a quantize's zero point is its dtype's minimum: its range starts at 0."""
-    zp = _const(quantize.args[2])
-    lowest = {"uint8": 0, "int8": -128}.get(_dtype(quantize))
-    return zp is not None and lowest is not None and zp.size > 0 and bool(np.all(zp == lowest))
-
-
-def expose_folded_relus(func: relax.Function, report: LoweringReport) -> relax.Function:
-    """``quantize(x)`` -> ``quantize(relu(x))`` where the quantization clips at 0 and x
-    may be negative: the same values (quantize saturates), with the ReLU that ONNX
-    Runtime folded into the range visible again, so it fuses into the epilogue of the
-    contraction that produces x (and the residual add's ReLU of a ResNet block with it)."""
-    bound = _bindings(func)
-    x = wildcard()
-    pattern = is_op("relax.quantize")(x, wildcard(), wildcard())
-
-    def rewrite(orig, m):
-        if _dtype(m[x]) != "float32" or not _clips_at_zero(orig) or _non_negative(m[x], bound):
-            return orig
-        report.rewrites[_FAKE_QUANT_RELU] += 1
-        return relax.op.quantize(relax.op.nn.relu(m[x]), orig.args[1], orig.args[2],
-                                 axis=int(orig.attrs.axis), out_dtype=_dtype(orig))
-
-    return rewrite_call(pattern, rewrite, func)
-
-
-def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> relax.Function:
-    """``dequantize(quantize(x, s, z), s, z)`` -> ``x`` where no int8 kernel consumes it.
-
-    Static QDQ models wrap every op (GELU's Div, Erf, Add, Mul...) in fake quantization;
-    run after the matmul rewrite (which takes the quantized tensors it needs), the pairs
-    left only round an fp32 value to the int8 grid and back. Dropping them keeps the exact
-    fp32 value (closer to the fp32 model than ONNX Runtime's int8 result) and lets the
-    element-wise chain fuse into TPP kernels instead of running per element in TVM. A pair
-    that clips at 0 stands for a ReLU, which :func:`expose_folded_relus` has put in front
-    of its quantize already.
-    """
-    x = wildcard()
-    pattern = _fake_quantized(x)
-
-    def rewrite(orig, m):
-        if _dtype(m[x]) != "float32" or _dtype(orig) != "float32":
-            return orig
-        report.rewrites[_FAKE_QUANT_DROPPED] += 1
-        return m[x]
-
-    return rewrite_call(pattern, rewrite, func)
-
-
-#: Ops a fake-quantized value may feed and still be dropped before the matmul rewrite:
-#: element-wise math (GELU's Div, Erf, Add, Mul...), never a matmul or convolution, whose
-#: quantized input an int8 kernel (or TVM's QDQ lowering) consumes.
-_ELEMENTWISE = frozenset({
-    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.erf",
-    "relax.tanh", "relax.sigmoid", "relax.exp", "relax.sqrt", "relax.power",
-    "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
-    # pooling commutes with the ReLU a pair may stand for, which then fuses before it
-    "relax.nn.max_pool2d", "relax.mean",
-})
-
-
-def _elementwise_only_dequantizes(func: relax.Function) -> list[relax.Call]:
-    """The ``dequantize(quantize(x))`` calls whose every consumer is element-wise, if the
-    function has a quantized matmul at all (else none: nothing to fuse into)."""
-    bound: dict[relax.Var, relax.Expr] = {}
-    consumers: dict[relax.Var, set[str]] = {}
-    has_qdq_contraction = False
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            bound[binding.var] = value
-            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-                continue
-            for arg in value.args:
-                if isinstance(arg, relax.Var):
-                    consumers.setdefault(arg, set()).add(value.op.name)
-            if value.op.name in _CONTRACTIONS and isinstance(value.args[0], relax.Var):
-                lhs = bound.get(value.args[0])
-                has_qdq_contraction |= isinstance(lhs, relax.Call) and \
-                    lhs.op.name == "relax.dequantize"
-    if not has_qdq_contraction:
-        return []
-    found = []
-    for var, value in bound.items():
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                and value.op.name == "relax.dequantize" and isinstance(value.args[0], relax.Var)):
-            continue
-        source = bound.get(value.args[0])
-        if not (isinstance(source, relax.Call) and source.op.name == "relax.quantize"):
-            continue
-        if consumers.get(var) and consumers[var] <= _ELEMENTWISE:
-            found.append(value)
-    return found
-
-
-def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringReport
-                                       ) -> relax.Function:
-    """Before the matmul rewrite: drop the QDQ pairs that only element-wise ops consume.
-
-    Static QDQ rounds a matmul's output, and each step of the GELU after it, to the int8
-    grid; with those pairs in place the GELU is not recognised and cannot fuse into the
-    int8 GEMM's epilogue (it ran as a separate kernel: 0.43 ms of a 4.4 ms MLP). The pairs
-    in front of a matmul stay: they are the int8 kernel's input.
-    """
-    if not isinstance(func.body, relax.SeqExpr):
-        return func
-    drop = _elementwise_only_dequantizes(func)
-    if not drop:
-        return func
-    x = wildcard()
-    pattern = _fake_quantized(x)
-
-    def rewrite(orig, m):
-        if _dtype(m[x]) != "float32" or not any(orig.same_as(d) for d in drop):
-            return orig
-        report.rewrites[_FAKE_QUANT_DROPPED] += 1
-        return m[x]
-
-    return rewrite_erf_gelu(rewrite_call(pattern, rewrite, func))
 
 
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:

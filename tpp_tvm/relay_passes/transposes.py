@@ -51,16 +51,15 @@ def _inverse(perm: list[int]) -> list[int]:
 
 def _follows(other: relax.Expr, perm: list[int]) -> relax.Expr | None:
     """``other`` as the un-transposed op would take it (None: it cannot follow cheaply):
-    scalars and 1-D rows that broadcast the same after the move stay; constants of full
-    rank are transposed (folded at build time)."""
+    a scalar (of any rank up to the op's, all dims 1) stays; a constant of full rank is
+    transposed back (folded at build time). Anything else, a per-channel row included
+    (it would broadcast along another axis after the move), keeps the transpose."""
     rank = _ndim(other)
-    if rank == 0:
+    shape = [int(d) for d in other.ty.shape.values]
+    if rank <= len(perm) and all(d == 1 for d in shape):
         return other
     if rank == len(perm) and isinstance(other, tvm.ir.Constant):
         return relax.op.permute_dims(other, _inverse(perm))
-    shape = [int(d) for d in other.ty.shape.values]
-    if all(d == 1 for d in shape):  # a broadcast scalar of any rank
-        return other
     return None
 
 
