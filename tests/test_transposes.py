@@ -40,7 +40,8 @@ def _check(build, *args: np.ndarray) -> relax.Function:
 
 
 def test_a_qdq_resnet_step_runs_without_transposes() -> None:
-    """kernel out (NHWC) -> NCHW -> +residual -> ReLU -> max pool -> quantize -> NHWC."""
+    """kernel out (NHWC) -> NCHW -> +residual -> ReLU -> max pool -> clip -> quantize ->
+    NHWC."""
     rng = np.random.default_rng(0)
     y, res = (rng.standard_normal(NHWC).astype("float32") for _ in range(2))
 
@@ -48,7 +49,7 @@ def test_a_qdq_resnet_step_runs_without_transposes() -> None:
         a = bb.emit(relax.op.permute_dims(y, TO_NCHW))
         b = bb.emit(relax.op.permute_dims(res, TO_NCHW))
         s = bb.emit(relax.op.nn.relu(relax.op.add(a, b)))
-        p = bb.emit(relax.op.nn.max_pool2d(s, [2, 2], [2, 2]))
+        p = bb.emit(relax.op.clip(relax.op.nn.max_pool2d(s, [2, 2], [2, 2]), 0.0, 6.0))
         q = bb.emit(relax.op.quantize(p, relax.const(0.05, "float32"),
                                       relax.const(3, "uint8"), axis=1, out_dtype="uint8"))
         return relax.op.permute_dims(q, TO_NHWC)

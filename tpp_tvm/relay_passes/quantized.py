@@ -337,7 +337,7 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
                      ) -> relax.Function:
     root, core, a_q, a_zp, w, w_zp, scale = _integer_pattern(op)
 
-    def rewrite_with(variant: _EpiloguePattern):
+    def rewrite_with(variant: _EpiloguePattern, bound: dict):
         def rewrite(orig, m):
             wz = const_value(m[w_zp]) if w_zp in m else None
             if dtype_of(m[w]) != "int8":
@@ -346,7 +346,7 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
                 emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
                 return orig
             call, weight = m[core], const_value(m[w])
-            epi = variant.value(m, call, weight, bindings(func))
+            epi = variant.value(m, call, weight, bound)
             if epi is None:
                 return orig
             zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
@@ -354,8 +354,8 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
             return orig if out is None else out
         return rewrite
 
-    for variant in _with_epilogues(root):
-        func = rewrite_call(variant.pattern, rewrite_with(variant), func)
+    for variant in _with_epilogues(root):  # bindings read once per pass, not per match
+        func = rewrite_call(variant.pattern, rewrite_with(variant, bindings(func)), func)
     return func
 
 
@@ -365,7 +365,7 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
     # the axis of W's per-channel scales that is the output channel: (K, N) / (O, I, H, W)
     out_axis = 1 if op == "relax.matmul" else 0
 
-    def rewrite_with(variant: _EpiloguePattern):
+    def rewrite_with(variant: _EpiloguePattern, bound: dict):
         def rewrite(orig, m):
             if dtype_of(m[wq]) != "int8":
                 return orig
@@ -383,7 +383,7 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
                 emitter.report.fallbacks[f"{_KERNELS[op]} (per-input-channel weight scales)"] += 1
                 return orig
             call = m[core]
-            epi = variant.value(m, call, w, bindings(func))
+            epi = variant.value(m, call, w, bound)
             if epi is None:
                 return orig
             s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
@@ -391,8 +391,8 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
             return orig if out is None else out
         return rewrite
 
-    for variant in _with_epilogues(root):
-        func = rewrite_call(variant.pattern, rewrite_with(variant), func)
+    for variant in _with_epilogues(root):  # bindings read once per pass, not per match
+        func = rewrite_call(variant.pattern, rewrite_with(variant, bindings(func)), func)
     return func
 
 

@@ -134,11 +134,11 @@ def sink_transposes(func: relax.Function) -> relax.Function:
         args = [inner, other] if pa is not None else [other, inner]
         return relax.op.permute_dims(relax.Call(orig.op, args, orig.attrs), perm)
 
-    unary_patterns = [is_op(op)(transposed) for op in sorted(_UNARY)]
-    unary_patterns += [is_op(op)(transposed, wildcard(), wildcard())
-                       for op in ("relax.quantize", "relax.dequantize")]
-    unary_patterns += [is_op(op)(transposed) for op in ("relax.nn.max_pool2d", "relax.mean",
-                                                        *sorted(_FULL_REDUCTIONS))]
+    # f(permute(x), ...): the transposed tensor first, any other arguments (clip's bounds,
+    # quantize's scale and zero point) as they are
+    unary_patterns = [is_op(op)(transposed, varg_default_wildcard=True) for op in sorted(
+        _UNARY | _FULL_REDUCTIONS | {"relax.quantize", "relax.dequantize",
+                                     "relax.nn.max_pool2d", "relax.mean"})]
     func = rewrite_call(twice, cancel, func)
     for _ in range(64):  # each round moves every transpose one op further down
         before = func

@@ -206,11 +206,11 @@ def fuse_epilogues(sch: Schedule, block: SBlockRV, at, mr: int, nr: int, isa: st
 @dataclass(frozen=True)
 class ConvTaps:
     """A stride-1 NHWC convolution seen as a contraction: the reduction positions of the
-    filter row (``ry``, none for one row), the tap (``rx``) and the channel (``rc``), and
+    filter row (``ry``), the tap (``rx``) and the channel (``rc``), and
     the channel count. Its taps and channels are one contiguous K = S*C run per input row
     once the padded input's (W, C) dims are flattened: a conv BRGEMM over filter rows."""
 
-    ry: int | None
+    ry: int
     rx: int
     rc: int
     channels: int
@@ -251,8 +251,8 @@ def conv_taps(sch: Schedule, block: SBlockRV, roles: ContractionRoles) -> ConvTa
     others = [p for p in roles.k if p not in (rx, roles.inner_k, ry)]
     if ry is None or roles.extents[rx] < 2 or roles.extents[ry] < 2:
         return None  # a pointwise (or one-row) convolution is a plain GEMM design
-    if others or (ry is not None and (len(b.indices) < 4 or not isinstance(b.indices[-4], tirx.Var)
-                                      or pos.get(b.indices[-4]) != ry)):
+    filter_row = b.indices[-4] if len(b.indices) >= 4 else None
+    if others or not isinstance(filter_row, tirx.Var) or pos.get(filter_row) != ry:
         return None
     return ConvTaps(ry, rx, roles.inner_k, roles.extents[roles.inner_k])
 
@@ -268,7 +268,7 @@ def tile_conv_taps(sch: Schedule, block: SBlockRV, roles: ContractionRoles, taps
                          lambda *i: (*i[:-2], i[-2] * C + i[-1]))
     ext = roles.extents
     S = ext[taps.rx]
-    R = ext[taps.ry] if taps.ry is not None else 1
+    R = ext[taps.ry]
     fused = (taps.rx, taps.rc)
     keep = [p for p in range(len(ext)) if p not in fused]
 
@@ -289,14 +289,14 @@ def tile_conv_taps(sch: Schedule, block: SBlockRV, roles: ContractionRoles, taps
     new_pos = {p: i for i, p in enumerate(keep)}
     k = loops[-1]
     m, n = loops[new_pos[roles.inner_m]], loops[new_pos[roles.inner_n]]
-    ry = loops[new_pos[taps.ry]] if taps.ry is not None else None
+    ry = loops[new_pos[taps.ry]]
     mo, mi = sch.split(m, [None, mr])
     no, ni = sch.split(n, [None, nr])
     m1, m2 = sch.split(mo, sch.sample_perfect_tile(mo, n=2, max_innermost_factor=16))
     outer = [loops[new_pos[p]] for p in (*roles.batch, *roles.m, *roles.n)
              if p not in (roles.inner_m, roles.inner_n)]
     par = [*outer, no, m1] if order == "cols_outer" else [*outer, m1, no]
-    sch.reorder(*par, m2, mi, ni, *([ry] if ry is not None else []), k)
+    sch.reorder(*par, m2, mi, ni, ry, k)
     fused_par = sch.fuse(*par) if len(par) > 1 else par[0]
     sch.parallel(fused_par)
     fuse_epilogues(sch, block, m2, mr, nr, isa)
