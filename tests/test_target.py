@@ -258,3 +258,32 @@ def test_isa_of_untagged_targets() -> None:
 def test_plain_llvm_is_not_a_tpp_target() -> None:
     assert not tt.is_tpp_target({"kind": "llvm"})
     assert not tt.is_tpp_target(Target("llvm"))
+
+
+def test_host_targets_carry_the_cpuinfo_features() -> None:
+    """LLVM names a CPU from its model number (a Sapphire Rapids Xeon once read as
+    ``rocketlake``, without AVX512_BF16): the host target's mattr says what it really has."""
+    host = tt.host_isa()
+    if host.arch != "x86_64" or not host.avx512f:
+        pytest.skip("x86 AVX-512 hosts only")
+    tgt = tt.target("avx512")
+    mattr = [str(a) for a in tgt.attrs["mattr"]]
+    for flag, feature in tt.X86_LLVM_FEATURES.items():
+        assert (("+" if getattr(host, flag) else "-") + feature) in mattr
+        assert (feature in tt.missing_features(tgt, [feature])) != getattr(host, flag)
+
+
+def test_llvm_mattr_follows_the_flags() -> None:
+    host = tt.detect_host("flags : avx512f avx512bw avx512_bf16\n", "x86_64")
+    mattr = host.llvm_mattr()
+    assert "+avx512bf16" in mattr and "-avx512fp16" in mattr and "-amx-tile" in mattr
+    assert tt.detect_host("Features : sve\n", "aarch64").llvm_mattr() == []
+
+
+def test_require_features_names_what_is_missing() -> None:
+    from tpp_tvm.errors import UnsupportedISAError
+
+    tgt = {"kind": "llvm", "mcpu": "icelake-server"}
+    tt.require_features(tgt, ["avx512f", "avx512vnni"], "x")
+    with pytest.raises(UnsupportedISAError, match="avx512bf16.*icelake-server"):
+        tt.require_features(tgt, ["avx512bf16"], "a bf16 kernel")

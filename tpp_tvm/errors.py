@@ -49,3 +49,17 @@ class ModelLoadError(TPPError):
     For example: a path that does not exist, a file that is not an ONNX model, or a node that
     TVM's ONNX converter fails on (the message names the node).
     """
+
+
+def _register_with_tvm_ffi() -> None:
+    """Let these errors cross TVM's FFI as themselves: one raised inside a Python pass that
+    TVM runs (the TIR pipeline's feature check) reaches the caller as a ``TPPError``, not
+    as a plain ``RuntimeError``."""
+    import tvm_ffi
+
+    for cls in (TPPError, UnsupportedISAError, UnsupportedDTypeError, UnsupportedShapeError,
+                UnsupportedOperatorError, ModelLoadError):
+        tvm_ffi.register_error(cls.__name__, cls)
+
+
+_register_with_tvm_ffi()

@@ -19,7 +19,10 @@ sve      ``tpp/sve``    ``mtriple=aarch64-linux-gnu``, ``mattr=+v8.2a,+sve`` (ve
 ======== ============== ===================================================================
 
 The tags themselves are portable (``skylake-avx512``/``sapphirerapids``, no core count);
-:func:`target` starts from the tag and overrides ``mcpu`` and ``num-cores`` for this host.
+:func:`target` starts from the tag and overrides ``mcpu``, ``mattr`` and ``num-cores`` for
+this host: ``mcpu`` is LLVM's name for the host CPU (its scheduling model), ``mattr`` the
+TPP-relevant features ``/proc/cpuinfo`` reports (LLVM's name can be wrong about them).
+:func:`require_features` is the check every kernel build makes before LLVM sees the code.
 """
 
 from __future__ import annotations
@@ -53,18 +56,20 @@ _XFEATURE_XTILEDATA = 18
 _PR_SVE_GET_VL = 51
 _PR_SVE_VL_LEN_MASK = 0xFFFF
 
-# x86 flags in /proc/cpuinfo that become HostISA fields of the same name.
-_X86_FLAGS = (
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
+# x86 flags in /proc/cpuinfo that become HostISA fields of the same name, with the LLVM
+# feature each one is (what a host target's ``mattr`` says, +present or -absent).
+X86_LLVM_FEATURES: dict[str, str] = {
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512_vnni": "avx512vnni",
+    "avx512_bf16": "avx512bf16",
+    "avx512_fp16": "avx512fp16",
+    "amx_tile": "amx-tile",
+    "amx_bf16": "amx-bf16",
+    "amx_int8": "amx-int8",
+}
+_X86_FLAGS = tuple(X86_LLVM_FEATURES)
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,18 @@ class HostISA:
     l3_bytes: int | None = None
     physical_cores: int = 1
     """Physical cores this process may run on (SMT siblings counted once)."""
+
+    def llvm_mattr(self) -> list[str]:
+        """The TPP-relevant LLVM features as this CPU really has them (``+f``/``-f``).
+
+        LLVM names a CPU from its model number, which a hypervisor may report for an older
+        core (a Sapphire Rapids Xeon seen as ``rocketlake``, without AVX512_BF16), or with
+        features masked; a host target carries these so code matches ``/proc/cpuinfo``.
+        """
+        if self.arch != "x86_64":
+            return []
+        return [("+" if getattr(self, flag) else "-") + feature
+                for flag, feature in X86_LLVM_FEATURES.items()]
 
     def summary(self) -> str:
         """One line for logs and benchmark headers, e.g. ``x86_64 AVX-512 F/BW/VL ...``."""
@@ -333,18 +350,18 @@ _register_tags()
 
 
 @functools.cache
-def _host_mcpu_with(features: tuple[str, ...]) -> str | None:
-    """LLVM's name for the host CPU if the host is x86-64 and LLVM agrees it has ``features``."""
+def _host_mcpu() -> str | None:
+    """LLVM's name for the host CPU if the host is x86-64 and LLVM knows it."""
     if host_isa().arch != "x86_64":
         return None
     cpu = str(codegen.llvm_get_system_cpu())
     if not cpu or cpu == "generic":
         return None
     try:
-        ok = codegen.llvm_cpu_has_features(list(features), Target({"kind": "llvm", "mcpu": cpu}))
+        codegen.llvm_cpu_has_features(["avx512f"], Target({"kind": "llvm", "mcpu": cpu}))
     except (RuntimeError, ValueError):  # TVM raises InternalError (a RuntimeError)
         return None
-    return cpu if ok else None
+    return cpu
 
 
 def _check_isa(isa: str) -> str:
@@ -360,15 +377,40 @@ def target_config(isa: str, num_cores: int) -> dict[str, Any]:
     _check_isa(isa)
     config: dict[str, Any] = {"tag": TAG_PREFIX + isa, "num-cores": int(num_cores)}
     host = host_isa()
-    if isa == "avx512" and host.avx512f:
-        mcpu = _host_mcpu_with(("avx512f",))
+    if (isa == "avx512" and host.avx512f) or (isa == "amx" and host.amx_bf16):
+        mcpu = _host_mcpu()
         if mcpu:
             config["mcpu"] = mcpu
-    elif isa == "amx" and host.amx_bf16:
-        mcpu = _host_mcpu_with(("amx-tile", "amx-bf16"))
-        if mcpu:
-            config["mcpu"] = mcpu
+            config["mattr"] = host.llvm_mattr()
     return config
+
+
+def missing_features(tgt: Target | str | dict[str, Any], features: list[str] | tuple[str, ...]
+                     ) -> list[str]:
+    """The LLVM ``features`` (``avx512bf16``, ``amx-tile``, ...) that ``tgt`` lacks."""
+    tgt = _as_target(tgt)
+    return [f for f in features if not codegen.llvm_cpu_has_features([f], tgt)]
+
+
+def describe_cpu(tgt: Target | str | dict[str, Any]) -> str:
+    """``mcpu`` and ``mattr`` of a target, for error messages."""
+    tgt = _as_target(tgt)
+    mcpu = str(tgt.attrs.get("mcpu", "")) or "the default CPU"
+    mattr = [str(a) for a in tgt.attrs.get("mattr", [])]
+    return mcpu + (f" (mattr {','.join(mattr)})" if mattr else "")
+
+
+def require_features(tgt: Target | str | dict[str, Any], features: list[str] | tuple[str, ...],
+                     what: str) -> None:
+    """Refuse to build ``what`` for a target without ``features``: a clear
+    :class:`UnsupportedISAError` instead of LLVM aborting the process (it does, e.g. on a
+    bf16 dot product for a CPU without AVX512_BF16)."""
+    missing = missing_features(tgt, features)
+    if missing:
+        raise UnsupportedISAError(
+            f"{what} needs the CPU features {', '.join(missing)}, which the target CPU "
+            f"{describe_cpu(tgt)} lacks; build it for a CPU that has them (target mcpu/mattr) "
+            "or choose a precision this CPU has")
 
 
 def target(isa: str | None = None, num_cores: int | None = None) -> Target:

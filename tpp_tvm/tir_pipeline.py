@@ -13,14 +13,23 @@ Buffers this small belong on the stack: this pass marks constant-size allocation
 ``alloca``s (one per thread, hoisted by LLVM), and the ``"tpp"`` TIR pipeline runs it
 after TVM's default lowering. :func:`compile_kernels` is ``tvm.compile`` with it; the
 Relax ``build`` and the tuning builder pass the same pipeline name.
+
+The pipeline also refuses, before LLVM sees them, kernels that import LLVM IR needing CPU
+features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 aborts the whole
+process inside LLVM): :func:`required_features` reads them off the imported functions'
+``"target-features"``, :func:`tpp_tvm.target.require_features` raises the error.
 """
 
 from __future__ import annotations
 
+import re
+
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.runtime import Executable
 from tvm.tirx import compilation_pipeline
+
+from tpp_tvm.target import require_features
 
 #: Largest buffer kept on the stack. Worker threads have MiB-sized stacks; a register
 #: tile's intermediates are a few KiB, an unrolled conv panel's tens of KiB.
@@ -45,6 +54,10 @@ def _children(stmt: tirx.Stmt) -> list[tirx.Stmt]:
         return list(stmt.seq)
     if isinstance(stmt, tirx.IfThenElse):
         return [s for s in (stmt.then_case, stmt.else_case) if s is not None]
+    if isinstance(stmt, s_tir.stmt.SBlockRealize):
+        return [stmt.block]
+    if isinstance(stmt, s_tir.stmt.SBlock) and stmt.init is not None:
+        return [stmt.init, stmt.body]
     body = getattr(stmt, "body", None)
     return [body] if isinstance(body, tirx.Stmt) else []
 
@@ -55,6 +68,45 @@ def _imports_bf16_dot_kernel(stmt: tirx.Stmt) -> bool:
             and "dpbf16ps" in str(getattr(stmt.value, "value", "")):
         return True
     return any(_imports_bf16_dot_kernel(child) for child in _children(stmt))
+
+
+_TARGET_FEATURES = re.compile(r'"target-features"="([^"]*)"')
+
+
+def _imported_llvm(stmt: tirx.Stmt) -> list[str]:
+    """The LLVM IR texts a kernel imports with ``pragma_import_llvm``."""
+    found = []
+    if isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == "pragma_import_llvm":
+        found.append(str(getattr(stmt.value, "value", "")))
+    for child in _children(stmt):
+        found.extend(_imported_llvm(child))
+    return found
+
+
+def required_features(func: tirx.PrimFunc) -> list[str]:
+    """The LLVM CPU features (``avx512bf16``, ``amx-tile``, ...) the IR ``func`` imports
+    was written for, in first-seen order."""
+    features: dict[str, None] = {}
+    for text in _imported_llvm(func.body):
+        for group in _TARGET_FEATURES.findall(text):
+            for feature in group.split(","):
+                if feature.startswith("+"):
+                    features.setdefault(feature[1:])
+    return list(features)
+
+
+def check_target_features(mod: tvm.IRModule) -> None:
+    """Raise :class:`~tpp_tvm.errors.UnsupportedISAError` if a kernel of ``mod`` imports
+    LLVM IR for features its target does not have."""
+    for gvar, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
+            continue
+        target = func.attrs.get("target")
+        if target is None or target.kind.name != "llvm":
+            continue
+        features = required_features(func)
+        if features:
+            require_features(target, features, f"TPP kernel {gvar.name_hint!r}")
 
 
 def _vector_temporary(buffer: tirx.Buffer) -> bool:
@@ -119,6 +171,7 @@ def _tpp_pipeline():
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.TIRPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        check_target_features(mod)
         return stack_allocate_small_buffers(base(mod))
 
     return pipeline, finalize_host, finalize_device

@@ -799,17 +799,20 @@ def register_tile_isa(isa: str) -> str:
     return "avx512" if isa == "amx" else isa
 
 
-def _amx_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target,
-                  batch: int | None, bias: bool, activation: str | None, dequantize: bool
+def runs_on_tiles(isa: str, dtype: str, batch: int | None = None, bias: bool = False,
+                  activation: str | None = None, dequantize: bool = False) -> bool:
+    """Whether an AMX target's GEMM runs on tiles: bf16/int8 plain C = A @ B so far. With a
+    batch or an epilogue it runs on the AVX-512 (BF16, VNNI) unit every AMX CPU has."""
+    return (isa == "amx" and PRECISIONS[dtype].vnni > 1
+            and not (batch or bias or activation or dequantize))
+
+
+def _amx_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
                   ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
     from ..intrinsics.amx import ensure_tile_permission
     from .amx_gemm import amx_gemm_func
 
-    if batch or bias or activation or dequantize:
-        raise UnsupportedDTypeError(
-            f"GEMM {dtype} on AMX: plain C = A @ B only so far (no batch, bias, activation or "
-            "dequantize epilogue); use an avx512 target for those")
     if host_isa().amx_tile:
         ensure_tile_permission()  # before the first tile instruction, as Linux requires
     plan = plan_gemm(m, n, k, dtype, "amx")
@@ -841,8 +844,8 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
             "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
             "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
     t0 = time.perf_counter()
-    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
-        sch, plan = _amx_schedule(m, n, k, dtype, tgt, batch, bias, activation, dequantize)
+    if runs_on_tiles(isa, dtype, batch, bias, activation, dequantize):
+        sch, plan = _amx_schedule(m, n, k, dtype, tgt)
     elif isa not in ("avx512", "amx"):
         raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
     else:

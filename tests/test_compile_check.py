@@ -1,0 +1,85 @@
+"""The compile matrix: every TPP, schedule and demo model builds to machine code for every
+x86 CPU family and for the AMX target, each CPU in its own subprocess so an LLVM abort is a
+failed test naming the item and the CPU, never a dead suite."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tpp_tvm.compile_check import X86_CPUS, check_target
+from tpp_tvm.errors import UnsupportedISAError
+
+CHECKS = [(cpu, "tpp/avx512") for cpu in X86_CPUS] + [(None, "tpp/amx")]
+
+
+def _command(mcpu: str | None, tag: str) -> list[str]:
+    cmd = [sys.executable, "-m", "tpp_tvm.compile_check", "--tag", tag]
+    return cmd + (["--mcpu", mcpu] if mcpu else [])
+
+
+@functools.cache
+def _results() -> dict[tuple[str | None, str], subprocess.CompletedProcess]:
+    """All checks, two subprocesses at a time (the CI machine has two cores)."""
+    env = {**os.environ, "TVM_NUM_THREADS": "1"}
+
+    def one(check):
+        return subprocess.run(_command(*check), capture_output=True, text=True, env=env,
+                              timeout=900)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(CHECKS, pool.map(one, CHECKS)))
+
+
+def _verdicts(stdout: str) -> tuple[dict[str, str], str | None]:
+    """item -> 'ok' / 'refused: why' / 'error: why', and the item running when it died."""
+    verdicts: dict[str, str] = {}
+    running = None
+    for line in stdout.splitlines():
+        status, _, rest = line.partition(" ")
+        label, _, why = rest.partition(": ")
+        if status == "start":
+            running = rest
+        elif status in ("ok", "refused", "error"):
+            verdicts[label] = status + (f": {why}" if why else "")
+            running = None
+    return verdicts, running
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c[0] or c[1])
+def test_everything_compiles_for(check) -> None:
+    mcpu, tag = check
+    result = _results()[check]
+    verdicts, died_in = _verdicts(result.stdout)
+    where = f"{mcpu or tag}"
+    assert died_in is None, (
+        f"{where}: the process died (exit {result.returncode}) compiling {died_in}:\n"
+        + result.stderr[-2000:])
+    errors = {k: v for k, v in verdicts.items() if v.startswith("error")}
+    assert not errors, f"{where}: " + "\n".join(f"{k}: {v}" for k, v in errors.items())
+    assert result.returncode == 0, result.stderr[-2000:]
+    # Every fp32 item builds on every AVX-512 CPU; only features the CPU lacks may refuse.
+    tgt = check_target(mcpu, tag)
+    for label, verdict in verdicts.items():
+        if verdict.startswith("refused"):
+            assert "needs the CPU features" in verdict, f"{where}: {label}: {verdict}"
+    assert all(verdicts[k] == "ok" for k in verdicts if k.startswith("model")), verdicts
+    has_bf16 = not any("avx512bf16" in v for v in verdicts.values())
+    assert has_bf16 == (mcpu not in ("skylake-avx512", "cascadelake", "icelake-server")), tgt
+
+
+def test_a_bf16_kernel_for_a_cpu_without_bf16_is_refused_before_llvm() -> None:
+    """The crash that once killed the suite: a bf16 GEMM tail built for ``icelake-server``
+    (and a host LLVM names ``rocketlake``) aborted inside LLVM; now a clear error."""
+    from tpp_tvm.schedules.gemm import build_gemm
+
+    for cpu in ("icelake-server", "rocketlake"):
+        with pytest.raises(UnsupportedISAError, match=f"avx512bf16.*{cpu}"):
+            build_gemm(6, 37, 64, dtype="bfloat16", target=check_target(cpu))
+    with pytest.raises(UnsupportedISAError, match="avx512vnni.*skylake-avx512"):
+        build_gemm(6, 37, 64, dtype="int8", target=check_target("skylake-avx512"))
