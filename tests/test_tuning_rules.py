@@ -12,7 +12,6 @@ from tvm.s_tir import meta_schedule as ms
 
 import tpp_tvm
 from tpp_tvm.intrinsics import TPPSpec
-from tpp_tvm.target import isa_of
 from tpp_tvm.schedules.contraction import contraction_roles
 from tpp_tvm.schedules.elementwise import LEGALIZE_AS_TPP, candidate_steps, match_equation
 from tpp_tvm.schedules.tuning_rules import (
@@ -22,6 +21,7 @@ from tpp_tvm.schedules.tuning_rules import (
     register_trace_intrinsics,
     space_generator,
 )
+from tpp_tvm.target import isa_of
 
 pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
                                 reason="the TPP rules tensorize AVX-512 kernels; no AVX-512 here")

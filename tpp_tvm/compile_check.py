@@ -55,7 +55,6 @@ def _tpp_items() -> Iterator[Item]:
     from tpp_tvm.intrinsics import intrinsic
     from tpp_tvm.intrinsics.reference import BLOCK, workload
     from tpp_tvm.intrinsics.registry import catalogue, low_precision_catalogue
-
     from tpp_tvm.schedules.gemm import register_tile_isa
 
     def implementation(spec, isa: str):
