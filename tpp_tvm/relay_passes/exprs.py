@@ -12,6 +12,16 @@ def shape_of(expr: relax.Expr) -> list[int]:
     return [int(d) for d in expr.ty.shape.values]
 
 
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """The static shape of a tensor-typed expression; None if dynamic or not a tensor."""
+    ty = getattr(expr, "ty", None)
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
+
+
 def dtype_of(expr: relax.Expr) -> str:
     return str(expr.ty.dtype)
 

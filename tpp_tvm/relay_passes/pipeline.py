@@ -34,6 +34,7 @@ from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from ..tir_pipeline import PIPELINE as TIR_PIPELINE
 from ..tuning import TuneLogs, resolve_logs
+from .canonical_forms import CanonicalizeOperatorForms
 from .canonicalize import CanonicalizeActivations
 from .lower import (
     LoweringReport,
@@ -77,6 +78,9 @@ def partition_passes(isa: str, report: LoweringReport | None = None
     """Simplification and TPP partitioning: each matched subgraph becomes a composite."""
     return [
         *simplify_passes(isa, report),
+        # Pooling over the whole input, 1-D and grouped convolutions as forms with kernels.
+        CanonicalizeOperatorForms,
+        relax.transform.FoldConstant(),
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
         # Filters HWIO: output channels innermost, so a convolution subgraph's loop nest is
         # a contraction the tuning rules tile around a TPP (OHWI has K innermost).

@@ -4,6 +4,8 @@ TVM's CPU build schedules nothing: every legalized operator runs as a scalar, si
 loop nest. These dlight-style rules (one class, one ``apply`` that returns None when it does
 not match) give the leftovers parallel outer loops and vectorized inner loops:
 
+* :class:`Transpose` – layout changes whose input's innermost axis is not the output's
+  (NCHW <-> NHWC, a transposed matmul result): tiled so reads and writes stay in cache;
 * :class:`Injective` – element-wise / broadcast / layout ops (after inlining chains);
 * TVM's own ``dlight.cpu.Reduction`` (softmax, layer norm) and ``dlight.cpu.GEMV``;
 * :class:`ParallelFallback` – anything else: the outermost spatial loops in parallel.
@@ -76,6 +78,64 @@ class Injective(CPUScheduleRule):
         return sch
 
 
+class Transpose(CPUScheduleRule):
+    """A layout change: the output's innermost loop walks the input with a large stride.
+
+    A plain loop nest then touches one element per cache line of the input (a 3199 x 512
+    transpose took 7.5 ms, 4.6 ns an element). Tiling the output's innermost axis and the
+    axis that indexes the input's innermost dimension by :data:`TILE` keeps a tile of
+    both in L1; the tile loops are unrolled and vectorized, the rest runs in parallel."""
+
+    TILE = 16
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None or not all(info.is_injective() for info in infos):
+            return None
+        infos = try_inline(sch, infos)
+        if len(infos) != 1:
+            return None
+        block = infos[0].block_rv
+        loops = sch.get_loops(block)
+        iters = [iv.var for iv in sch.get(block).iter_vars]
+        extents = [_extent(sch, lp) for lp in loops]
+        if len(loops) != len(iters) or len(loops) < 2 or None in extents:
+            return None
+        strided = self._strided_axis(sch.get(block), iters)
+        if strided is None or extents[strided] < self.TILE or extents[-1] < self.TILE:
+            return None
+        a_out, a_in = sch.split(loops[strided], [None, self.TILE])
+        b_out, b_in = sch.split(loops[-1], [None, self.TILE])
+        outer = [*loops[:strided], a_out, *loops[strided + 1:-1], b_out]
+        sch.reorder(*outer, a_in, b_in)
+        if extents[strided] % self.TILE == 0:
+            sch.unroll(a_in)
+        if extents[-1] % self.TILE == 0:
+            sch.vectorize(b_in)
+        sch.parallel(sch.fuse(*outer))
+        return sch
+
+    @staticmethod
+    def _strided_axis(block, iters: list) -> int | None:
+        """The iterator (not the innermost) that indexes a read's last dimension, when the
+        innermost iterator does not: that read is the transposed one."""
+        def uses(expr) -> set[str]:
+            return {v.name for v in tirx.analysis.undefined_vars(expr, [])}
+
+        inner = iters[-1].name
+        for region in block.reads:
+            used = uses(region.region[-1].min)
+            if inner in used or not used:
+                continue
+            found = [k for k, v in enumerate(iters[:-1]) if v.name in used]
+            if found:
+                return found[-1]
+        return None
+
+
 class ParallelFallback(CPUScheduleRule):
     """Anything else: the leading spatial loops of each top-level block run in parallel."""
 
@@ -128,7 +188,8 @@ class Guarded(CPUScheduleRule):
 
 def default_rules() -> list:
     """The fallback rules in priority order."""
-    return [Guarded(dlight.cpu.GEMV()), Guarded(dlight.cpu.Reduction()), Injective(),
+    return [Guarded(dlight.cpu.GEMV()), Guarded(dlight.cpu.Reduction()),
+            Guarded(Transpose()), Injective(),
             ParallelFallback()]
 
 

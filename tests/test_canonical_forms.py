@@ -1,0 +1,104 @@
+"""Operator forms rewritten onto forms with TPP kernels (``relay_passes/canonical_forms.py``)
+and the transpose fallback schedule: ONNX graphs from ``onnx.helper`` against ONNX Runtime,
+at odd sizes (1, primes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tpp_tvm
+
+ort = pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(7)
+
+
+def _model(node: onnx.NodeProto, x_shape: list[int], weight: np.ndarray | None = None
+           ) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(weight, "w")] if weight is not None else []
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, x_shape)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _check(model: onnx.ModelProto, x_shape: list[int]) -> str:
+    """Run with tpp_tvm and ORT on the same random input; return the report."""
+    x = RNG.standard_normal(x_shape).astype("float32")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    got = compiled(x=x)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return compiled.report()
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+@pytest.mark.parametrize("hw,window,ceil", [((7, 7), 1280, 1), ((5, 3), 5, 1), ((1, 1), 3, 1),
+                                            ((13, 11), 13, 1)])
+def test_pooling_over_the_whole_input_is_a_global_reduction(op, hw, window, ceil) -> None:
+    """EfficientNet's final AveragePool: a 1280x1280 window with ceil_mode over 7x7."""
+    shape = [1, 24, *hw]
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[window, window],
+                            strides=[window, window], ceil_mode=ceil)
+    _check(_model(node, shape), shape)
+
+
+def test_pooling_with_more_than_one_window_is_left_alone() -> None:
+    shape = [1, 8, 9, 9]
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[5, 5], strides=[4, 4],
+                            ceil_mode=1)
+    _check(_model(node, shape), shape)
+
+
+@pytest.mark.parametrize("c,oc,k,stride,pads,width,kernel", [
+    (1, 32, 10, 5, (0, 0), 1601, "tpp.dense"),      # wav2vec2's first layer: im2col + GEMM
+    (32, 24, 3, 2, (0, 0), 199, "tpp.conv2d"),      # its later layers
+    (8, 16, 5, 1, (2, 2), 97, "tpp.conv2d"),        # padded
+    (3, 7, 1, 1, (0, 0), 31, "tpp.dense"),          # pointwise
+])
+def test_conv1d_runs_on_a_tpp(c, oc, k, stride, pads, width, kernel) -> None:
+    w = (RNG.standard_normal((oc, c, k)) * 0.1).astype("float32")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride], pads=list(pads))
+    report = _check(_model(node, [1, c, width], w), [1, c, width])
+    assert kernel in report
+
+
+@pytest.mark.parametrize("groups,c,oc,x_shape,k", [
+    (16, 64, 64, [1, 64, 49], [8]),        # wav2vec2's positional conv, smaller
+    (3, 6, 9, [1, 6, 11, 13], [3, 3]),     # 2-D, prime group count
+    (2, 4, 6, [2, 4, 7, 5], [1, 1]),       # pointwise, batch 2
+])
+def test_grouped_convolutions_split_into_per_group_tpp_kernels(groups, c, oc, x_shape, k
+                                                                ) -> None:
+    w = (RNG.standard_normal((oc, c // groups, *k)) * 0.1).astype("float32")
+    pads = [kk // 2 for kk in k] * 2
+    node = helper.make_node("Conv", ["x", "w"], ["y"], group=groups, pads=pads)
+    report = _check(_model(node, x_shape, w), x_shape)
+    assert "tpp." in report and "runtime_weight" not in report
+
+
+@pytest.mark.parametrize("shape,perm", [([37, 53], [1, 0]), ([1, 144, 7, 17], [0, 2, 3, 1]),
+                                        ([2, 31, 16, 48], [0, 3, 1, 2]), ([5, 1], [1, 0])])
+def test_transposes_are_exact(shape, perm) -> None:
+    node = helper.make_node("Transpose", ["x"], ["y"], perm=perm)
+    _check(_model(node, shape), shape)
+
+
+def test_transpose_rule_tiles_the_strided_axis() -> None:
+    from tvm import te, tirx
+
+    from tpp_tvm.schedules.default import Transpose
+
+    x = te.placeholder((64, 48), name="x")
+    y = te.compute((48, 64), lambda i, j: x[j, i], name="y")
+    sch = Transpose().apply(te.create_prim_func([x, y]), tpp_tvm.target(num_cores=1), False)
+    assert sch is not None
+    kinds = [sch.get(lp).kind for lp in sch.get_loops(sch.get_sblock("y"))]
+    assert kinds[-1] == tirx.ForKind.VECTORIZED and kinds[0] == tirx.ForKind.PARALLEL, kinds
+    # An element-wise op is not a transpose.
+    z = te.compute((64, 48), lambda i, j: x[i, j] * 2, name="z")
+    assert Transpose().apply(te.create_prim_func([x, z]), tpp_tvm.target(), False) is None
