@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from tvm import s_tir, te, tirx
 
-from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from ..intrinsics.spec import equation_expr
 from .gemm import _try_tensorize
@@ -26,12 +25,14 @@ MAX_ROWS = 16
 
 
 def row_block(rows: int, width: int) -> int:
-    """Rows per block: a divisor of ``rows`` in [2, 16] keeping the block under ~24 KiB."""
-    limit = max(2, min(MAX_ROWS, (24 * 1024) // max(1, 4 * width)))
-    for mr in range(min(limit, rows), 1, -1):
+    """Rows per block: the largest divisor of ``rows`` up to 16 keeping the block under
+    ~24 KiB; one row (a one-row TPP per block) when ``rows`` is 1 or has no such divisor,
+    as ViT's 197 tokens or a 7x7 feature map's 49 pixels at a wide channel count."""
+    limit = max(1, min(MAX_ROWS, (24 * 1024) // max(1, 4 * width)))
+    for mr in range(min(limit, rows), 0, -1):
         if rows % mr == 0:
             return mr
-    raise UnsupportedShapeError(f"row-wise TPP kernel: {rows} rows have no block size in [2, 16]")
+    return 1
 
 
 def _tensorize_rows(sch: s_tir.Schedule, name: str, spec: TPPSpec, isa: str) -> None:

@@ -1,0 +1,318 @@
+"""Real architectures as a new user meets them: tpp_tvm against ONNX Runtime, OpenVINO (f32)
+and torch eager on models built from Hugging Face ``transformers`` configs.
+
+Each model is built from its config with random weights (``torch.manual_seed(0)``, nothing
+downloaded), exported with ``torch.onnx.export(opset_version=17, dynamo=False)`` and run by
+every runtime on the same random input. Layer counts of the deep models are cut (the
+``layers`` column) so the whole zoo compiles and runs on a 2-core machine in minutes; the
+per-layer work, widths and operators are the real architecture's.
+
+The parent compiles each model once with tpp_tvm (``compile_onnx``, exported to the cache
+folder); one worker process per thread count then loads every runtime for a model and
+times them interleaved (round-robin, median of the rounds), since thread pools are sized
+once per process. Correctness is the max abs error relative to max |ORT output|::
+
+    python benchmarks/zoo.py                         # all models, 1 and 2 threads
+    python benchmarks/zoo.py --models gpt2,vit --threads 1 --rounds 10
+
+Writes ``results/zoo.md`` and ``results/zoo.json`` (``--out`` for another folder), each
+naming the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_zoo"
+IMPLS = ("tpp_tvm", "onnxruntime", "openvino", "torch")
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    title: str
+    build: Callable[[], object]  # the torch module (random weights)
+    inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]
+    layers: str
+
+
+def _text(seq: int = 128, vocab: int = 1000):
+    def make(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {"input_ids": rng.integers(0, vocab, (1, seq)).astype("int64")}
+    return make
+
+
+def _image(size: int = 224):
+    def make(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {"pixel_values": rng.standard_normal((1, 3, size, size)).astype("float32")}
+    return make
+
+
+def _audio(samples: int = 16000):
+    def make(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {"input_values": rng.standard_normal((1, samples)).astype("float32")}
+    return make
+
+
+def _hf(config_name: str, model_name: str, **config) -> Callable[[], object]:
+    def build():
+        import torch
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_name)(**config)
+        cfg._attn_implementation = "eager"
+        return getattr(transformers, model_name)(cfg).eval()
+    return build
+
+
+MODELS: dict[str, ZooModel] = {m.name: m for m in [
+    ZooModel("bert", "BERT-base encoder", _hf("BertConfig", "BertModel", num_hidden_layers=4),
+             _text(), "4 of 12"),
+    ZooModel("distilbert", "DistilBERT", _hf("DistilBertConfig", "DistilBertModel", n_layers=4),
+             _text(), "4 of 6"),
+    ZooModel("gpt2", "GPT-2 (tanh-GELU)", _hf("GPT2Config", "GPT2Model", n_layer=4), _text(),
+             "4 of 12"),
+    ZooModel("llama", "Llama-style decoder (GQA 16/4, RMSNorm, SwiGLU, RoPE)",
+             _hf("LlamaConfig", "LlamaModel", hidden_size=1024, intermediate_size=2816,
+                 num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
+                 vocab_size=1000), _text(), "4"),
+    ZooModel("vit", "ViT-B/16", _hf("ViTConfig", "ViTModel", num_hidden_layers=4), _image(),
+             "4 of 12"),
+    ZooModel("swin", "Swin-T", _hf("SwinConfig", "SwinModel"), _image(), "all"),
+    ZooModel("convnext", "ConvNeXt-T (7x7 depthwise, channel LayerNorm)",
+             _hf("ConvNextConfig", "ConvNextModel"), _image(), "all"),
+    ZooModel("resnet50", "ResNet-50", _hf("ResNetConfig", "ResNetModel"), _image(), "all"),
+    ZooModel("mobilenet_v2", "MobileNetV2", _hf("MobileNetV2Config", "MobileNetV2Model"),
+             _image(), "all"),
+    ZooModel("efficientnet", "EfficientNet-B0", _hf("EfficientNetConfig", "EfficientNetModel"),
+             _image(), "all"),
+    ZooModel("regnet", "RegNetY-040 (grouped convs, squeeze-excite)",
+             _hf("RegNetConfig", "RegNetModel"), _image(), "all"),
+    ZooModel("wav2vec2", "wav2vec2 (1 s of 16 kHz audio)",
+             _hf("Wav2Vec2Config", "Wav2Vec2Model", num_hidden_layers=4), _audio(), "4 of 12"),
+]}
+
+
+class _FirstOutput:
+    """A torch module returning only its first output tensor (ONNX export, torch runs)."""
+
+    def __new__(cls, module):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = module
+
+            def forward(self, *args):
+                out = self.inner(*args)
+                return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+
+        return Wrapped().eval()
+
+
+def onnx_path(name: str) -> Path:
+    return CACHE / f"{name}.onnx"
+
+
+def export(model: ZooModel) -> Path:
+    """The model's ONNX file (exported once into the cache)."""
+    import torch
+
+    path = onnx_path(model.name)
+    if path.exists():
+        return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    feeds = model.inputs(np.random.default_rng(0))
+    module = _FirstOutput(model.build())
+    args = tuple(torch.from_numpy(v) for v in feeds.values())
+    with torch.no_grad():
+        torch.onnx.export(module, args, str(path), opset_version=17, dynamo=False,
+                          input_names=list(feeds), output_names=["out"])
+    return path
+
+
+def compile_all(names: list[str]) -> dict[str, dict]:
+    """Compile each model with tpp_tvm once (exported .so in the cache); per-model info."""
+    import tpp_tvm
+
+    info = {}
+    for name in names:
+        entry: dict = {"title": MODELS[name].title, "layers": MODELS[name].layers}
+        try:
+            path = export(MODELS[name])
+            t0 = time.perf_counter()
+            compiled = tpp_tvm.compile_onnx(str(path))
+            entry["compile_s"] = round(time.perf_counter() - t0, 1)
+            compiled.export(str(CACHE / f"{name}.so"))
+            report = compiled.report()
+            entry["fallbacks"] = sum(1 for line in report.splitlines()
+                                     if line.strip().startswith("fallback"))
+            entry["report"] = report
+        except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying why
+            entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        print(f"[zoo] {name}: {entry.get('error') or str(entry['compile_s']) + ' s'}",
+              file=sys.stderr, flush=True)
+        info[name] = entry
+    return info
+
+
+def _runners(name: str, threads: int) -> dict[str, Callable[[dict], np.ndarray]]:
+    import onnxruntime as ort
+    import openvino as ov
+    import torch
+
+    import tpp_tvm
+
+    path = str(onnx_path(name))
+    runners: dict[str, Callable[[dict], np.ndarray]] = {}
+    so = CACHE / f"{name}.so"
+    if so.exists():
+        compiled = tpp_tvm.load(str(so))
+        runners["tpp_tvm"] = lambda feeds: compiled(**feeds)[0]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    runners["onnxruntime"] = lambda feeds: sess.run(None, feeds)[0]
+    core = ov.Core()
+    ov_model = core.compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                "INFERENCE_NUM_THREADS": threads})
+    request = ov_model.create_infer_request()
+    runners["openvino"] = lambda feeds: np.array(request.infer(feeds)[0])
+    torch.set_num_threads(threads)
+    module = _FirstOutput(MODELS[name].build())
+
+    def run_torch(feeds):
+        with torch.no_grad():
+            return module(*[torch.from_numpy(v) for v in feeds.values()]).numpy()
+    runners["torch"] = run_torch
+    return runners
+
+
+def run_worker(names: list[str], threads: int, rounds: int) -> list[dict]:
+    rows = []
+    for name in names:
+        feeds = MODELS[name].inputs(np.random.default_rng(1))
+        try:
+            runners = _runners(name, threads)
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"model": name, "threads": threads, "error": str(exc)[:300]})
+            continue
+        outputs = {impl: run(feeds) for impl, run in runners.items()}  # warm-up
+        times: dict[str, list[float]] = {impl: [] for impl in runners}
+        for _ in range(rounds):
+            for impl, run in runners.items():
+                t0 = time.perf_counter()
+                run(feeds)
+                times[impl].append(time.perf_counter() - t0)
+        ref = outputs["onnxruntime"]
+        scale = float(np.abs(ref).max()) or 1.0
+        for impl in runners:
+            err = float(np.abs(outputs[impl].reshape(ref.shape) - ref).max()) / scale
+            rows.append({"model": name, "impl": impl, "threads": threads,
+                         "median_ms": 1e3 * float(np.median(times[impl])), "rel_err": err})
+        print(f"[zoo] {name} @{threads}: " + ", ".join(
+            f"{r['impl']} {r['median_ms']:.2f}" for r in rows if r["model"] == name
+            and r.get("threads") == threads and "impl" in r), file=sys.stderr, flush=True)
+    return rows
+
+
+def _geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str) -> str:
+    by = {(r["model"], r.get("impl"), r["threads"]): r for r in rows}
+    lines = [f"# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager",
+             "", f"CPU: {cpu}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+             f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
+             "Median ms of interleaved rounds; ratios are peer time / tpp_tvm time "
+             "(> 1: tpp_tvm faster); err is max |tpp_tvm - ORT| / max |ORT|.", ""]
+    for t in threads:
+        lines += [f"## {t} thread{'s' if t > 1 else ''}", "",
+                  "| model | layers | tpp_tvm | ORT | OpenVINO f32 | torch | ORT/tpp | "
+                  "OV/tpp | err | compile s | fallbacks |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        ort_ratios, ov_ratios = [], []
+        for name, entry in info.items():
+            cells = {impl: by.get((name, impl, t)) for impl in IMPLS}
+            ms = {impl: (c["median_ms"] if c else None) for impl, c in cells.items()}
+            tpp = ms["tpp_tvm"]
+            ratio_ort = ms["onnxruntime"] / tpp if tpp and ms["onnxruntime"] else None
+            ratio_ov = ms["openvino"] / tpp if tpp and ms["openvino"] else None
+            if ratio_ort:
+                ort_ratios.append(ratio_ort)
+            if ratio_ov:
+                ov_ratios.append(ratio_ov)
+            fmt = lambda v, d=2: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
+            err = cells["tpp_tvm"]["rel_err"] if cells["tpp_tvm"] else None
+            title = entry["title"] + (f" — **{entry['error']}**" if "error" in entry else "")
+            lines.append(f"| {title} | {entry['layers']} | {fmt(tpp)} | "
+                         f"{fmt(ms['onnxruntime'])} | {fmt(ms['openvino'])} | {fmt(ms['torch'])} "
+                         f"| {fmt(ratio_ort)} | {fmt(ratio_ov)} | "
+                         f"{'–' if err is None else f'{err:.1e}'} | "
+                         f"{entry.get('compile_s', '–')} | {entry.get('fallbacks', '–')} |")
+        g_ort, g_ov = _geomean(ort_ratios), _geomean(ov_ratios)
+        lines += ["", f"Geometric mean over the models that ran: ORT/tpp_tvm "
+                  f"{'–' if g_ort is None else f'{g_ort:.2f}'}, OpenVINO/tpp_tvm "
+                  f"{'–' if g_ov is None else f'{g_ov:.2f}'}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+    if args.worker:
+        print(json.dumps(run_worker(names, args.worker, args.rounds)))
+        return 0
+    threads = [int(t) for t in args.threads.split(",")]
+    info = compile_all(names)
+    ok = [n for n in names if "error" not in info[n]]
+    rows: list[dict] = []
+    for t in threads:
+        env = {**os.environ, "TVM_NUM_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
+        cmd = [sys.executable, __file__, "--models", ",".join(ok), "--rounds",
+               str(args.rounds), "--worker", str(t)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        sys.stderr.write(out.stderr[-4000:])
+        rows += json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
+    from tpp_tvm.target import host_isa
+
+    host = host_isa()
+    cpu = f"{host.model_name} ({host.summary()})"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zoo.json").write_text(json.dumps(
+        {"cpu": cpu, "rows": rows, "models": info}, indent=1))
+    (args.out / "zoo.md").write_text(render(rows, info, threads, cpu))
+    print((args.out / "zoo.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
