@@ -240,7 +240,7 @@ def _geomean(values: list[float]) -> float | None:
 
 def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str) -> str:
     by = {(r["model"], r.get("impl"), r["threads"]): r for r in rows}
-    lines = [f"# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager",
+    lines = ["# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager",
              "", f"CPU: {cpu}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
              "Median ms of interleaved rounds; ratios are peer time / tpp_tvm time "
