@@ -303,3 +303,25 @@ def test_missing_onnxruntime_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(ImportError, match="onnxruntime is needed"):
         ort_ref.run_onnxruntime(TINY["mlp"](), {})
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_window_padding_computed_with_mod_folds(fmod: int) -> None:
+    """Swin's window attention pads to a multiple of the window: pads = (-size) % window,
+    computed from static shapes. TVM's converter refused it ("Dynamic pads")."""
+    n = helper.make_node
+    size = "neg" if fmod == 0 else "shape"  # fmod=1 (C's fmod) on a positive size
+    nodes = [
+        n("Shape", ["x"], ["shape"], start=3, end=4),  # W = 10
+        n("Neg", ["shape"], ["neg"]),
+        n("Mod", [size, "window"], ["right"], fmod=fmod),
+        n("Concat", ["zeros", "right"], ["pads"], axis=0),
+        n("Pad", ["x", "pads"], ["y"]),
+    ]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 10])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [_i64("window", [7]), _i64("zeros", [0] * 7)])
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 10)).astype("float32")
+    got = _run_tvm(frontend.from_onnx(model), {"x": x})
+    right = (-10) % 7 if fmod == 0 else 10 % 7
+    np.testing.assert_array_equal(got, np.pad(x, [(0, 0)] * 3 + [(0, right)]))

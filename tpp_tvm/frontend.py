@@ -256,6 +256,9 @@ def _fold_node(
         return np.asarray(_ELEMENTWISE[op](*inputs))
     if op == "Identity":
         return x
+    if op == "Mod":  # window padding in Swin-style models: (-size) % window
+        mod = np.fmod if int(attrs.get("fmod", 0)) else np.mod
+        return np.asarray(mod(x, inputs[1])).astype(x.dtype)
     if op == "Cast":
         return x.astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
     if op == "ConstantOfShape":
@@ -301,6 +304,7 @@ _FOLDABLE = frozenset(
         "Transpose",
         "Expand",
         "Range",
+        "Mod",
         *_ELEMENTWISE,
     }
 )

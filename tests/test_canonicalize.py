@@ -1,0 +1,57 @@
+"""Decomposed activations that exporters emit, recognised as one op (``canonicalize.py``):
+GPT-2's tanh-GELU after a MatMul fuses into the GEMM epilogue, with ORT's result."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tpp_tvm
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _tanh_gelu_model(half_first: bool, coef: float = 0.044715):
+    rng = np.random.default_rng(3)
+    consts = {"w": (rng.standard_normal((64, 48)) * 0.2).astype("float32"),
+              "three": np.float32(3.0), "coef": np.float32(coef),
+              "scale": np.float32(math.sqrt(2 / math.pi)), "one": np.float32(1.0),
+              "half": np.float32(0.5)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Pow", ["h", "three"], ["cube"]),
+             helper.make_node("Mul", ["cube", "coef"], ["c3"]),
+             helper.make_node("Add", ["h", "c3"], ["inner"]),
+             helper.make_node("Mul", ["inner", "scale"], ["arg"]),
+             helper.make_node("Tanh", ["arg"], ["th"]),
+             helper.make_node("Add", ["th", "one"], ["cdf"])]
+    if half_first:  # torch: 0.5 * x * (1 + tanh(...))
+        nodes += [helper.make_node("Mul", ["h", "half"], ["hh"]),
+                  helper.make_node("Mul", ["hh", "cdf"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["h", "cdf"], ["hc"]),
+                  helper.make_node("Mul", ["hc", "half"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [37, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("half_first", [True, False])
+def test_tanh_gelu_fuses_into_the_gemm(half_first: bool) -> None:
+    model = _tanh_gelu_model(half_first)
+    x = np.random.default_rng(0).standard_normal((37, 64)).astype("float32")
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    np.testing.assert_allclose(compiled(x=x)[0], want, rtol=1e-4, atol=1e-4)
+    assert "gelu_tanh" in compiled.report()
+
+
+def test_other_constants_are_not_tanh_gelu() -> None:
+    compiled = tpp_tvm.compile_onnx(_tanh_gelu_model(True, coef=0.05),
+                                    target=tpp_tvm.target(num_cores=1))
+    assert "gelu_tanh" not in compiled.report()
