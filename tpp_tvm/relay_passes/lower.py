@@ -23,6 +23,7 @@ from ..errors import UnsupportedDTypeError
 from ..schedules.attention import AttentionShape, attention_schedule
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
+from ..schedules.depthwise import depthwise_conv_schedule
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule, numpy_dtype, pack_b_numpy
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
@@ -222,6 +223,27 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
 
 
+def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                     isa: str) -> relax.Expr:
+    """NHWC depthwise conv2d with its epilogue: channels as vector lanes, taps as FMAs."""
+    x, weight, call = matched["lhs"], matched["weight"], matched["root"]
+    w_rsc = weight.value.numpy()[:, :, 0, :]  # HWIO with I = 1
+    r, s, c = w_rsc.shape
+    shape = _conv_shape(x, call.attrs, c, r, s)
+    sch = depthwise_conv_schedule(shape, bias="bias" in matched,
+                                  activation=matched.get("activation"),
+                                  residual="residual" in matched,
+                                  post_activation=matched.get("post_activation"))
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    args = [x, relax.const(np.ascontiguousarray(w_rsc, dtype="float32"))]
+    if "bias" in matched:
+        args.append(relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32")))
+    if "residual" in matched:
+        args.append(matched["residual"])
+    return relax.call_tir(gv, args, relax.TensorType((shape.n, shape.oh, shape.ow, c),
+                                                     "float32"))
+
+
 def _conv_shape(x: relax.Expr, attrs, oc: int, r: int, s: int) -> ConvShape:
     n, h, w, c = _shape(x)
     pad = [int(p) for p in attrs.padding]
@@ -348,6 +370,7 @@ _LOWERINGS = {
     "tpp.attention": _lower_attention,
     "tpp.dense": _lower_dense,
     "tpp.conv2d": _lower_conv2d,
+    "tpp.depthwise_conv2d": _lower_depthwise,
     "tpp.bmm": _lower_bmm,
     "tpp.matmul": _lower_matmul,
     "tpp.col_sum": _lower_col_sum,

@@ -81,6 +81,24 @@ def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
     return _epilogue_check(a, int(a["weight"].ty.shape.values[str(attrs.kernel_layout).index("O")]))
 
 
+def _depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """An NHWC depthwise convolution (one HWIO filter per channel, multiplier 1, no
+    dilation, square stride, a window of 2 taps or more)."""
+    a = ctx.annotated_expr
+    attrs = a["root"].attrs
+    if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
+        return False
+    if str(attrs.kernel_layout) != "HWIO" or any(int(d) != 1 for d in attrs.dilation):
+        return False
+    if int(attrs.strides[0]) != int(attrs.strides[1]) or not _static_f32(a["lhs"]):
+        return False
+    c = int(a["lhs"].ty.shape.values[3])
+    r, s, i, o = (int(d) for d in a["weight"].ty.shape.values)
+    if int(attrs.groups) != c or (i, o) != (1, c) or r * s < 2:
+        return False
+    return _epilogue_check(a, c)
+
+
 def _epilogue_check(a: dict, n: int) -> bool:
     """Bias is a constant row of width n; the residual is fp32 shaped like the output."""
     if not (_static_f32(a["lhs"]) and _static_f32(a["weight"])):
@@ -111,6 +129,7 @@ def _dense_check(ctx: relax.transform.PatternCheckContext) -> bool:
 _ROOTS = {
     "tpp.dense": ("relax.matmul", _dense_check),
     "tpp.conv2d": ("relax.nn.conv2d", _conv_check),
+    "tpp.depthwise_conv2d": ("relax.nn.conv2d", _depthwise_check),
 }
 
 

@@ -1,0 +1,90 @@
+"""Depthwise convolution kernel against numpy (strides, padding, odd channel counts,
+epilogues) and through compile_onnx against ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+
+import tpp_tvm
+from tpp_tvm.schedules.conv import ConvShape
+from tpp_tvm.schedules.depthwise import depthwise_conv_schedule, pixel_block
+from tpp_tvm.tir_pipeline import compile_kernels
+
+
+def _reference(x, w, shape: ConvShape):
+    top, left, bottom, right = shape.pad
+    xp = np.pad(x, [(0, 0), (top, bottom), (left, right), (0, 0)])
+    st = shape.stride
+    out = np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float64")
+    for i in range(shape.r):
+        for j in range(shape.s):
+            out += xp[:, i:i + st * shape.oh:st, j:j + st * shape.ow:st, :] * w[i, j]
+    return out
+
+
+@pytest.mark.parametrize("shape", [
+    ConvShape(1, 14, 14, 32, 32, 3, 3, 1, (1, 1, 1, 1)),
+    ConvShape(2, 15, 13, 48, 48, 3, 3, 2, (1, 1, 1, 1)),   # stride 2, odd sizes, batch 2
+    ConvShape(1, 11, 11, 48, 48, 5, 5, 1, (2, 2, 2, 2)),
+    ConvShape(1, 9, 7, 16, 16, 7, 7, 1, (3, 3, 3, 3)),     # ConvNeXt's 7x7
+    ConvShape(1, 8, 8, 16, 16, 3, 3, 2, (0, 0, 1, 1)),     # asymmetric (TF "same") padding
+])
+@pytest.mark.parametrize("epilogue", ["none", "bias_relu", "bias_residual"])
+def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
+    rng = np.random.default_rng(shape.h * shape.c)
+    x = rng.standard_normal((shape.n, shape.h, shape.w, shape.c)).astype("float32")
+    w = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
+    bias = rng.standard_normal(shape.c).astype("float32")
+    res = rng.standard_normal((shape.n, shape.oh, shape.ow, shape.c)).astype("float32")
+    opts = {"none": {}, "bias_relu": {"bias": True, "activation": "relu"},
+            "bias_residual": {"bias": True, "residual": True}}[epilogue]
+    sch = depthwise_conv_schedule(shape, **opts)
+    lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
+    arrays = [x, w] + ([bias] if "bias" in opts else []) + ([res] if "residual" in opts else [])
+    out = tvm.runtime.tensor(np.zeros(res.shape, "float32"))
+    lib(*[tvm.runtime.tensor(a) for a in arrays], out)
+    want = _reference(x, w, shape)
+    if "bias" in opts:
+        want = want + bias
+    if opts.get("activation") == "relu":
+        want = np.maximum(want, 0)
+    if "residual" in opts:
+        want = want + res
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_channels_off_the_vector_width_are_refused_clearly() -> None:
+    from tpp_tvm.errors import UnsupportedShapeError
+
+    with pytest.raises(UnsupportedShapeError, match="19 channels"):
+        depthwise_conv_schedule(ConvShape(1, 8, 8, 19, 19, 3, 3, 1, (1, 1, 1, 1)))
+
+
+def test_pixel_block_divides_the_row() -> None:
+    assert pixel_block(56) == 8 and pixel_block(7) == 7 and pixel_block(13) == 1
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_onnx_depthwise_conv_with_bias_and_relu_runs_on_the_tpp_kernel(stride: int) -> None:
+    c = 24
+    rng = np.random.default_rng(stride)
+    w = rng.standard_normal((c, 1, 3, 3)).astype("float32")
+    b = rng.standard_normal(c).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"], group=c, pads=[1, 1, 1, 1],
+                              strides=[stride, stride]),
+             helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 17, 17])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ort = pytest.importorskip("onnxruntime")
+    x = rng.standard_normal((1, c, 17, 17)).astype("float32")
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    np.testing.assert_allclose(compiled(x=x)[0], want, rtol=1e-4, atol=1e-4)
+    assert "tpp.depthwise_conv2d_bias_relu" in compiled.report()
