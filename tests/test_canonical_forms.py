@@ -102,3 +102,29 @@ def test_transpose_rule_tiles_the_strided_axis() -> None:
     # An element-wise op is not a transpose.
     z = te.compute((64, 48), lambda i, j: x[i, j] * 2, name="z")
     assert Transpose().apply(te.create_prim_func([x, z]), tpp_tvm.target(), False) is None
+
+
+@pytest.mark.parametrize("lo,hi,fused", [(0.0, 6.0, True), (-1.0, 1.0, False)])
+def test_relu6_fuses_and_explicit_pads_fold_into_the_next_convolution(lo, hi, fused) -> None:
+    """MobileNet's block: conv -> Clip(0, 6) -> Pad (TF "same") -> depthwise conv. The clip
+    becomes the conv's ReLU6 epilogue and the pad the depthwise conv's own padding, so no
+    transpose or pad kernel sits between the layers; other clip bounds stay exact."""
+    c = 32
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((c, 8, 1, 1)) * 0.5).astype("float32")
+    w2 = rng.standard_normal((c, 1, 3, 3)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["b"]),
+             helper.make_node("Pad", ["b", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "w2"], ["y"], group=c, strides=[2, 2])]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(np.float32(lo), "lo"),
+             numpy_helper.from_array(np.float32(hi), "hi"),
+             numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 8, 15, 15])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = _check(model, [1, 8, 15, 15])
+    assert ("relu6" in report) == fused
+    assert "tpp.depthwise_conv2d" in report

@@ -41,6 +41,7 @@ def _gelu(x):
 UNARY = {
     "copy": lambda x: x,
     "relu": lambda x: np.maximum(x, 0),
+    "relu6": lambda x: np.clip(x, 0, 6),
     "gelu": _gelu,
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
     "tanh": np.tanh,

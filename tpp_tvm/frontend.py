@@ -561,10 +561,68 @@ def _conv_integer(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     return Conv._impl_v11(bb, [bb.normalize(x32), bb.normalize(w32), None], dict(attrs), {})
 
 
-#: Converters for ONNX ops TVM's importer lacks, by op type.
+def _scalar(expr: Any) -> float | None:
+
+    if isinstance(expr, tvm.ir.Constant) and expr.value.numpy().size == 1:
+        return float(expr.value.numpy().reshape(()))
+    return None
+
+
+def _clip(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """Clip with constant bounds as ``minimum(maximum(x, lo), hi)`` of scalar constants:
+    TVM's converter emits two ``call_tir`` kernels that no pattern or layout pass can see
+    through, so a ReLU6 after a convolution (MobileNet) could not fuse; ``R.clip`` itself
+    has no layout rule, so ConvertLayout would wrap each one in transposes. None: TVM's
+    converter does it."""
+    from tvm import relax
+
+    x = inputs[0]
+    bounds = []
+    for k, name, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+        given = inputs[k] if len(inputs) > k else None
+        value = _scalar(given) if given is not None else float(attrs.get(name, default))
+        if value is None:
+            return None
+        bounds.append(value)
+    if str(x.ty.dtype) != "float32":
+        return None
+    out = x
+    if bounds[0] > -np.inf:
+        out = bb.normalize(relax.op.maximum(out, relax.const(bounds[0], "float32")))
+    if bounds[1] < np.inf:
+        out = bb.normalize(relax.op.minimum(out, relax.const(bounds[1], "float32")))
+    return out
+
+
+def _pad(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """Constant-mode Pad with constant pads as ``R.nn.pad`` (TVM's converter emits a
+    ``call_tir``), so ``relay_passes/canonical_forms.py`` can fold it into the convolution
+    after it. None (TVM's converter) for other modes, computed or negative pads, axes."""
+    from tvm import relax
+
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode != "constant" or len(inputs) < 2 or (len(inputs) > 3 and inputs[3] is not None):
+        return None
+    pads = inputs[1]
+    if not isinstance(pads, tvm.ir.Constant):
+        return None
+    pads = [int(v) for v in pads.value.numpy().reshape(-1)]
+    value = _scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.0
+    rank = len(inputs[0].ty.shape.values)
+    if value is None or len(pads) != 2 * rank or min(pads) < 0:
+        return None
+    width = [v for i in range(rank) for v in (pads[i], pads[i + rank])]
+    return bb.normalize(relax.op.nn.pad(inputs[0], width, "constant", value))
+
+
+#: Converters for ONNX ops TVM's importer lacks or converts into opaque kernels, by op
+#: type; one returning None leaves the node to TVM's converter.
 _EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
     "QLinearMatMul": _qlinear_matmul,
     "ConvInteger": _conv_integer,
+    "Clip": _clip,
+    "Pad": _pad,
 }
 
 
@@ -584,7 +642,9 @@ def _importer_class() -> type:
         ) -> Any:
             try:
                 if op_name in _EXTRA_CONVERTERS:
-                    return _EXTRA_CONVERTERS[op_name](self.bb, inputs, attrs)
+                    out = _EXTRA_CONVERTERS[op_name](self.bb, inputs, attrs)
+                    if out is not None:
+                        return out
                 return super()._convert_operator(op_name, inputs, attrs, opset)
             except ModelLoadError:
                 raise

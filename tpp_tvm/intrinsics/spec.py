@@ -106,6 +106,8 @@ OPS: dict[str, OpDef] = {
     "zero": OpDef("zero", None, "Y = 0"),
     "copy": OpDef("unary", lambda x: x, "Y = X, converting to out_dtype when given"),
     "relu": OpDef("unary", lambda x: tirx.max(x, const(x, 0.0)), "Y = max(X, 0)"),
+    "relu6": OpDef("unary", lambda x: tirx.min(tirx.max(x, const(x, 0.0)), const(x, 6.0)),
+                   "Y = min(max(X, 0), 6)"),
     "gelu": OpDef("unary", _gelu, "Y = X/2 * (1 + erf(X/sqrt 2))"),
     "gelu_tanh": OpDef("unary", _gelu_tanh, "Y = X/2 * (1 + tanh(sqrt(2/pi)(X + 0.044715 X^3)))"),
     "tanh": OpDef("unary", tirx.tanh, "Y = tanh(X)"),

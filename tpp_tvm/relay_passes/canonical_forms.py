@@ -11,7 +11,10 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
 - a 1-D convolution is a 2-D one over a single-row image (``W`` kept as the row), so it
   lands on the BRGEMM convolution TPP;
 - a grouped convolution with more than one channel per group is ``groups`` ordinary
-  convolutions on channel slices, concatenated: one BRGEMM convolution per group.
+  convolutions on channel slices, concatenated: one BRGEMM convolution per group;
+- an explicit zero ``Pad`` of the spatial axes before a convolution (TF-style "same"
+  padding, MobileNet's) is the convolution's own padding: the pad no longer sits
+  between layers, where it kept the layout transposes around each convolution.
 
 Each rewrite keeps the graph's layouts and dtypes and is exact (no rounding changes).
 """
@@ -111,6 +114,27 @@ def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     return relax.op.squeeze(conv, [2])
 
 
+def _fold_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
+    """conv2d(pad(x, zeros on H, W)) -> conv2d(x, padding + pads) for NCHW data."""
+    attrs = call.attrs
+    if not isinstance(producer, relax.Call) or getattr(producer.op, "name", "") != \
+            "relax.nn.pad" or str(attrs.data_layout) != "NCHW":
+        return None
+    pattrs = producer.attrs
+    width = _ints(pattrs.pad_width)
+    if str(pattrs.pad_mode) != "constant" or float(pattrs.pad_value) != 0.0 \
+            or len(width) != 8 or any(width[:4]) or min(width) < 0:
+        return None
+    top, bottom, left, right = width[4:]
+    pad = _ints(attrs.padding)
+    pad = pad * 2 if len(pad) == 2 else pad
+    return relax.op.nn.conv2d(
+        producer.args[0], call.args[1], strides=attrs.strides,
+        padding=(pad[0] + top, pad[1] + left, pad[2] + bottom, pad[3] + right),
+        dilation=attrs.dilation, groups=int(attrs.groups), data_layout="NCHW",
+        kernel_layout=str(attrs.kernel_layout), out_dtype=_out_dtype(attrs))
+
+
 def _split_groups(call: relax.Call) -> relax.Expr | None:
     attrs = call.attrs
     groups = int(attrs.groups)
@@ -152,7 +176,12 @@ class _Canonicalize(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.builder_.normalize(super().visit_call_(call))
         op = getattr(call, "op", None)
-        rewrite = _REWRITES.get(getattr(op, "name", None))
+        name = getattr(op, "name", None)
+        if name == "relax.nn.conv2d" and isinstance(call.args[0], relax.Var):
+            folded = _fold_pad(call, self.lookup_binding(call.args[0]))
+            if folded is not None:
+                return self.visit_expr(folded)
+        rewrite = _REWRITES.get(name)
         if rewrite is None:
             return call
         new = rewrite(call)

@@ -23,7 +23,38 @@ ACTIVATIONS: dict[str, str] = {
     "relax.nn.gelu_tanh": "gelu_tanh",
     "relax.sigmoid": "sigmoid",
     "relax.tanh": "tanh",
+    # ReLU6 as the importer writes a Clip (frontend._clip): minimum(maximum(x, 0), 6),
+    # bounds checked by _activation_check.
+    "relu6": "relu6",
 }
+
+
+def _activation(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
+                ) -> DFPattern:
+    """The activation ``op`` applied to ``x``; ReLU6's bounds are annotated in ``ann`` as
+    ``<key>_lo``/``<key>_hi`` for :func:`_activation_check`."""
+    if op == "relu6":
+        lo, hi = is_const(), is_const()
+        if ann is not None:
+            ann[key + "_lo"], ann[key + "_hi"] = lo, hi
+        return is_op("relax.minimum")(is_op("relax.maximum")(x, lo), hi)
+    return is_op(op)(x)
+
+
+def _scalar_const(expr: relax.Expr) -> float | None:
+    value = getattr(expr, "value", None)
+    if isinstance(expr, tvm.ir.Constant) and value.numpy().size == 1:
+        return float(value.numpy().reshape(()))
+    return None
+
+
+def _activation_check(a: dict) -> bool:
+    """Every ReLU6 annotated as an activation clips at exactly [0, 6]."""
+    for key in ("act", "post_act"):
+        if key + "_lo" in a and [_scalar_const(a[key + "_lo"]),
+                                 _scalar_const(a[key + "_hi"])] != [0.0, 6.0]:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -101,7 +132,7 @@ def _depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 def _epilogue_check(a: dict, n: int) -> bool:
     """Bias is a constant row of width n; the residual is fp32 shaped like the output."""
-    if not (_static_f32(a["lhs"]) and _static_f32(a["weight"])):
+    if not (_static_f32(a["lhs"]) and _static_f32(a["weight"])) or not _activation_check(a):
         return False
     if "bias" in a:
         bias = a["bias"]
@@ -147,7 +178,7 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
         ann["bias"] = b
         name += "_bias"
     if activation:
-        out = is_op(activation)(out)
+        out = _activation(activation, out, ann)
         name += "_" + ACTIVATIONS[activation]
     if residual:
         r = wildcard()
@@ -155,7 +186,7 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
         ann["residual"] = r
         name += "_residual"
     if post_activation:
-        out = is_op(post_activation)(out)
+        out = _activation(post_activation, out, ann, "post_act")
         name += "_" + ACTIVATIONS[post_activation]
     ann["out"] = out
     return TPPPattern(name, out, ann, check, ACTIVATIONS.get(activation),
@@ -197,6 +228,8 @@ def _matmul_check(ctx: relax.transform.PatternCheckContext) -> bool:
     lhs, rhs = a["lhs"], a["rhs"]
     if not (_static_f32(lhs) and _static_f32(rhs)) or len(rhs.ty.shape.values) != 2:
         return False
+    if not _activation_check(a):
+        return False
     for key in ("lhs_t", "rhs_t"):
         if key in a:
             t = a[key]
@@ -232,7 +265,7 @@ def matmul_patterns() -> list[TPPPattern]:
                 out = is_op("relax.add")(out, bv)
                 name += "_bias"
             if activation:
-                out = is_op(activation)(out)
+                out = _activation(activation, out, ann)
                 name += "_" + ACTIVATIONS[activation]
             ann["out"] = out
             table.append(TPPPattern(name, out, ann, _matmul_check, ACTIVATIONS.get(activation)))
@@ -293,7 +326,7 @@ def _eltwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
     operand is the same shape (residual) or a row over the last axis (bias)."""
     a = ctx.annotated_expr
     x = a["lhs"]
-    if not _static_f32(x):
+    if not _static_f32(x) or not _activation_check(a):
         return False
     xs = [int(d) for d in x.ty.shape.values]
     if len(xs) < 2 or xs[-1] < 2 or int(np.prod(xs[:-1])) < 2:
@@ -323,7 +356,7 @@ def eltwise_patterns() -> list[TPPPattern]:
                 ann["operand"] = y
                 name += "_add"
             if activation:
-                out = is_op(activation)(out)
+                out = _activation(activation, out, ann)
                 name += "_" + ACTIVATIONS[activation]
             ann["root"] = out
             table.append(TPPPattern(name, out, ann, _eltwise_check, ACTIVATIONS.get(activation)))

@@ -297,7 +297,7 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
                                          residual=residual, post_activation="relu"))
         variants.append(_EpiloguePattern(added, pre_bias, residual=residual))
     variants += [_EpiloguePattern(is_op(op)(with_bias), bias, ACTIVATIONS[op])
-                 for op in ACTIVATIONS]
+                 for op in ACTIVATIONS if op != "relu6"]  # relu6: a two-op form, checked
     return [*variants, _EpiloguePattern(with_bias, bias), _EpiloguePattern(core)]
 
 
