@@ -325,3 +325,25 @@ def test_window_padding_computed_with_mod_folds(fmod: int) -> None:
     got = _run_tvm(frontend.from_onnx(model), {"x": x})
     right = (-10) % 7 if fmod == 0 else 10 % 7
     np.testing.assert_array_equal(got, np.pad(x, [(0, 0)] * 3 + [(0, right)]))
+
+
+@pytest.mark.parametrize("shape", [[1, 16, 197], [2, 8, 5, 7]])
+def test_instance_norm_imports_as_a_row_wise_layer_norm(shape) -> None:
+    """torch's GroupNorm export (wav2vec2): InstanceNormalization becomes a layer norm over
+    each (sample, channel) row plus a per-channel affine, same numbers as the spec."""
+    rng = np.random.default_rng(len(shape))
+    c = shape[1]
+    scale, bias = rng.standard_normal((2, c)).astype("float32")
+    model = _model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"],
+                                     epsilon=1e-5)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(bias, "b")])
+    mod = frontend.from_onnx(model)
+    assert "relax.nn.layer_norm" in _ops(mod)
+    x = rng.standard_normal(shape).astype("float32")
+    axes = tuple(range(2, len(shape)))
+    mean, var = x.mean(axes, keepdims=True), x.var(axes, keepdims=True)
+    per_channel = (1, c) + (1,) * (len(shape) - 2)
+    want = (x - mean) / np.sqrt(var + 1e-5) * scale.reshape(per_channel) + bias.reshape(per_channel)
+    np.testing.assert_allclose(_run_tvm(mod, {"x": x}), want, rtol=1e-4, atol=1e-4)
