@@ -76,7 +76,18 @@ def _hf(config_name: str, model_name: str, **config) -> Callable[[], object]:
         torch.manual_seed(0)
         cfg = getattr(transformers, config_name)(**config)
         cfg._attn_implementation = "eager"
-        return getattr(transformers, model_name)(cfg).eval()
+        model = getattr(transformers, model_name)(cfg).eval()
+        # Convolutions get He initialisation and batch norms unit scale: with the configs'
+        # initializer_range (std 0.02, batch-norm scales too) a deep CNN's activations
+        # vanish into denormal floats (EfficientNet-B0's output was all zeros, and every
+        # runtime ran 25x slower on denormal arithmetic).
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d)):
+                torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+            elif isinstance(module, torch.nn.BatchNorm2d):
+                torch.nn.init.ones_(module.weight)
+                torch.nn.init.zeros_(module.bias)
+        return model
     return build
 
 
@@ -101,7 +112,7 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
              _image(), "all"),
     ZooModel("efficientnet", "EfficientNet-B0", _hf("EfficientNetConfig", "EfficientNetModel",
                                                     width_coefficient=1.0, depth_coefficient=1.0,
-                                                    image_size=224),
+                                                    image_size=224, hidden_dim=1280),
              _image(), "all"),
     ZooModel("regnet", "RegNetY-040 (grouped convs, squeeze-excite)",
              _hf("RegNetConfig", "RegNetModel"), _image(), "all"),

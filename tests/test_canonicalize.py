@@ -55,3 +55,23 @@ def test_other_constants_are_not_tanh_gelu() -> None:
     compiled = tpp_tvm.compile_onnx(_tanh_gelu_model(True, coef=0.05),
                                     target=tpp_tvm.target(num_cores=1))
     assert "gelu_tanh" not in compiled.report()
+
+
+def test_silu_in_either_order_is_one_activation() -> None:
+    """EfficientNet's x * sigmoid(x) becomes R.nn.silu, fused into a GEMM epilogue."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((24, 40)) * 0.3).astype("float32")
+    for first in ("h", "s"):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+                 helper.make_node("Sigmoid", ["h"], ["s"]),
+                 helper.make_node("Mul", [first, "s" if first == "h" else "h"], ["y"])]
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [13, 24])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w, "w")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        x = rng.standard_normal((13, 24)).astype("float32")
+        compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+        h = x @ w
+        np.testing.assert_allclose(compiled(x=x)[0], h / (1 + np.exp(-h)), rtol=1e-4, atol=1e-5)
+        assert "silu" in compiled.report()

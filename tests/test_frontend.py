@@ -347,3 +347,25 @@ def test_instance_norm_imports_as_a_row_wise_layer_norm(shape) -> None:
     per_channel = (1, c) + (1,) * (len(shape) - 2)
     want = (x - mean) / np.sqrt(var + 1e-5) * scale.reshape(per_channel) + bias.reshape(per_channel)
     np.testing.assert_allclose(_run_tvm(mod, {"x": x}), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_same_auto_pad_becomes_explicit_pads(mode: str, stride: int) -> None:
+    """TVM's converter puts an opaque pad kernel in front of an ``auto_pad=SAME`` conv;
+    explicit pads keep it one convolution (EfficientNet's depthwise convs)."""
+    rng = np.random.default_rng(stride)
+    w = rng.standard_normal((4, 1, 3, 3)).astype("float32")
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=mode, group=4,
+                                     strides=[stride, stride])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 7])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(w, "w")])
+    cleaned = frontend.clean_model(model)
+    conv = cleaned.graph.node[0]
+    assert {a.name for a in conv.attribute} >= {"pads"} and "auto_pad" not in {
+        a.name for a in conv.attribute}
+    x = rng.standard_normal((1, 4, 8, 7)).astype("float32")
+    want = ort_ref.run_onnxruntime(model, {"x": x})[0]
+    np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), {"x": x}), want,
+                               rtol=1e-5, atol=1e-5)

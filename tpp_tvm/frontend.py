@@ -477,7 +477,48 @@ def clean_model(
     if folded:
         counts = {op: folded.count(op) for op in sorted(set(folded))}
         logger.debug("folded %d nodes: %s", len(folded), counts)
+    explicit_auto_pad(model.graph)
     return model
+
+
+def explicit_auto_pad(graph: onnx.GraphProto) -> int:
+    """Replace ``auto_pad="SAME_UPPER"/"SAME_LOWER"`` by explicit ``pads`` on convolutions
+    and poolings with static input shapes; the number of nodes changed.
+
+    TVM's converter emits a separate pad kernel (an opaque ``call_tir``) for ``SAME``
+    padding, in front of every such convolution (EfficientNet's depthwise convolutions),
+    where explicit pads are the convolution's own padding and run on its TPP kernel."""
+    shapes = _static_shapes(graph)
+    changed = 0
+    for node in graph.node:
+        if node.op_type not in ("Conv", "MaxPool", "AveragePool"):
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        mode = attrs.get("auto_pad")
+        if mode is None or mode.s not in (b"SAME_UPPER", b"SAME_LOWER"):
+            continue
+        shape = shapes.get(node.input[0])
+        kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else None
+        if kernel is None and node.op_type == "Conv":
+            weight = shapes.get(node.input[1])
+            kernel = list(weight[2:]) if weight is not None else None
+        if shape is None or kernel is None:
+            continue
+        spatial = list(shape[2:])
+        strides = list(attrs["strides"].ints) if "strides" in attrs else [1] * len(spatial)
+        dilations = list(attrs["dilations"].ints) if "dilations" in attrs else [1] * len(spatial)
+        begin, end = [], []
+        for size, k, st, d in zip(spatial, kernel, strides, dilations, strict=True):
+            out = -(-size // st)
+            total = max((out - 1) * st + (k - 1) * d + 1 - size, 0)
+            small, large = total // 2, total - total // 2
+            begin.append(small if mode.s == b"SAME_UPPER" else large)
+            end.append(large if mode.s == b"SAME_UPPER" else small)
+        keep = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend(keep + [helper.make_attribute("pads", begin + end)])
+        changed += 1
+    return changed
 
 
 # --------------------------------------------------------------------------------------------

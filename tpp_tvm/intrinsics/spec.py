@@ -112,6 +112,7 @@ OPS: dict[str, OpDef] = {
     "gelu_tanh": OpDef("unary", _gelu_tanh, "Y = X/2 * (1 + tanh(sqrt(2/pi)(X + 0.044715 X^3)))"),
     "tanh": OpDef("unary", tirx.tanh, "Y = tanh(X)"),
     "sigmoid": OpDef("unary", _sigmoid, "Y = 1 / (1 + exp(-X))"),
+    "silu": OpDef("unary", lambda x: x * _sigmoid(x), "Y = X / (1 + exp(-X)) (swish)"),
     "exp": OpDef("unary", tirx.exp, "Y = exp(X)"),
     "reciprocal": OpDef("unary", lambda x: const(x, 1.0) / x, "Y = 1 / X"),
     "sqrt": OpDef("unary", tirx.sqrt, "Y = sqrt(X)"),

@@ -291,6 +291,12 @@ def gelu_tanh(x: Expr) -> Expr:
     return _keep_nan(x, tirx.Select(x < const(x, 0.0), xc, x) * _sigmoid(u2))
 
 
+def silu(x: Expr) -> Expr:
+    """``x sigmoid(x)`` (swish), on the same SIMD sigmoid."""
+    _check_f32(x, "silu")
+    return x * sigmoid(x)
+
+
 def _relu_inv(dy: Expr, x: Expr) -> Expr:
     # The spec's Select needs both arms of one type: splat the zero.
     return tirx.Select(x > const(x, 0.0), dy, splat(dy, 0.0))
@@ -302,6 +308,7 @@ FAST: dict[str, Callable[..., Expr]] = {
     "exp": exp,
     "tanh": tanh,
     "sigmoid": sigmoid,
+    "silu": silu,
     "gelu": gelu,
     "gelu_tanh": gelu_tanh,
     "gelu_inv": gelu_inv,

@@ -77,10 +77,19 @@ def rewrite_tanh_gelu(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def rewrite_silu(func: relax.Function) -> relax.Function:
+    """``x * sigmoid(x)`` (either order) → ``R.nn.silu(x)``: EfficientNet's and the Llama
+    MLP's activation, one TPP in a convolution or GEMM epilogue instead of two kernels."""
+    x = wildcard()
+    sig = is_op("relax.sigmoid")(x)
+    pattern = is_op("relax.multiply")(x, sig) | is_op("relax.multiply")(sig, x)
+    return rewrite_call(pattern, lambda orig, m: relax.op.nn.silu(m[x]), func)
+
+
 @tvm.transform.module_pass(opt_level=0, name="tpp.CanonicalizeActivations")
 def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - pass name
     """Apply the activation rewrites to every Relax function of the module."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[gv] = rewrite_tanh_gelu(rewrite_erf_gelu(func))
+            mod[gv] = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(func)))
     return mod

@@ -22,6 +22,7 @@ ACTIVATIONS: dict[str, str] = {
     "relax.nn.gelu": "gelu",
     "relax.nn.gelu_tanh": "gelu_tanh",
     "relax.sigmoid": "sigmoid",
+    "relax.nn.silu": "silu",
     "relax.tanh": "tanh",
     # ReLU6 as the importer writes a Clip (frontend._clip): minimum(maximum(x, 0), 6),
     # bounds checked by _activation_check.
