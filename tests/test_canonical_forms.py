@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
@@ -128,3 +129,28 @@ def test_relu6_fuses_and_explicit_pads_fold_into_the_next_convolution(lo, hi, fu
     report = _check(model, [1, 8, 15, 15])
     assert ("relu6" in report) == fused
     assert "tpp.depthwise_conv2d" in report
+
+
+def test_broadcast_producers_are_computed_once_not_per_element() -> None:
+    """Squeeze-excite's scale: sigmoid of one value per channel times every pixel. The
+    Injective rule keeps the small sigmoid block apart instead of inlining its exp into the
+    pixel loop."""
+    from tvm import te, tirx
+
+    from tpp_tvm.schedules.default import Injective
+
+    x = te.placeholder((1, 14, 14, 64), name="x")
+    s = te.placeholder((1, 64), name="s")
+    gate = te.compute((1, 64), lambda n, c: tirx.sigmoid(s[n, c]), name="gate")
+    y = te.compute(x.shape, lambda n, h, w, c: x[n, h, w, c] * gate[n, c], name="y")
+    sch = Injective().apply(te.create_prim_func([x, s, y]), tpp_tvm.target(num_cores=1), False)
+    assert sch is not None
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert names == {"gate", "y"}
+    lib = tvm.compile(sch.mod, target=tpp_tvm.target(num_cores=1)).jit()
+    xs = RNG.standard_normal((1, 14, 14, 64)).astype("float32")
+    ss = RNG.standard_normal((1, 64)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    lib(tvm.runtime.tensor(xs), tvm.runtime.tensor(ss), out)
+    np.testing.assert_allclose(out.numpy(), xs / (1 + np.exp(-ss))[:, None, None, :],
+                               rtol=1e-5, atol=1e-6)
