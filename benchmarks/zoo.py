@@ -15,8 +15,9 @@ once per process. Correctness is the max abs error relative to max |ORT output|:
     python benchmarks/zoo.py                         # all models, 1 and 2 threads
     python benchmarks/zoo.py --models gpt2,vit --threads 1 --rounds 10
 
-Writes ``results/zoo.md`` and ``results/zoo.json`` (``--out`` for another folder), each
-naming the CPU it ran on.
+Writes ``results/<isa>-<cpu>/zoo.md`` and ``zoo.json`` (one folder per CPU model, named as
+``tune_logs/`` are, e.g. ``amx-emeraldrapids``; ``--out`` for another folder), each naming
+the CPU it ran on: a result measured on one CPU says nothing about another.
 """
 
 from __future__ import annotations
@@ -185,45 +186,55 @@ def compile_all(names: list[str]) -> dict[str, dict]:
     return info
 
 
-def _runners(name: str, threads: int) -> dict[str, Callable[[dict], np.ndarray]]:
+def _ort_session(path: str, threads: int):
     import onnxruntime as ort
-    import openvino as ov
-    import torch
 
-    import tpp_tvm
-
-    path = str(onnx_path(name))
-    runners: dict[str, Callable[[dict], np.ndarray]] = {}
-    so = CACHE / f"{name}.so"
-    if so.exists():
-        compiled = tpp_tvm.load(str(so))
-        runners["tpp_tvm"] = lambda feeds: compiled(**feeds)[0]
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    runners["onnxruntime"] = lambda feeds: sess.run(None, feeds)[0]
-    core = ov.Core()
-    ov_model = core.compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                "INFERENCE_NUM_THREADS": threads})
-    request = ov_model.create_infer_request()
-    runners["openvino"] = lambda feeds: np.array(request.infer(feeds)[0])
-    torch.set_num_threads(threads)
-    module = _FirstOutput(MODELS[name].build())
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
-    def run_torch(feeds):
-        with torch.no_grad():
-            return module(*[torch.from_numpy(v) for v in feeds.values()]).numpy()
-    runners["torch"] = run_torch
+
+def _runners(name: str, threads: int, impls: list[str]
+             ) -> dict[str, Callable[[dict], np.ndarray]]:
+    path = str(onnx_path(name))
+    runners: dict[str, Callable[[dict], np.ndarray]] = {}
+    so = CACHE / f"{name}.so"
+    if "tpp_tvm" in impls and so.exists():
+        import tpp_tvm
+
+        compiled = tpp_tvm.load(str(so))
+        runners["tpp_tvm"] = lambda feeds: compiled(**feeds)[0]
+    if "onnxruntime" in impls:
+        sess = _ort_session(path, threads)
+        runners["onnxruntime"] = lambda feeds: sess.run(None, feeds)[0]
+    if "openvino" in impls:
+        import openvino as ov
+
+        ov_model = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                         "INFERENCE_NUM_THREADS": threads})
+        request = ov_model.create_infer_request()
+        runners["openvino"] = lambda feeds: np.array(request.infer(feeds)[0])
+    if "torch" in impls:
+        import torch
+
+        torch.set_num_threads(threads)
+        module = _FirstOutput(MODELS[name].build())
+
+        def run_torch(feeds):
+            with torch.no_grad():
+                return module(*[torch.from_numpy(v) for v in feeds.values()]).numpy()
+        runners["torch"] = run_torch
     return runners
 
 
-def run_worker(names: list[str], threads: int, rounds: int) -> list[dict]:
+def run_worker(names: list[str], threads: int, rounds: int, impls: list[str]) -> list[dict]:
+    """Time ``impls`` on each model, interleaved round-robin in this process."""
     rows = []
     for name in names:
         feeds = MODELS[name].inputs(np.random.default_rng(1))
         try:
-            runners = _runners(name, threads)
+            runners = _runners(name, threads, impls)
         except Exception as exc:  # noqa: BLE001
             rows.append({"model": name, "threads": threads, "error": str(exc)[:300]})
             continue
@@ -234,7 +245,8 @@ def run_worker(names: list[str], threads: int, rounds: int) -> list[dict]:
                 t0 = time.perf_counter()
                 run(feeds)
                 times[impl].append(time.perf_counter() - t0)
-        ref = outputs["onnxruntime"]
+        ref = (outputs["onnxruntime"] if "onnxruntime" in outputs
+               else _ort_session(str(onnx_path(name)), 1).run(None, feeds)[0])
         scale = float(np.abs(ref).max()) or 1.0
         for impl in runners:
             err = float(np.abs(outputs[impl].reshape(ref.shape) - ref).max()) / scale
@@ -256,7 +268,8 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
     lines = ["# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager",
              "", f"CPU: {cpu}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
-             "Median ms of interleaved rounds; ratios are peer time / tpp_tvm time "
+             "Median ms of the rounds (1 thread: all runtimes interleaved in one process; "
+             "more: one process per runtime); ratios are peer time / tpp_tvm time "
              "(> 1: tpp_tvm faster); err is max |tpp_tvm - ORT| / max |ORT|.", ""]
     for t in threads:
         lines += [f"## {t} thread{'s' if t > 1 else ''}", "",
@@ -294,15 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="results folder (default: results/<cpu>)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--impls", default=",".join(IMPLS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
     if args.worker:
-        print(json.dumps(run_worker(names, args.worker, args.rounds)))
+        print(json.dumps(run_worker(names, args.worker, args.rounds, args.impls.split(","))))
         return 0
     threads = [int(t) for t in args.threads.split(",")]
     info = compile_all(names)
@@ -310,15 +324,26 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for t in threads:
         env = {**os.environ, "TVM_NUM_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
-        cmd = [sys.executable, __file__, "--models", ",".join(ok), "--rounds",
-               str(args.rounds), "--worker", str(t)]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        sys.stderr.write(out.stderr[-4000:])
-        rows += json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
+        # One thread: every runtime in one process, rounds interleaved. More: one process
+        # per runtime, since idle worker threads of one runtime (TVM's and OpenMP's spin
+        # after each call) took cores from the next one in the same process (ORT ran BERT
+        # slower at 2 threads than at 1 that way).
+        groups = [list(IMPLS)] if t == 1 else [[impl] for impl in IMPLS]
+        for impls in groups:
+            cmd = [sys.executable, __file__, "--models", ",".join(ok), "--rounds",
+                   str(args.rounds), "--worker", str(t), "--impls", ",".join(impls)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            sys.stderr.write(out.stderr[-4000:])
+            if out.returncode == 0:
+                rows += json.loads(out.stdout.strip().splitlines()[-1])
+    import tpp_tvm
     from tpp_tvm.target import host_isa
+    from tpp_tvm.tuning import target_tag
 
     host = host_isa()
-    cpu = f"{host.model_name} ({host.summary()})"
+    tag = target_tag(tpp_tvm.target())
+    cpu = f"{host.model_name}, LLVM `{tag}` ({host.summary()})"
+    args.out = args.out or RESULTS / tag
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "zoo.json").write_text(json.dumps(
         {"cpu": cpu, "rows": rows, "models": info}, indent=1))
