@@ -57,3 +57,36 @@ def test_attention_tiles_are_tpps():
 def test_attention_needs_a_row_block():
     with pytest.raises(UnsupportedShapeError, match="query rows"):
         attention_schedule(AttentionShape(1, 13, 8, 8, 1, 1.0, False), "avx512")
+
+
+def test_prime_query_counts_run_padded_through_the_fused_kernel():
+    """ViT's 197 tokens have no row block: the queries are padded with zero rows to the next
+    multiple of 8 and the padded rows' outputs dropped (compile_onnx against ORT)."""
+    from onnx import TensorProto, helper
+
+    import tpp_tvm
+
+    pytest.importorskip("onnxruntime")
+    from tpp_tvm.onnxruntime_ref import run_onnxruntime
+    from tpp_tvm.schedules.attention import padded_query_rows
+
+    assert padded_query_rows(197) == 200 and padded_query_rows(64) == 64
+    heads, seq, dim = 2, 13, 16
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "c"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    shape = [1, heads, seq, dim]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, f, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", f, None)],
+        [helper.make_tensor("c", f, [], [0.25])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(13)
+    feeds = {n: rng.standard_normal(shape).astype("float32") for n in "qkv"}
+    compiled = tpp_tvm.compile_onnx(model, target=target(num_cores=1))
+    np.testing.assert_allclose(compiled(**feeds)[0], run_onnxruntime(model, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+    assert "tpp.attention" in compiled.report()

@@ -20,7 +20,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
-from ..schedules.attention import AttentionShape, attention_schedule
+from ..schedules.attention import AttentionShape, attention_schedule, padded_query_rows
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
@@ -299,20 +299,24 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     bh = int(np.prod(qs[:-2]))
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if name.endswith("_mulscale") else 1.0 / c
-    args = [bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1]))),
-            bb.emit(relax.op.reshape(kt, (bh, ks[-2], ks[-1])))]
+    rows = padded_query_rows(qs[-2])
+    q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
+    if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
+        q3 = bb.emit(relax.op.nn.pad(q3, [0, 0, 0, rows - qs[-2], 0, 0]))
+    args = [q3, bb.emit(relax.op.reshape(kt, (bh, ks[-2], ks[-1])))]
     heads = bh
     if "mask" in matched:
         mask = matched["mask"]
         ms = _shape(mask)
-        rows = ms[0]
-        heads = bh // rows
-        args.append(bb.emit(relax.op.reshape(mask, (rows, ms[-1]))))
+        heads = bh // ms[0]
+        args.append(bb.emit(relax.op.reshape(mask, (ms[0], ms[-1]))))
     args.append(bb.emit(relax.op.reshape(v, (bh, ks[-1], qs[-1]))))
-    shape = AttentionShape(bh, qs[-2], ks[-1], qs[-1], heads, scale, "mask" in matched)
+    shape = AttentionShape(bh, rows, ks[-1], qs[-1], heads, scale, "mask" in matched)
     sch = attention_schedule(shape, isa)
     gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
-    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, qs[-2], qs[-1]), "float32")))
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))
+    if rows != qs[-2]:
+        out = bb.emit(relax.op.strided_slice(out, axes=[1], begin=[0], end=[qs[-2]]))
     return relax.op.reshape(out, qs)
 
 

@@ -42,6 +42,14 @@ def _row_block(rows: int) -> int:
     raise UnsupportedShapeError(f"attention: {rows} query rows have no block size in [2, 8]")
 
 
+def padded_query_rows(rows: int) -> int:
+    """Query rows the kernel runs on: ``rows`` when a block size divides it, else the next
+    multiple of 8 (ViT's 197 tokens run as 200; the zero rows' outputs are dropped)."""
+    if any(rows % mr == 0 for mr in range(2, min(8, rows) + 1)):
+        return rows
+    return -(-rows // 8) * 8
+
+
 def _col_block(cols: int) -> int:
     """Column block of both GEMMs: 32 (2 vectors) when it divides, else the whole width."""
     for nr in (32, 16):
