@@ -17,7 +17,7 @@ worker process per (implementation, thread count) and merges their JSON::
     python benchmarks/gemm.py --quick --impls tpp_tvm,tpp_tvm_bf16,torch_bf16,tpp_tvm_int8
     python benchmarks/gemm.py --worker --impl torch --threads 2 --shapes 512x512x512
 
-Writes ``benchmarks/results/gemm.json`` (a list of rows) and ``gemm.md`` (a table).
+Writes ``benchmarks/results/<cpu>/gemm.json`` (a list of rows) and ``gemm.md`` (a table).
 """
 
 from __future__ import annotations
@@ -678,10 +678,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impls",
                         help=f"comma-separated subset of {','.join(IMPLS + LOWP_IMPLS)}")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats")
-    parser.add_argument("--out", default=str(RESULTS), help="folder for gemm.json/gemm.md")
+    parser.add_argument("--out", help="folder for gemm.json/gemm.md (default: results/<cpu>)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS + LOWP_IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.out is None and not getattr(args, "worker", None):
+        from harness import results_dir
+
+        args.out = str(results_dir())
     if args.impls and not set(args.impls.split(",")) <= set(IMPLS + LOWP_IMPLS):
         parser.error(f"--impls must be a subset of {','.join(IMPLS + LOWP_IMPLS)}")
     if not args.worker:

@@ -750,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="BERT 2 layers, a smaller ResNet, shorter timing")
     parser.add_argument("--tiny", action="store_true",
                         help="tiny models (implies --quick): checks the harness end to end")
-    parser.add_argument("--out", default=str(RESULTS), help="folder for models.json/models.md")
+    parser.add_argument("--out", help="folder for models.json/models.md (default: results/<cpu>)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE,
                         help="where generated ONNX models and references are kept")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -758,6 +758,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("full", "quick", "tiny"), help=argparse.SUPPRESS)
     parser.add_argument("--refs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.out is None and not getattr(args, "worker", None):
+        from harness import results_dir
+
+        args.out = str(results_dir())
     if args.impls and not set(args.impls.split(",")) <= set(IMPLS + LOWP_IMPLS):
         parser.error(f"--impls must be a subset of {','.join(IMPLS + LOWP_IMPLS)}")
     if not set(args.models.split(",")) <= set(MODELS):

@@ -227,10 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
     parser.add_argument("--quick", action="store_true", help="small models, short timing")
-    parser.add_argument("--out", default=str(gemm.RESULTS), help="folder for training.md/json")
+    parser.add_argument("--out", help="folder for training.md/json (default: results/<cpu>)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.out is None and not getattr(args, "worker", None):
+        from harness import results_dir
+
+        args.out = str(results_dir())
     if args.worker:
         print(json.dumps(run_worker(args.impl, int(args.threads), args.quick)))
         return 0

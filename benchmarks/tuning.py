@@ -12,7 +12,7 @@ hand" is what a build with the log does (per subgraph the faster of the two).
     python benchmarks/tuning.py --workloads gemm --trials 16,64,256 --tvm-trials 16,64,512
     python benchmarks/tuning.py --retime /tmp/tpp_tuning_bench_XXXX   # time its logs again
 
-Writes ``benchmarks/results/tuning.{json,md}`` and ``tuning.png`` (speed against trials).
+Writes ``benchmarks/results/<cpu>/tuning.{json,md}`` and ``tuning.png`` (speed against trials).
 """
 
 from __future__ import annotations
@@ -278,10 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="a 256^3 GEMM, 8/16 trials")
     parser.add_argument("--verbose", action="store_true", help="tuning progress lines")
-    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--out", help="results folder (default: results/<cpu>)")
     parser.add_argument("--retime", metavar="DIR",
                         help="re-time the logs a previous run left in DIR (no tuning)")
     args = parser.parse_args(argv)
+    if args.out is None and not getattr(args, "worker", None):
+        from harness import results_dir
+
+        args.out = str(results_dir())
     if args.quick:
         args.workloads, args.trials, args.tvm_trials = "gemm", "8", "8,16"
     args.workloads = args.workloads.split(",")

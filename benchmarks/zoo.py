@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_zoo"
 IMPLS = ("tpp_tvm", "onnxruntime", "openvino", "torch")
 
@@ -336,14 +335,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(out.stderr[-4000:])
             if out.returncode == 0:
                 rows += json.loads(out.stdout.strip().splitlines()[-1])
-    import tpp_tvm
+    from harness import results_dir
+
     from tpp_tvm.target import host_isa
-    from tpp_tvm.tuning import target_tag
 
     host = host_isa()
-    tag = target_tag(tpp_tvm.target())
-    cpu = f"{host.model_name}, LLVM `{tag}` ({host.summary()})"
-    args.out = args.out or RESULTS / tag
+    args.out = args.out or results_dir()
+    cpu = f"{host.model_name}, LLVM `{args.out.name}` ({host.summary()})"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "zoo.json").write_text(json.dumps(
         {"cpu": cpu, "rows": rows, "models": info}, indent=1))
