@@ -369,3 +369,31 @@ def test_same_auto_pad_becomes_explicit_pads(mode: str, stride: int) -> None:
     want = ort_ref.run_onnxruntime(model, {"x": x})[0]
     np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), {"x": x}), want,
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,inputs", [("Max", 2), ("Min", 2), ("Sum", 3), ("Mean", 3),
+                                       ("Sum", 1)])
+def test_variadic_elementwise_after_a_conv_builds(op: str, inputs: int) -> None:
+    """Max/Min/Sum/Mean of several inputs next to a convolution (model-zoo residual adds as
+    ``Sum``): TVM's converter stacked them into a rank-5 tensor and the layout conversion
+    died with ``Invalid SLayout``; as binary ops they follow the convolution's NHWC. One
+    operand broadcasts (1, C, 1, 1)."""
+    import tpp_tvm
+
+    rng = np.random.default_rng(inputs)
+    w = rng.standard_normal((4, 3, 3, 3)).astype("float32")
+    others = [f"y{i}" for i in range(inputs - 1)]
+    shapes = {name: [1, 4, 8, 8] if i % 2 == 0 else [1, 4, 1, 1] for i, name in enumerate(others)}
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                    helper.make_node(op, ["c", *others], ["o"]),
+                    helper.make_node("Relu", ["o"], ["z"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])]
+                   + [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                      for n, s in shapes.items()],
+                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(w, "w")])
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype("float32")}
+    feeds.update({n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()})
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    np.testing.assert_allclose(compiled(**feeds)[0], ort_ref.run_onnxruntime(model, feeds)[0],
+                               rtol=1e-5, atol=1e-5)

@@ -682,6 +682,29 @@ def _instance_norm(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
                                      relax.const(bias.value.numpy().reshape(per_channel))))
 
 
+def _variadic(binary: str, mean: bool = False) -> Callable[..., Any]:
+    """Max/Min/Sum/Mean of N inputs as a chain of broadcasting binary ops. TVM's converter
+    stacks the inputs into one tensor of rank + 1 and reduces it; ConvertLayout cannot map
+    that rank onto NHWC and aborted the build (``Invalid SLayout``) whenever a convolution
+    fed one (model-zoo residual adds written as ``Sum``)."""
+
+    def convert(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+        from tvm import relax
+
+        args = [x for x in inputs if x is not None]
+        if not args:
+            return None
+        out = args[0]
+        for x in args[1:]:
+            out = bb.normalize(getattr(relax.op, binary)(out, x))
+        if mean and len(args) > 1:
+            dtype = str(out.ty.dtype)
+            out = bb.normalize(relax.op.divide(out, relax.const(len(args), dtype)))
+        return out
+
+    return convert
+
+
 #: Converters for ONNX ops TVM's importer lacks or converts into opaque kernels, by op
 #: type; one returning None leaves the node to TVM's converter.
 _EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
@@ -690,6 +713,10 @@ _EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
     "Clip": _clip,
     "Pad": _pad,
     "InstanceNormalization": _instance_norm,
+    "Max": _variadic("maximum"),
+    "Min": _variadic("minimum"),
+    "Sum": _variadic("add"),
+    "Mean": _variadic("add", mean=True),
 }
 
 
