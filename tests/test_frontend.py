@@ -397,3 +397,25 @@ def test_variadic_elementwise_after_a_conv_builds(op: str, inputs: int) -> None:
     compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
     np.testing.assert_allclose(compiled(**feeds)[0], ort_ref.run_onnxruntime(model, feeds)[0],
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset,outputs", [(9, 2), (9, 1), (13, 1)])
+def test_inference_dropout_after_a_conv_builds(opset: int, outputs: int) -> None:
+    """Old model-zoo graphs keep Dropout in inference; TVM's tuple (output, mask) made the
+    layout conversion fail ("Expected nested to match tuple"). It is the identity."""
+    import tpp_tvm
+
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype("float32")
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                    helper.make_node("Dropout", ["c"], ["d", "mask"][:outputs]),
+                    helper.make_node("Relu", ["d"], ["z"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(w, "w")])
+    model.opset_import[0].version = opset
+    assert frontend.inference_dropout_as_identity(frontend.clean_model(model).graph) == 0
+    assert "Dropout" not in [n.op_type for n in frontend.clean_model(model).graph.node]
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    np.testing.assert_allclose(compiled(x=x)[0], ort_ref.run_onnxruntime(model, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)

@@ -478,7 +478,36 @@ def clean_model(
         counts = {op: folded.count(op) for op in sorted(set(folded))}
         logger.debug("folded %d nodes: %s", len(folded), counts)
     explicit_auto_pad(model.graph)
+    inference_dropout_as_identity(model.graph)
     return model
+
+
+def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
+    """Replace inference-mode ``Dropout`` nodes whose mask nobody reads by ``Identity``;
+    the number replaced.
+
+    Old exports (opset 9 model-zoo CNNs) leave Dropout in the inference graph; TVM converts
+    it into a tuple (output, mask) that its ConvertLayout rejects with an ``InternalError``
+    ("Expected nested to match tuple"). In inference Dropout is the identity."""
+    used = {name for node in graph.node for name in node.input}
+    used |= {out.name for out in graph.output}
+    consts = {t.name for t in graph.initializer}
+    replaced = 0
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.output) > 1 and node.output[1] and node.output[1] in used:
+            continue
+        training = node.input[2] if len(node.input) > 2 else ""
+        if training and training not in consts:
+            continue  # a training_mode computed at run time: leave it to TVM
+        if training and numpy_helper.to_array(
+                next(t for t in graph.initializer if t.name == training)).any():
+            continue
+        graph.node[i].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]],
+                                                name=node.name))
+        replaced += 1
+    return replaced
 
 
 def explicit_auto_pad(graph: onnx.GraphProto) -> int:
