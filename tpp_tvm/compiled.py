@@ -117,6 +117,11 @@ class CompiledModel:
         falls = self._report.get("fallbacks", {})
         lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
         lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
+        rest = self._report.get("default_scheduled", [])
+        if rest:
+            lines.append(f"On TVM's fused ops with default schedules (no TPP): {len(rest)}")
+            shown = rest if len(rest) <= 12 else rest[:12] + [f"... {len(rest) - 12} more"]
+            lines += [f"  {name}" for name in shown]
         rewrites = self._report.get("rewrites", {})
         if rewrites:
             lines.append("Graph rewrites:")
@@ -174,6 +179,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
         data["precision"] = report.precision
     if report.rewrites:
         data["rewrites"] = dict(report.rewrites)
+    data["default_scheduled"] = sorted(report.default_scheduled)
     return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt))
 
 

@@ -59,6 +59,9 @@ class LoweringReport:
     precision: str = "float32"
     rewrites: Counter = field(default_factory=Counter)
     """Graph rewrites that change no kernel count but the user should know about."""
+    default_scheduled: list = field(default_factory=list)
+    """Functions no TPP kernel took: TVM's fused ops on the default (parallel, vectorized)
+    schedules of ``schedules/default.py``, by name."""
 
     def summary(self) -> str:
         lines = [f"  {k}: {v}" for k, v in sorted(self.lowered.items())]

@@ -18,6 +18,7 @@ Step 2 runs only for targets whose keys include ``"tpp"``; other targets get ste
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import tvm
@@ -119,8 +120,30 @@ def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
     else:
         passes = simplify_passes()
     passes += library_dispatch_passes(target) + legalize_passes(target)
-    passes.append(default_schedule_pass())
+    passes += [_record_default_scheduled(report), default_schedule_pass()]
     return passes
+
+
+#: Ops that only re-index memory: kernels made of nothing else are not worth listing.
+_VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def _record_default_scheduled(report: LoweringReport) -> tvm.transform.Pass:
+    """Name in ``report`` the kernels left for the default schedules (not TPP-scheduled),
+    leaving out pure reshapes."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.RecordDefaultScheduled")
+    def _record(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tvm.tirx.PrimFunc) or (
+                    func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
+                continue
+            ops = {re.sub(r"\d+$", "", t) for t in gv.name_hint.split("_")} - {"fused"}
+            if not ops <= _VIEW_OPS:
+                report.default_scheduled.append(gv.name_hint)
+        return mod
+
+    return _record
 
 
 def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32",
