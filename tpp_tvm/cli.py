@@ -298,7 +298,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # demo
 
 
-def _demo_models(full: bool) -> list[tuple[str, Callable[[], onnx.ModelProto]]]:
+def demo_models(full: bool) -> list[tuple[str, Callable[[], onnx.ModelProto]]]:
     """(label, generator) of the demo's BERT encoder and ResNet, small unless ``full``."""
     from tpp_tvm import models
 
@@ -338,7 +338,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     compare = _have_onnxruntime()
     if not compare:
         print("onnxruntime is not installed: no comparison (pip install onnxruntime)")
-    for label, generate in _demo_models(args.full):
+    for label, generate in demo_models(args.full):
         try:
             model = generate()
         except ImportError as exc:

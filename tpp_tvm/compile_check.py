@@ -84,7 +84,7 @@ def _schedule_items() -> Iterator[Item]:
         def build(tgt: tvm.target.Target) -> None:
             isa = isa_of(tgt)
             if gemm.runs_on_tiles(isa, dtype, **options):
-                sch, _ = gemm._amx_schedule(37, 100, 64, dtype, tgt)
+                sch, _ = gemm.amx_gemm_schedule(37, 100, 64, dtype, tgt)
             else:
                 sch, _ = gemm.gemm_schedule(37, 100, 64, isa, dtype=dtype, **options)
             _compile_tir(sch.mod, tgt)
@@ -118,9 +118,9 @@ def _schedule_items() -> Iterator[Item]:
 
 
 def _model_items() -> Iterator[Item]:
-    from tpp_tvm.cli import _demo_models
+    from tpp_tvm.cli import demo_models
 
-    for label, generate in _demo_models(full=False):
+    for label, generate in demo_models(full=False):
         def build(tgt: tvm.target.Target, generate=generate) -> None:
             from tpp_tvm.compiled import compile_onnx
 

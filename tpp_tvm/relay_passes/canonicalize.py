@@ -14,11 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-
-def _const_value(expr: relax.Expr) -> float | None:
-    if isinstance(expr, tvm.ir.Constant) and expr.value.numpy().size == 1:
-        return float(expr.value.numpy().reshape(()))
-    return None
+from .exprs import scalar_value
 
 
 def _erf_gelu_pattern():
@@ -37,7 +33,7 @@ def rewrite_erf_gelu(func: relax.Function) -> relax.Function:
     pattern, x, c_div, c_one, c_half = _erf_gelu_pattern()
 
     def rewriter(orig, m):
-        vals = [_const_value(m[c]) for c in (c_div, c_one, c_half)]
+        vals = [scalar_value(m[c]) for c in (c_div, c_one, c_half)]
         if None in vals:
             return orig
         div, one, half = vals
@@ -69,7 +65,7 @@ def rewrite_tanh_gelu(func: relax.Function) -> relax.Function:
     want = (3.0, 0.044715, math.sqrt(2.0 / math.pi), 1.0, 0.5)
 
     def rewriter(orig, m):
-        vals = [_const_value(m[c]) for c in consts]
+        vals = [scalar_value(m[c]) for c in consts]
         if None in vals or any(abs(v - w) > 1e-5 * max(1.0, abs(w)) for v, w in zip(vals, want)):
             return orig
         return relax.op.nn.gelu_tanh(m[x])

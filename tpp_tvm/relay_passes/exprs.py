@@ -30,6 +30,12 @@ def const_value(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
 
 
+def scalar_value(expr: relax.Expr) -> float | None:
+    """The value of a one-element constant; None for anything else."""
+    value = const_value(expr)
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
 def bindings(func: relax.Function) -> dict[relax.Var, relax.Expr]:
     """Each variable of ``func``'s body and the value bound to it."""
     if not isinstance(func.body, relax.SeqExpr):

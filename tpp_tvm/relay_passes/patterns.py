@@ -16,6 +16,8 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from .exprs import scalar_value
+
 #: Relax activation op -> unary TPP op it lowers onto.
 ACTIVATIONS: dict[str, str] = {
     "relax.nn.relu": "relu",
@@ -42,18 +44,11 @@ def _activation(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
     return is_op(op)(x)
 
 
-def _scalar_const(expr: relax.Expr) -> float | None:
-    value = getattr(expr, "value", None)
-    if isinstance(expr, tvm.ir.Constant) and value.numpy().size == 1:
-        return float(value.numpy().reshape(()))
-    return None
-
-
 def _activation_check(a: dict) -> bool:
     """Every ReLU6 annotated as an activation clips at exactly [0, 6]."""
     for key in ("act", "post_act"):
-        if key + "_lo" in a and [_scalar_const(a[key + "_lo"]),
-                                 _scalar_const(a[key + "_hi"])] != [0.0, 6.0]:
+        if key + "_lo" in a and [scalar_value(a[key + "_lo"]),
+                                 scalar_value(a[key + "_hi"])] != [0.0, 6.0]:
             return False
     return True
 

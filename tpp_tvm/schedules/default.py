@@ -76,6 +76,18 @@ def _written_elements(sch: s_tir.Schedule, block) -> int | None:
     return total
 
 
+def _injective_blocks(rule: CPUScheduleRule, func: tirx.PrimFunc, target: Target):
+    """(schedule, block infos) of a PrimFunc made only of injective blocks, else (None,
+    None): what the Injective and Transpose rules both start from."""
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None, None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None or not all(info.is_injective() for info in infos):
+        return None, None
+    return sch, infos
+
+
 class Injective(CPUScheduleRule):
     """Element-wise and broadcast chains: inline into one loop nest, parallel + vectorized.
 
@@ -84,11 +96,8 @@ class Injective(CPUScheduleRule):
     its ``exp`` ran once per output element (4 ns an element on EfficientNet's scales)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None or not all(info.is_injective() for info in infos):
+        sch, infos = _injective_blocks(self, func, target)
+        if sch is None:
             return None
         out = _written_elements(sch, infos[-1].block_rv)
         small = [i for i in infos[:-1] if out is not None
@@ -110,11 +119,8 @@ class Transpose(CPUScheduleRule):
     TILE = 16
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None or not all(info.is_injective() for info in infos):
+        sch, infos = _injective_blocks(self, func, target)
+        if sch is None:
             return None
         infos = try_inline(sch, infos)
         if len(infos) != 1:

@@ -807,7 +807,7 @@ def runs_on_tiles(isa: str, dtype: str, batch: int | None = None, bias: bool = F
             and not (batch or bias or activation or dequantize))
 
 
-def _amx_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
+def amx_gemm_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
                   ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
     from ..intrinsics.amx import ensure_tile_permission
@@ -845,7 +845,7 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
             "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
     t0 = time.perf_counter()
     if runs_on_tiles(isa, dtype, batch, bias, activation, dequantize):
-        sch, plan = _amx_schedule(m, n, k, dtype, tgt)
+        sch, plan = amx_gemm_schedule(m, n, k, dtype, tgt)
     elif isa not in ("avx512", "amx"):
         raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
     else:
