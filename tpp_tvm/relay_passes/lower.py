@@ -275,23 +275,31 @@ def _conv_runtime_weight(bb: relax.BlockBuilder, matched: dict[str, relax.Expr],
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
 
 
-def _lower_rowwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                   isa: str) -> relax.Expr:
-    """Layer norm / softmax over the last axis: rows flattened, one TPP-equation kernel."""
-    x, call = matched["lhs"], matched["root"]
+def _rowwise_kernel(bb: relax.BlockBuilder, x: relax.Expr, name: str, schedule, args: list
+                    ) -> relax.Expr:
+    """A row-wise kernel over ``x`` flattened to rows (the first of ``args``), reshaped back."""
     xs = _shape(x)
-    width = xs[-1]
-    rows = int(np.prod(xs[:-1]))
+    rows, width = int(np.prod(xs[:-1])), xs[-1]
+    gv = bb.add_func(_kernel_attrs(schedule(rows, width).mod["main"]), name.replace(".", "_"))
     x2 = bb.emit(relax.op.reshape(x, (rows, width))) if len(xs) != 2 else x
-    if name == "tpp.layer_norm":
-        sch = layer_norm_schedule(rows, width, float(call.attrs.epsilon), isa)
-        args = [x2, matched["gamma"], matched["beta"]]
-    else:
-        sch = softmax_schedule(rows, width, isa)
-        args = [x2]
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
-    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((rows, width), "float32")))
+    out = bb.emit(relax.call_tir(gv, [x2, *args], relax.TensorType((rows, width), "float32")))
     return relax.op.reshape(out, xs) if len(xs) != 2 else out
+
+
+def _lower_layer_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                      isa: str) -> relax.Expr:
+    """Layer norm over the last axis: rows flattened, one TPP-equation kernel."""
+    eps = float(matched["root"].attrs.epsilon)
+    return _rowwise_kernel(bb, matched["lhs"], name,
+                           lambda rows, width: layer_norm_schedule(rows, width, eps, isa),
+                           [matched["gamma"], matched["beta"]])
+
+
+def _lower_softmax(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                   isa: str) -> relax.Expr:
+    """Softmax over the last axis: rows flattened, one TPP-equation kernel."""
+    return _rowwise_kernel(bb, matched["lhs"], name,
+                           lambda rows, width: softmax_schedule(rows, width, isa), [])
 
 
 def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
@@ -301,7 +309,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     qs, ks = _shape(q), _shape(kt)
     bh = int(np.prod(qs[:-2]))
     c = float(matched["scale"].value.numpy().reshape(()))
-    scale = c if name.endswith("_mulscale") else 1.0 / c
+    scale = c if matched["scale_multiplies"] else 1.0 / c
     rows = padded_query_rows(qs[-2])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
@@ -347,53 +355,59 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     return relax.op.reshape(out, xs)
 
 
-def _lower_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                isa: str) -> relax.Expr:
-    """NHWC max pooling (pool_max TPP) or global average pooling (reduce_add_rows TPP)."""
+def _lower_max_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                    isa: str) -> relax.Expr:
+    """NHWC max pooling: the pool_max TPP over each window."""
     x, call = matched["lhs"], matched["root"]
     n, h, w, c = _shape(x)
-    out_shape = _shape(call)
-    if name == "tpp.max_pool2d":
-        attrs = call.attrs
-        pad = [int(p) for p in attrs.padding]
-        pad = pad * 2 if len(pad) == 2 else pad
-        shape = PoolShape(n, h, w, c, int(attrs.pool_size[0]), int(attrs.pool_size[1]),
-                          int(attrs.strides[0]), tuple(pad))
-        sch = max_pool_schedule(shape, isa)
-        gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
-        args = [bb.emit(relax.op.reshape(x, (n, h, w * c)))]
-        return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, c), "float32"))
+    attrs = call.attrs
+    pad = [int(p) for p in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    shape = PoolShape(n, h, w, c, int(attrs.pool_size[0]), int(attrs.pool_size[1]),
+                      int(attrs.strides[0]), tuple(pad))
+    sch = max_pool_schedule(shape, isa)
+    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    args = [bb.emit(relax.op.reshape(x, (n, h, w * c)))]
+    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, c), "float32"))
+
+
+def _lower_global_avg_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                           isa: str) -> relax.Expr:
+    """Global average pooling (mean over H, W of NHWC): the reduce_add_rows TPP."""
+    x, call = matched["lhs"], matched["root"]
+    n, h, w, c = _shape(x)
     sch = global_avg_pool_schedule(n, h * w, c, isa)
     gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, [bb.emit(relax.op.reshape(x, (n, h * w, c)))],
                                  relax.TensorType((n, c), "float32")))
-    return relax.op.reshape(out, out_shape)
+    return relax.op.reshape(out, _shape(call))
 
 
-_LOWERINGS = {
-    "tpp.max_pool2d": _lower_pool,
-    "tpp.global_avg_pool": _lower_pool,
-    "tpp.eltwise": _lower_eltwise,
-    "tpp.attention": _lower_attention,
-    "tpp.dense": _lower_dense,
-    "tpp.conv2d": _lower_conv2d,
-    "tpp.depthwise_conv2d": _lower_depthwise,
-    "tpp.bmm": _lower_bmm,
-    "tpp.matmul": _lower_matmul,
-    "tpp.col_sum": _lower_col_sum,
-    "tpp.layer_norm": _lower_rowwise,
-    "tpp.softmax": _lower_rowwise,
+#: Kernel family (``TPPPattern.lowering``) -> the function that emits its kernels.
+LOWERINGS = {
+    "max_pool2d": _lower_max_pool,
+    "global_avg_pool": _lower_global_avg_pool,
+    "eltwise": _lower_eltwise,
+    "attention": _lower_attention,
+    "dense": _lower_dense,
+    "conv2d": _lower_conv2d,
+    "depthwise_conv2d": _lower_depthwise,
+    "bmm": _lower_bmm,
+    "matmul": _lower_matmul,
+    "col_sum": _lower_col_sum,
+    "layer_norm": _lower_layer_norm,
+    "softmax": _lower_softmax,
 }
 
 
-def _lowered_precision(kind: str, matched: dict[str, relax.Expr], precision: str) -> str:
+def _lowered_precision(lowering: str, matched: dict[str, relax.Expr], precision: str) -> str:
     """The precision a composite runs in: ``precision`` for dense layers and pointwise
     convolutions (GEMMs with constant weights), fp32 for everything else."""
-    if precision == "float32":
+    if precision == "float32" or lowering == "dense":
         return precision
-    if kind == "tpp.dense":
-        return precision
-    if kind == "tpp.conv2d" and _pointwise(matched["root"], matched["weight"].value.numpy()):
+    weight = matched.get("weight")
+    if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst) and _pointwise(
+            matched["root"], weight.value.numpy()):
         return precision
     return "float32"
 
@@ -422,6 +436,7 @@ def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
         matched["activation"] = pattern.activation
     if pattern.post_activation:
         matched["post_activation"] = pattern.post_activation
+    matched["scale_multiplies"] = pattern.scale_multiplies
     return matched
 
 
@@ -466,23 +481,24 @@ class _Lowerer(relax.PyExprMutator):
             return call
         func = self.mod_[call.op]
         comp = str(func.attrs["Composite"]) if func.attrs and "Composite" in func.attrs else None
-        if comp is None or not comp.startswith("tpp."):
+        pattern = self.patterns.get(comp)
+        if pattern is None:  # not one of ours (another codegen's composite)
             return call
         if self.logs is not None and self.precision == "float32":  # logs hold fp32 kernels
             tuned = self._tuned(func, call, comp)
             if tuned is not None:
                 return tuned
-        kind = next(k for k in _LOWERINGS if comp == k or comp.startswith(k + "_"))
-        matched = _match(self.patterns[comp], func, list(call.args))
+        lowering = LOWERINGS[pattern.lowering]
+        matched = _match(pattern, func, list(call.args))
         try:
             if matched is None:
                 raise ValueError("pattern no longer matches its composite function")
-            prec = _lowered_precision(kind, matched, self.precision)
+            prec = _lowered_precision(pattern.lowering, matched, self.precision)
             if prec != "float32":
-                out = _LOWERINGS[kind](self.builder_, matched, comp, self.isa, prec)
+                out = lowering(self.builder_, matched, comp, self.isa, prec)
                 comp = f"{comp} [bf16]"
             else:
-                out = _LOWERINGS[kind](self.builder_, matched, comp, self.isa)
+                out = lowering(self.builder_, matched, comp, self.isa)
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
             reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
             log.info("TPP lowering of %s fell back to TVM: %s", comp, reason)

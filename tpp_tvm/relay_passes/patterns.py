@@ -1,9 +1,11 @@
 """The TPP pattern table: which Relax subgraphs become one TPP kernel.
 
-Patterns are data (name, dataflow pattern, check), as in TVM's ``relax/backend/patterns.py``:
-adding a fused subgraph is one entry here plus one lowering in ``lower.py``. Names read
-``tpp.<kernel>[_bias][_<activation>][_residual]``; the order of the table is the matching
-priority (the most fused variant first).
+Patterns are data (name, dataflow pattern, check, lowering and its parameters), as in TVM's
+``relax/backend/patterns.py``: adding a fused subgraph is one entry here plus, for a new
+kernel family, one lowering in ``lower.py``. Names read
+``tpp.<kernel>[_bias][_<activation>][_residual]`` and are for people (reports, kernel
+names): nothing parses them back; what a lowering needs is a field of the entry. The order
+of the table is the matching priority (the most fused variant first).
 """
 
 from __future__ import annotations
@@ -55,14 +57,17 @@ def _activation_check(a: dict) -> bool:
 
 @dataclass(frozen=True)
 class TPPPattern:
-    """One fusable subgraph: a name, its dataflow pattern and a check on the match."""
+    """One fusable subgraph: a name, its dataflow pattern, a check on the match, and what
+    lowers it (``lowering``, a kernel family of ``lower.LOWERINGS``, with its parameters)."""
 
     name: str
     pattern: DFPattern
     annotations: dict[str, DFPattern]
     check: Callable[[relax.transform.PatternCheckContext], bool]
+    lowering: str
     activation: str | None = None  # the unary TPP of the epilogue, if any
     post_activation: str | None = None  # the unary TPP after the residual add, if any
+    scale_multiplies: bool = False  # attention: scores * c (True) or scores / c
 
     def as_fusion_pattern(self) -> tuple:
         check = self.check
@@ -185,8 +190,8 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
         out = _activation(post_activation, out, ann, "post_act")
         name += "_" + ACTIVATIONS[post_activation]
     ann["out"] = out
-    return TPPPattern(name, out, ann, check, ACTIVATIONS.get(activation),
-                      ACTIVATIONS.get(post_activation))
+    return TPPPattern(name, out, ann, check, kind.removeprefix("tpp."),
+                      ACTIVATIONS.get(activation), ACTIVATIONS.get(post_activation))
 
 
 def runtime_weight_conv_pattern() -> TPPPattern:
@@ -195,7 +200,8 @@ def runtime_weight_conv_pattern() -> TPPPattern:
     lhs, weight = wildcard(), wildcard()
     out = is_op("relax.nn.conv2d")(lhs, weight)
     return TPPPattern("tpp.conv2d_runtime_weight", out,
-                      {"lhs": lhs, "weight": weight, "root": out, "out": out}, _conv_check)
+                      {"lhs": lhs, "weight": weight, "root": out, "out": out}, _conv_check,
+                      "conv2d")
 
 
 def _bmm_check(ctx: relax.transform.PatternCheckContext) -> bool:
@@ -214,7 +220,7 @@ def bmm_pattern() -> TPPPattern:
     """``matmul(x, y)`` of two activations: one BRGEMM-based kernel per batch entry."""
     lhs, rhs = wildcard(), wildcard()
     out = is_op("relax.matmul")(lhs, rhs)
-    return TPPPattern("tpp.bmm", out, {"lhs": lhs, "rhs": rhs, "root": out}, _bmm_check)
+    return TPPPattern("tpp.bmm", out, {"lhs": lhs, "rhs": rhs, "root": out}, _bmm_check, "bmm")
 
 
 def _matmul_check(ctx: relax.transform.PatternCheckContext) -> bool:
@@ -264,7 +270,8 @@ def matmul_patterns() -> list[TPPPattern]:
                 out = _activation(activation, out, ann)
                 name += "_" + ACTIVATIONS[activation]
             ann["out"] = out
-            table.append(TPPPattern(name, out, ann, _matmul_check, ACTIVATIONS.get(activation)))
+            table.append(TPPPattern(name, out, ann, _matmul_check, "matmul",
+                                    ACTIVATIONS.get(activation)))
     return table
 
 
@@ -282,7 +289,8 @@ def col_sum_pattern() -> TPPPattern:
     """The gradient of a bias add: dY summed over all rows (reduce TPPs over columns)."""
     dy = wildcard()
     out = is_op("relax.collapse_sum_to")(dy, wildcard())
-    return TPPPattern("tpp.col_sum", out, {"lhs": dy, "root": out}, _col_sum_check)
+    return TPPPattern("tpp.col_sum", out, {"lhs": dy, "root": out}, _col_sum_check,
+                      "col_sum")
 
 
 def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
@@ -312,8 +320,8 @@ def rowwise_patterns() -> list[TPPPattern]:
     sm = is_op("relax.nn.softmax")(x2)
     return [
         TPPPattern("tpp.layer_norm", ln, {"lhs": x, "gamma": gamma, "beta": beta, "root": ln},
-                   _last_axis_check),
-        TPPPattern("tpp.softmax", sm, {"lhs": x2, "root": sm}, _last_axis_check),
+                   _last_axis_check, "layer_norm"),
+        TPPPattern("tpp.softmax", sm, {"lhs": x2, "root": sm}, _last_axis_check, "softmax"),
     ]
 
 
@@ -355,7 +363,8 @@ def eltwise_patterns() -> list[TPPPattern]:
                 out = _activation(activation, out, ann)
                 name += "_" + ACTIVATIONS[activation]
             ann["root"] = out
-            table.append(TPPPattern(name, out, ann, _eltwise_check, ACTIVATIONS.get(activation)))
+            table.append(TPPPattern(name, out, ann, _eltwise_check, "eltwise",
+                                    ACTIVATIONS.get(activation)))
     return table
 
 
@@ -381,8 +390,9 @@ def pool_patterns() -> list[TPPPattern]:
     mp = is_op("relax.nn.max_pool2d")(x)
     mean = is_op("relax.mean")(y)
     return [
-        TPPPattern("tpp.max_pool2d", mp, {"lhs": x, "root": mp}, _pool_check),
-        TPPPattern("tpp.global_avg_pool", mean, {"lhs": y, "root": mean}, _pool_check),
+        TPPPattern("tpp.max_pool2d", mp, {"lhs": x, "root": mp}, _pool_check, "max_pool2d"),
+        TPPPattern("tpp.global_avg_pool", mean, {"lhs": y, "root": mean}, _pool_check,
+                   "global_avg_pool"),
     ]
 
 
@@ -435,7 +445,8 @@ def attention_patterns() -> list[TPPPattern]:
             ann.update({"softmax": sm, "out": o})
             name = "tpp.attention" + ("_mask" if with_mask else "")
             suffix = "" if scale_op == "relax.divide" else "_mulscale"
-            out.append(TPPPattern(name + suffix, o, ann, _attention_check))
+            out.append(TPPPattern(name + suffix, o, ann, _attention_check, "attention",
+                                  scale_multiplies=scale_op == "relax.multiply"))
     return out
 
 
