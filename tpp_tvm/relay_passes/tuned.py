@@ -98,7 +98,8 @@ def emit_tuned(bb: relax.BlockBuilder, func: relax.Function, call_args: list[rel
 def subgraph_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: dict | None):
     """One tuning task per distinct TPP subgraph of ``mod`` (weight = occurrences), each
     with a comparison against its hand schedule."""
-    from ..tuning import Task, workload_key
+    from ..tuning.logs import workload_key
+    from ..tuning.tasks import Task
     from .pipeline import partition_passes
 
     if params:
@@ -189,7 +190,7 @@ def confirm_in_model(mod: tvm.IRModule, target: tvm.target.Target, params: dict 
     tuned = sorted(k for k, e in choices.items() if e.get("use") == "tuned")
     if not tuned:
         return choices
-    from ..tuning import TuneLogs
+    from ..tuning.logs import TuneLogs
 
     def variant(keys) -> TuneLogs:
         picked = {k: {**e, "use": "tuned" if k in keys else "hand"}
