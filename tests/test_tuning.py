@@ -125,7 +125,7 @@ def test_tiny_model_tuned_from_the_cli_and_applied_in_a_build(tmp_path, capsys):
     n_tuned = sum(c["use"] == "tuned" for c in choices.values())
     assert compiled.report().count("(tuned)") == min(n_tuned, 2)
     # In the model: a kernel chosen alone stays tuned only if the whole model got faster.
-    from tpp_tvm.relay_passes.tuned import confirm_in_model
+    from tpp_tvm.tuning.tasks import confirm_in_model
 
     forced = {k: {**c, "use": "tuned"} for k, c in choices.items()}
     confirmed = confirm_in_model(mod, TARGET, None, open_logs(logs, TARGET), forced)

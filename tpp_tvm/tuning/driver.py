@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
@@ -35,7 +36,7 @@ from .logs import (
     shipped_dir,
     target_tag,
 )
-from .tasks import Task, extract_tasks, has_relax
+from .tasks import Task, confirm_in_model, extract_tasks, has_relax
 
 
 def _as_target(target) -> tvm.target.Target:
@@ -146,7 +147,8 @@ def _workload_dir(mod, name: str | None) -> str:
     return "w" + hashlib.sha1(str(tvm_ffi.structural_hash(mod)).encode()).hexdigest()[:10]
 
 
-def tune(mod, target=None, work_dir: str | os.PathLike | None = None, *,
+def tune(mod: tirx.PrimFunc | tvm.IRModule, target: tvm.target.Target | str | None = None,
+         work_dir: str | os.PathLike | None = None, *,
          trials_per_task: int = 64, trials: int | None = None, params: dict | None = None,
          runner: ms.Runner | None = None, rules: str = "tpp", name: str | None = None,
          seed: int = 0, progress: bool = True, compare: bool = True) -> TuningResult:
@@ -226,14 +228,13 @@ def _choose(tasks: list[Task], logs: TuneLogs, model: tvm.IRModule | None = None
         choices[task.key] = entry
         entries.append(entry)
     if model is not None and any(t.compare is not None for t in tasks):
-        from ..relay_passes.tuned import confirm_in_model
-
         confirm_in_model(model, logs.target, params, logs, choices)
     (logs.path / "choices.json").write_text(json.dumps(choices, indent=1, sort_keys=True))
     return entries
 
 
-def recompare(mod, log_dir: str | os.PathLike, target=None, params: dict | None = None
+def recompare(mod: tvm.IRModule, log_dir: str | os.PathLike,
+              target: tvm.target.Target | str | None = None, params: dict | None = None
               ) -> TuningResult:
     """Re-time the tuned subgraphs of ``mod`` against the hand schedules (e.g. on a quiet
     machine after tuning on a busy one) and rewrite the log's ``choices.json``."""
