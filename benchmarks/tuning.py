@@ -142,7 +142,7 @@ def time_model(mod, onnx_model, target, **build_kwargs) -> tuple[float, int]:
 
 def run(args) -> list[dict]:
     import tpp_tvm
-    from tpp_tvm import tuning
+    from tpp_tvm.tuning import driver as tuning
 
     target = tpp_tvm.target(num_cores=args.threads)
     rows = []

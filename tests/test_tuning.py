@@ -1,4 +1,4 @@
-"""Tests of tuning (tpp_tvm.tuning, relay_passes/tuned.py): tune a PrimFunc and a tiny
+"""Tests of tuning (tpp_tvm.tuning: logs, tasks, driver): tune a PrimFunc and a tiny
 model for a few trials, apply the log in a build, measure over RPC on loopback, and the
 errors of bad logs. Trials are few: these check the machinery, the benchmark checks speed."""
 
@@ -17,9 +17,9 @@ from tvm import te
 from tvm.s_tir import meta_schedule as ms
 
 import tpp_tvm
-from tpp_tvm import cli, models, tuning
+from tpp_tvm import cli, models
 from tpp_tvm.relay_passes.lower import LoweringReport
-from tpp_tvm.tuning import TuningLogError, open_logs, target_tag
+from tpp_tvm.tuning import TuningLogError, driver, open_logs, resolve_logs, target_tag
 
 pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
                                 reason="tuned TPP kernels run AVX-512 code; no AVX-512 here")
@@ -37,7 +37,7 @@ def _matmul(m=64, n=64, k=128):
 @pytest.fixture(scope="module")
 def tuned_matmul(tmp_path_factory):
     out = tmp_path_factory.mktemp("mm")
-    result = tuning.tune(_matmul(), TARGET, out, trials_per_task=8)
+    result = driver.tune(_matmul(), TARGET, out, trials_per_task=8)
     return result, out
 
 
@@ -80,16 +80,16 @@ def test_shipped_logs_merge_every_log_for_the_target(tuned_matmul, tmp_path, mon
     _, out = tuned_matmul
     for name in ("one", "two"):
         shutil.copytree(out, tmp_path / target_tag(TARGET) / name)
-    monkeypatch.setattr(tuning, "SHIPPED_LOGS", tmp_path)
-    logs = tuning.resolve_logs("shipped", TARGET)
+    monkeypatch.setattr("tpp_tvm.tuning.logs.SHIPPED_LOGS", tmp_path)
+    logs = resolve_logs("shipped", TARGET)
     assert logs is not None and logs.schedule(_matmul().with_attr("global_symbol", "main"))
-    monkeypatch.setattr(tuning, "SHIPPED_LOGS", tmp_path / "none")
-    assert tuning.resolve_logs("shipped", TARGET) is None
+    monkeypatch.setattr("tpp_tvm.tuning.logs.SHIPPED_LOGS", tmp_path / "none")
+    assert resolve_logs("shipped", TARGET) is None
 
 
 def test_progress_lines_say_task_trials_best_and_time_left():
     lines = []
-    progress = tuning.TuningProgress(["mm"], [2e6], 8, printer=lines.append)
+    progress = driver.TuningProgress(["mm"], [2e6], 8, printer=lines.append)
 
     ok = ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None)
     failed = ms.runner.RunnerResult(run_secs=None, error_msg="build failed")
@@ -125,7 +125,7 @@ def test_tiny_model_tuned_from_the_cli_and_applied_in_a_build(tmp_path, capsys):
     n_tuned = sum(c["use"] == "tuned" for c in choices.values())
     assert compiled.report().count("(tuned)") == min(n_tuned, 2)
     # In the model: a kernel chosen alone stays tuned only if the whole model got faster.
-    from tpp_tvm.relay_passes.tuned import confirm_in_model
+    from tpp_tvm.tuning.tasks import confirm_in_model
 
     forced = {k: {**c, "use": "tuned"} for k, c in choices.items()}
     confirmed = confirm_in_model(mod, TARGET, None, open_logs(logs, TARGET), forced)
@@ -152,8 +152,8 @@ def test_rpc_tracker_and_two_servers_on_loopback(tmp_path):
             time.sleep(0.1)
         else:
             pytest.fail(f"RPC servers did not register with the tracker: {summary}")
-        runner = tuning.make_runner(f"127.0.0.1:{tracker.port}", "tpp-test")
-        result = tuning.tune(_matmul(32, 32, 64), TARGET, tmp_path, trials_per_task=4,
+        runner = driver.make_runner(f"127.0.0.1:{tracker.port}", "tpp-test")
+        result = driver.tune(_matmul(32, 32, 64), TARGET, tmp_path, trials_per_task=4,
                              runner=runner, progress=False)
         assert result.tasks[0]["tuned_ms"] is not None  # measured on the RPC servers
     finally:

@@ -199,7 +199,7 @@ def test_a_models_convolution_tasks_get_tpp_designs():
     model is tuned on are contractions for the TPP rule, not left to the stock tiling."""
     pytest.importorskip("torch", reason="the model generator exports from torch")
     from tpp_tvm import models
-    from tpp_tvm.relay_passes.tuned import subgraph_tasks
+    from tpp_tvm.tuning.tasks import subgraph_tasks
 
     mod = tpp_tvm.from_onnx(models.small_cnn(batch=1, image=16, channels=(16, 32)))
     tasks = [t for t in subgraph_tasks(mod, tpp_tvm.target(num_cores=1), None)

@@ -26,7 +26,7 @@ from .intrinsics import registered
 from .relay_passes import build
 from .schedules.gemm import build_gemm
 from .target import host_isa, target
-from .tuning import tune
+from .tuning.driver import tune
 
 
 def custom_op(name: str, fcompute):  # noqa: ANN201 - returns training.custom_op.CustomOp

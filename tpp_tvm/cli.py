@@ -238,7 +238,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Tune an ONNX model's TPP subgraphs with MetaSchedule; write a tuning log."""
     from tpp_tvm.frontend import from_onnx
-    from tpp_tvm.tuning import make_runner, tune
+    from tpp_tvm.tuning.driver import make_runner, tune
 
     model = _load_onnx(args.model)
     mod = from_onnx(model, args.shape or None)

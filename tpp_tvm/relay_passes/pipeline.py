@@ -34,7 +34,7 @@ from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from ..tir_pipeline import PIPELINE as TIR_PIPELINE
-from ..tuning import TuneLogs, resolve_logs
+from ..tuning.logs import TuneLogs, resolve_logs
 from .canonical_forms import CanonicalizeOperatorForms
 from .canonicalize import CanonicalizeActivations
 from .lower import (
