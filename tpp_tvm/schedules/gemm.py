@@ -21,23 +21,27 @@ written out of bounds.
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
-from ..intrinsics import OPS, TPPSpec, intrinsic
+from ..intrinsics import OPS, TPPSpec
 from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
 from ..runtime import configure_threads, target_threads
 from ..target import host_isa, isa_of
 from ..target import target as tpp_target
 from ..tir_pipeline import compile_kernels
-
-log = logging.getLogger(__name__)
+from .tensorize import (
+    fuse_epilogue,
+    schedule_pads,
+    tensorize_epilogue,
+    tensorize_rows,
+    try_tensorize,
+)
 
 #: Activations a GEMM epilogue accepts: every unary TPP except zero/copy.
 ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
@@ -253,70 +257,9 @@ def schedule_transposes(sch: s_tir.Schedule, plan: GemmPlan, isa: str) -> list[s
             left.append(name)
             continue
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        if not _try_tensorize(sch, anchor, spec, isa, name):
+        if not try_tensorize(sch, anchor, spec, isa, name):
             sch.vectorize(sch.get_loops(block)[-1])
     return left
-
-
-def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
-    """Padding copies run parallel over rows and vectorized along the contiguous dim."""
-    for name in names:
-        try:
-            pad = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - the stage does not exist for this shape
-            continue
-        ploops = sch.get_loops(pad)
-        if len(ploops) > 1:
-            sch.parallel(sch.fuse(*ploops[:-1]))
-        sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
-
-
-def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int,
-                  stages: list[tuple[str, tuple[str, ...]]], copy_dtype: str = "float32"
-                  ) -> list[tuple[str, TPPSpec]]:
-    """Move the epilogue stages under the tile loop (before the tile is tensorized).
-
-    ``copy_dtype`` is the element type a plain unpadding copy moves (int32 for an int8
-    GEMM without dequantization)."""
-    epilogue = []
-    for name, steps in stages:
-        if steps == ("dequantize",):
-            spec = TPPSpec("dequantize", "int32", m=mr, n=nr, out_dtype="float32")
-        elif steps:
-            spec = TPPSpec("equation", m=mr, n=nr, steps=steps)
-        else:
-            spec = TPPSpec("copy", copy_dtype, m=mr, n=nr)
-        sch.reverse_compute_at(sch.get_sblock(name), tile_loop)
-        epilogue.append((name, spec))
-    return epilogue
-
-
-def tensorize_rows(sch: s_tir.Schedule, block, spec: TPPSpec, isa: str, what: str) -> bool:
-    """Tensorize a spatial stage under its anchor loop as one (rows x last dim) TPP tile.
-
-    Loops before the last are fused into rows, so a stage that covers a 4D region (a
-    convolution's panel) is one 2D TPP; the spec's m becomes the row count. A stage that
-    cannot be (a predicated edge tile) is vectorized instead. Returns whether it was.
-    """
-    loops = sch.get_loops(block)[1:]
-    if len(loops) >= 2:
-        rows_loop = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        rows = sch.get(rows_loop).extent
-        if isinstance(rows, tirx.IntImm) and rows.value >= 2:
-            if _try_tensorize(sch, rows_loop, replace(spec, m=int(rows)), isa, what):
-                return True
-        loops = sch.get_loops(block)[1:]
-    try:
-        sch.vectorize(loops[-1])
-    except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
-        log.debug("%s left to LLVM (%s)", what, str(err).splitlines()[-1])
-    return False
-
-
-def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]], isa: str) -> None:
-    """Each fused epilogue stage becomes its TPP; a tail tile is vectorized instead."""
-    for name, spec in epilogue:
-        tensorize_rows(sch, sch.get_sblock(name), spec, isa, name)
 
 
 def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
@@ -457,15 +400,6 @@ def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):
     return at
 
 
-def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
-    try:
-        sch.tensorize(loop, intrinsic(spec, isa))
-        return True
-    except Exception as err:  # noqa: BLE001 - TVM raises many types; we log and fall back
-        log.debug("GEMM: %s not tensorized with %s: %s", what, spec.op, str(err).splitlines()[-1])
-        return False
-
-
 def weights_outer(a_elems: int, b_elems: int) -> bool:
     """Loop order: B panels outer (each panel reused over all rows, A re-streamed per
     panel) unless all of B fits in half the L2 and A is the bigger operand, then rows
@@ -512,7 +446,7 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     init = sch.decompose_reduction(blk, ko)
     tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
     gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=kc, beta=1)
-    if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
+    if not try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("K-blocked GEMM microkernel did not tensorize")  # a bug
     tensorize_epilogue(sch, epilogue, isa)
     return sch
@@ -548,7 +482,7 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
     b_dtype = prec.b if prec.b != prec.a else None
     gemm = TPPSpec("gemm", prec.a, b_dtype=b_dtype, m=mr, n=nr, k=k, beta=0)
-    if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
+    if not try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
     tensorize_epilogue(sch, epilogue, isa)
     return sch
@@ -613,7 +547,7 @@ def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
     sch.parallel(jb)
     spec = (TPPSpec("copy", m=kp, n=nr) if b_layout == "kn"
             else TPPSpec("transpose", m=nr, n=kp))
-    if padded or not _try_tensorize(sch, kk, spec, isa, "B panel"):
+    if padded or not try_tensorize(sch, kk, spec, isa, "B panel"):
         sch.vectorize(jj)
     return sch
 
@@ -645,8 +579,8 @@ def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
     if not padded and r is not None:
         ro, ri = sch.split(rows, [None, r])
         sch.parallel(ro)
-        if _try_tensorize(sch, ri, TPPSpec("copy", "float32", m=r, n=kp,
-                                           out_dtype="bfloat16"), isa, "A to bf16"):
+        if try_tensorize(sch, ri, TPPSpec("copy", "float32", m=r, n=kp,
+                                          out_dtype="bfloat16"), isa, "A to bf16"):
             return sch
         sch = s_tir.Schedule(te.create_prim_func([A, out]))
         blk = sch.get_sblock("to_bf16")
