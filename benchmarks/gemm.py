@@ -184,7 +184,7 @@ def _run_tpp_tvm(m: int, n: int, k: int, threads: int) -> Measured:
     float`` (median seconds per call, operands resident). B is packed once, outside the timed
     loop, as for constant weights; without ``time`` the numpy-level call is timed.
     """
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
     from tpp_tvm.target import target
 
     a, b = _inputs(m, n, k)
@@ -230,7 +230,7 @@ def _time_kernel(kernel, a: np.ndarray, b_packed: np.ndarray) -> float:
 def _run_tpp_tvm_lowp(dtype: str, m: int, n: int, k: int, threads: int) -> Measured:
     """tpp_tvm low-precision GEMM: bf16 (vdpbf16ps, fp32 accumulation and output) or
     u8 x s8 -> int32 (vpdpbusd)."""
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
     from tpp_tvm.target import target
 
     a, b, ref = (_bf16_inputs if dtype == "bfloat16" else _int8_inputs)(m, n, k)

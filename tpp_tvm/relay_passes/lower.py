@@ -20,11 +20,12 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
+from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import AttentionShape, attention_schedule, padded_query_rows
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
-from ..schedules.gemm import bf16_a_schedule, gemm_schedule, numpy_dtype, pack_b_numpy
+from ..schedules.gemm import bf16_a_schedule, gemm_schedule
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table

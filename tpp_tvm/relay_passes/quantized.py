@@ -30,8 +30,9 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
+from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
-from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from ..schedules.gemm import gemm_schedule
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (

@@ -5,8 +5,9 @@ call per tile (the whole K reduced with C kept in registers, beta = 0), followed
 epilogue TPPs (bias add with a row broadcast, then the activation) on the tile while it
 is still in L1. B is stored packed as ``(ceil(N / nr), K, nr)`` panels, zero padded, so
 the microkernel streams one contiguous panel; packing is done once for constant weights
-(``GemmKernel.pack_b``). Tile sizes come from the register file and cache sizes, so no
-tuning is needed; output tiles are distributed over threads as one flat parallel loop.
+(``tpp_tvm.kernels.GemmKernel.pack_b``; graph lowering packs at build time). Tile sizes come
+from the register file and cache sizes, so no tuning is needed; output tiles are
+distributed over threads as one flat parallel loop.
 
 Low precision (``dtype="bfloat16"``: bf16 x bf16 -> fp32; ``dtype="int8"``: u8 x s8 ->
 int32) runs the same nest on the dot-product microkernels: B's panels are VNNI-packed
@@ -21,20 +22,15 @@ written out of bounds.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
-import tvm
 from tvm import s_tir, te, tirx
 
-from ..errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
+from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec
 from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
-from ..runtime import configure_threads, target_threads
-from ..target import host_isa, isa_of
-from ..target import target as tpp_target
-from ..tir_pipeline import compile_kernels
+from ..target import host_isa
 from .tensorize import (
     fuse_epilogue,
     schedule_pads,
@@ -158,7 +154,7 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
     return best[1]
 
 
-def _check(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
+def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
     if dtype not in PRECISIONS:
         raise UnsupportedDTypeError(
             f"GEMM: dtype {dtype!r} unsupported; one of {', '.join(PRECISIONS)} (int8 is "
@@ -488,38 +484,6 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
     return sch
 
 
-def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = None,
-                 vnni: int = 1) -> np.ndarray:
-    """Pack B ((..., K, N), or (..., N, K) for ``nk``) into zero-padded (..., N/nr, kp, nr),
-    or with ``vnni`` > 1 into (..., N/nr, kp/vnni, nr, vnni) (kp a multiple of vnni)."""
-    if b_layout == "nk":
-        b = np.swapaxes(b, -1, -2)
-    *lead, k, n = b.shape
-    kp = kp or -(-k // vnni) * vnni
-    np_ = -(-n // nr) * nr
-    padded = np.zeros((*lead, kp, np_), dtype=b.dtype)
-    padded[..., :k, :n] = b
-    panels = np.moveaxis(padded.reshape(*lead, kp, np_ // nr, nr), -2, -3)
-    if vnni > 1:
-        panels = np.swapaxes(panels.reshape(*lead, np_ // nr, kp // vnni, vnni, nr), -1, -2)
-    return np.ascontiguousarray(panels)
-
-
-def pad_a(a: np.ndarray, plan: GemmPlan) -> np.ndarray:
-    """A zero-padded to the plan's (mp, kp), for kernels that take it pre-padded."""
-    pad = [(0, 0)] * (a.ndim - 2) + [(0, plan.mp - plan.m), (0, plan.kp - plan.k)]
-    return np.ascontiguousarray(np.pad(a, pad)) if any(p[1] for p in pad) else a
-
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """numpy's dtype for a TVM dtype (bf16 through ml_dtypes, which TVM depends on)."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
-
-
 def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
                     ) -> s_tir.Schedule:
     """B packing as a TPP kernel: each (kp x nr) panel is one copy TPP (``kn``: a strided
@@ -588,124 +552,6 @@ def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
     return sch
 
 
-class GemmKernel:
-    """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``).
-
-    A bf16 kernel takes fp32 (or bf16) A and B and rounds them to bf16; an int8 kernel
-    takes u8 A and s8 B as they are, and returns int32 unless built with ``dequantize``
-    (then ``scale``/``offset`` per output column turn the int32 result into fp32).
-    """
-
-    def __init__(self, plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
-                 b_layout: str, rt_mod: tvm.runtime.Module, sch: s_tir.Schedule,
-                 compile_seconds: float, threads: int = 1, isa: str = "avx512",
-                 target: tvm.target.Target | None = None, dequantize: bool = False) -> None:
-        self.plan = plan
-        self.batch = batch
-        self.bias = bias
-        self.activation = activation
-        self.b_layout = b_layout
-        self.dequantize = dequantize
-        self.module = rt_mod
-        self.schedule = sch
-        self.compile_seconds = compile_seconds
-        self._dev = tvm.cpu()
-        self.threads = configure_threads(threads)
-        self.isa, self.target = isa, target
-        self._pack = None
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.plan.m * self.plan.n * self.plan.k * (self.batch or 1)
-
-    @property
-    def out_dtype(self) -> str:
-        return "float32" if self.dequantize else self.plan.precision.acc
-
-    def pack_b(self, b: np.ndarray) -> np.ndarray:
-        """B in the kernel's packed panel layout (do this once for constant weights)."""
-        p = self.plan
-        prec = p.precision
-        lead = (self.batch,) if self.batch else ()
-        want = (*lead, p.k, p.n) if self.b_layout == "kn" else (*lead, p.n, p.k)
-        if np.shape(b) != want:
-            raise UnsupportedShapeError(
-                f"GEMM: B has shape {np.shape(b)}, expected {want} ({self.b_layout} layout)"
-            )
-        if prec.vnni > 1:  # VNNI panels: a one-off numpy reshuffle of constant weights
-            return pack_b_numpy(self._as(b, prec.b, "B"), p.nr, self.b_layout, p.kp, prec.vnni)
-        if self.batch:  # batched B: per-entry panels, the same layout as the TPP kernel's
-            return pack_b_numpy(np.asarray(b, dtype="float32"), p.nr, self.b_layout, p.kp)
-        if self._pack is None:
-            sch = pack_b_schedule(p.k, p.n, p.nr, p.kp, self.b_layout, self.isa)
-            self._pack = compile_kernels(sch.mod, self.target).jit()
-        src = tvm.runtime.tensor(np.ascontiguousarray(b, dtype="float32"), self._dev)
-        out = tvm.runtime.tensor(np.empty((p.np_ // p.nr, p.kp, p.nr), "float32"), self._dev)
-        self._pack(src, out)
-        return out.numpy()
-
-    def _as(self, x: np.ndarray, dtype: str, what: str) -> np.ndarray:
-        """``x`` as ``dtype``: floats round to bf16; integer operands must already be it."""
-        x = np.asarray(x)
-        want = numpy_dtype(dtype)
-        if dtype in ("uint8", "int8") and x.dtype != want:
-            raise UnsupportedDTypeError(
-                f"GEMM {self.plan.dtype}: {what} must be {dtype} (quantized), got {x.dtype}")
-        return np.ascontiguousarray(x.astype(want, copy=False))
-
-    def _check_a(self, a: np.ndarray) -> None:
-        p = self.plan
-        lead = (self.batch,) if self.batch else ()
-        if np.shape(a) != (*lead, p.m, p.k):
-            raise UnsupportedShapeError(
-                f"GEMM: A has shape {np.shape(a)}, expected {(*lead, p.m, p.k)}"
-            )
-
-    def _row(self, v: np.ndarray | None, what: str) -> np.ndarray:
-        p = self.plan
-        if v is None or np.shape(v) != (p.n,):
-            raise UnsupportedShapeError(f"GEMM: {what} must have shape ({p.n},)")
-        return np.pad(np.asarray(v, "float32"), (0, p.np_ - p.n))
-
-    def _args(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None,
-              scale: np.ndarray | None = None, offset: np.ndarray | None = None):
-        p = self.plan
-        prec = p.precision
-        lead = (self.batch,) if self.batch else ()
-        self._check_a(a)
-        a = self._as(a, prec.a, "A")
-        if p.a_prepadded:
-            a = pad_a(a, p)
-        args = [a, self._as(b_packed, prec.b, "packed B")]
-        if self.dequantize:
-            args += [self._row(scale, "scale"), self._row(offset, "offset")]
-        if self.bias:
-            args.append(self._row(bias, "bias"))
-        out = np.empty((*lead, *p.c_shape), dtype=self.out_dtype)
-        return [tvm.runtime.tensor(x, self._dev) for x in (*args, out)]
-
-    def run_packed(self, a: np.ndarray, b_packed: np.ndarray,
-                   bias: np.ndarray | None = None, *, scale: np.ndarray | None = None,
-                   offset: np.ndarray | None = None) -> np.ndarray:
-        args = self._args(a, b_packed, bias, scale, offset)
-        self.module(*args)
-        return args[-1].numpy()[..., : self.plan.m, : self.plan.n]
-
-    def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, *,
-                 scale: np.ndarray | None = None, offset: np.ndarray | None = None
-                 ) -> np.ndarray:
-        self._check_a(a)
-        return self.run_packed(a, self.pack_b(b), bias, scale=scale, offset=offset)
-
-    def time(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None = None,
-             number: int = 10, repeat: int = 7, *, scale: np.ndarray | None = None,
-             offset: np.ndarray | None = None) -> float:
-        """Median seconds per call (operands already packed and resident)."""
-        args = self._args(a, b_packed, bias, scale, offset)
-        ev = self.module.time_evaluator("main", self._dev, number=number, repeat=repeat)
-        return float(np.median(ev(*args).results))
-
-
 def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   bias: bool = False, activation: str | None = None, residual: bool = False,
                   b_packed: bool = True, post_activation: str | None = None,
@@ -716,7 +562,7 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
 
     Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
     [residual], output."""
-    _check(m, n, k, dtype, activation)
+    check_gemm(m, n, k, dtype, activation)
     isa = register_tile_isa(isa)
     plan = plan_gemm(m, n, k, dtype)
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
@@ -741,55 +587,3 @@ def runs_on_tiles(isa: str, dtype: str, batch: int | None = None, bias: bool = F
             and not (batch or bias or activation or dequantize))
 
 
-def amx_gemm_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
-    """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
-    from ..intrinsics.amx import ensure_tile_permission
-    from .amx_gemm import amx_gemm_func
-
-    if host_isa().amx_tile:
-        ensure_tile_permission()  # before the first tile instruction, as Linux requires
-    plan = plan_gemm(m, n, k, dtype, "amx")
-    prec = plan.precision
-    func = amx_gemm_func(plan.mp, plan.np_, plan.kp, prec.a, prec.b, prec.acc, prec.vnni,
-                         target_threads(tgt))
-    return s_tir.Schedule(func), plan
-
-
-def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
-               batch: int | None = None, bias: bool = False, activation: str | None = None,
-               b_layout: str = "kn", dequantize: bool = False) -> GemmKernel:
-    """Compile C = A @ B (+ bias) (+ activation) onto TPPs for ``target`` (default: host).
-
-    ``dtype``: ``float32``; ``bfloat16`` (bf16 operands, fp32 accumulation and output);
-    ``int8`` (u8 A x s8 B into int32; with ``dequantize``, fp32 out = int32 * scale[j] +
-    offset[j], then bias/activation). ``batch`` makes it a batched matmul (A (batch, M, K),
-    B (batch, K, N)); ``b_layout`` says how unpacked B is given to ``__call__``/``pack_b``:
-    ``"kn"`` (K, N) or ``"nk"`` (N, K, a linear layer's weight).
-    """
-    _check(m, n, k, dtype, activation)
-    if b_layout not in ("kn", "nk"):
-        raise UnsupportedShapeError(f"GEMM: b_layout {b_layout!r} must be 'kn' or 'nk'")
-    tgt = target if target is not None else tpp_target()
-    tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
-    isa = isa_of(tgt)
-    if isa == "sve":
-        raise UnsupportedISAError(
-            "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
-            "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
-    t0 = time.perf_counter()
-    if runs_on_tiles(isa, dtype, batch, bias, activation, dequantize):
-        sch, plan = amx_gemm_schedule(m, n, k, dtype, tgt)
-    elif isa not in ("avx512", "amx"):
-        raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
-    else:
-        sch, plan = gemm_schedule(m, n, k, "avx512", batch=batch, bias=bias,
-                                  activation=activation, dtype=dtype, dequantize=dequantize)
-    rt = compile_kernels(sch.mod, tgt).jit()
-    return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
-                      time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,
-                      target=tgt, dequantize=dequantize)
-
-
-__all__ = ["ACTIVATIONS", "PRECISIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm",
-           "host_isa"]
