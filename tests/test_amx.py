@@ -114,7 +114,7 @@ def test_amx_target_gemm_with_an_epilogue_runs_on_the_avx512_unit() -> None:
     """Tiles take plain C = A @ B so far; with a bias it is the AVX-512 BF16 kernel (which
     every AMX CPU has), compiled for the same AMX target, not an error."""
     from tpp_tvm.kernels import build_gemm
-    from tpp_tvm.schedules.gemm import runs_on_tiles
+    from tpp_tvm.schedules.gemm_plan import runs_on_tiles
 
     assert runs_on_tiles("amx", "bfloat16") and not runs_on_tiles("amx", "bfloat16", bias=True)
     if not (HOST.avx512_bf16 and HOST.amx_tile):

@@ -17,14 +17,8 @@ from tvm import s_tir
 
 from .errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
 from .runtime import configure_threads, target_threads
-from .schedules.gemm import (
-    GemmPlan,
-    check_gemm,
-    gemm_schedule,
-    pack_b_schedule,
-    plan_gemm,
-    runs_on_tiles,
-)
+from .schedules.gemm import gemm_schedule, pack_b_schedule
+from .schedules.gemm_plan import GemmPlan, check_gemm, plan_gemm, runs_on_tiles
 from .target import host_isa, isa_of
 from .target import target as tpp_target
 from .tir_pipeline import compile_kernels
@@ -196,7 +190,8 @@ def amx_gemm_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
     return s_tir.Schedule(func), plan
 
 
-def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
+def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
+               target: tvm.target.Target | str | dict | None = None, *,
                batch: int | None = None, bias: bool = False, activation: str | None = None,
                b_layout: str = "kn", dequantize: bool = False) -> GemmKernel:
     """Compile C = A @ B (+ bias) (+ activation) onto TPPs for ``target`` (default: host).

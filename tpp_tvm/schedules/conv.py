@@ -19,16 +19,15 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from .gemm import (
+from .gemm_plan import (
     PANEL_BLOCK_BYTES,
     PANEL_BYTES,
     GemmPlan,
-    dequantize_te,
-    epilogue_te,
     plan_gemm,
     register_tile_isa,
     weights_outer,
 )
+from .gemm_te import dequantize_te, epilogue_te
 from .tensorize import (
     fuse_epilogue,
     schedule_pads,
