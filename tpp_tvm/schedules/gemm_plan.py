@@ -171,8 +171,6 @@ def weights_outer(a_elems: int, b_elems: int) -> bool:
 #: A convolution's filter panel larger than this leaves L2 between output rows (each row
 #: re-reads it): block its reduction then.
 PANEL_BYTES = 192 * 1024
-
-
 #: Target size of one K block of a panel (stays in L2 while all row blocks use it).
 PANEL_BLOCK_BYTES = 128 * 1024
 
