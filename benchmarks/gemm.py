@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import glob
 import json
 import math
 import os
-import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -40,10 +37,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import (
+    Skipped,
+    machine,
+    measure_peaks,
+    median_time,
+    results_dir,
+    run_header,
+    timing_plan,
+    untuned_tvm_matmul,
+    use_quick_timing,
+    worker_env,
+    worker_rows,
+    write_results,
+)
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-RESULTS = HERE / "results"
 
 SHAPES: tuple[tuple[int, int, int], ...] = (
     (512, 512, 512),
@@ -79,29 +88,12 @@ WORKER_TIMEOUT_S = 1800
 
 
 @dataclass
-class Timing:
-    """How hard to time: each repeat lasts >= min_repeat_s; at most max_total_s per shape."""
-
-    repeat: int = 7
-    min_repeat_s: float = 0.1
-    max_total_s: float = 3.0
-
-
-TIMING = Timing()
-QUICK_TIMING = Timing(repeat=3, min_repeat_s=0.02, max_total_s=1.0)
-
-
-@dataclass
 class Measured:
     """What an implementation adapter returns for one shape."""
 
     median_s: float
     max_rel_err: float
     note: str = ""
-
-
-class Skipped(Exception):
-    """An adapter declines a shape on purpose (the message says why)."""
 
 
 def shape_name(shape: tuple[int, int, int]) -> str:
@@ -150,27 +142,6 @@ def _rel_err(c: Any, m: int, n: int, k: int, ref: np.ndarray | None = None) -> f
     return float(np.max(np.abs(c - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
-def _plan(call_s: float) -> tuple[int, int]:
-    """(number, repeat) for a call taking about ``call_s`` seconds, within :data:`TIMING`."""
-    number = max(1, math.ceil(TIMING.min_repeat_s / max(call_s, 1e-9)))
-    repeat = max(1, min(TIMING.repeat, int(TIMING.max_total_s / max(call_s * number, 1e-9))))
-    return number, repeat
-
-
-def _median_time(fn: Callable[[], Any]) -> float:
-    """Median seconds per call of ``fn`` (already warmed up by the caller)."""
-    t0 = time.perf_counter()
-    fn()
-    number, repeat = _plan(time.perf_counter() - t0)
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - t0) / number)
-    return statistics.median(samples)
-
-
 # ----------------------------------------------------------------------------- adapters
 # Each adapter measures one shape in a process whose thread count is already fixed.
 
@@ -184,7 +155,7 @@ def _run_tpp_tvm(m: int, n: int, k: int, threads: int) -> Measured:
     float`` (median seconds per call, operands resident). B is packed once, outside the timed
     loop, as for constant weights; without ``time`` the numpy-level call is timed.
     """
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
     from tpp_tvm.target import target
 
     a, b = _inputs(m, n, k)
@@ -192,12 +163,12 @@ def _run_tpp_tvm(m: int, n: int, k: int, threads: int) -> Measured:
     err = _rel_err(kernel(a, b), m, n, k)
     timer = getattr(kernel, "time", None)
     if timer is None:
-        return Measured(_median_time(lambda: kernel(a, b)), err)
+        return Measured(median_time(lambda: kernel(a, b)), err)
     pack_b = getattr(kernel, "pack_b", None)
     b_arg = pack_b(b) if pack_b is not None else b
     t0 = time.perf_counter()
     kernel(a, b)
-    number, repeat = _plan(time.perf_counter() - t0)
+    number, repeat = timing_plan(time.perf_counter() - t0)
     seconds = float(timer(a, b_arg, number=number, repeat=repeat))
     note = "B packed once, outside the timed loop" if pack_b is not None else ""
     return Measured(seconds, err, note=note)
@@ -223,14 +194,14 @@ def _int8_inputs(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.nda
 def _time_kernel(kernel, a: np.ndarray, b_packed: np.ndarray) -> float:
     t0 = time.perf_counter()
     kernel.run_packed(a, b_packed)
-    number, repeat = _plan(time.perf_counter() - t0)
+    number, repeat = timing_plan(time.perf_counter() - t0)
     return float(kernel.time(a, b_packed, number=number, repeat=repeat))
 
 
 def _run_tpp_tvm_lowp(dtype: str, m: int, n: int, k: int, threads: int) -> Measured:
     """tpp_tvm low-precision GEMM: bf16 (vdpbf16ps, fp32 accumulation and output) or
     u8 x s8 -> int32 (vpdpbusd)."""
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
     from tpp_tvm.target import target
 
     a, b, ref = (_bf16_inputs if dtype == "bfloat16" else _int8_inputs)(m, n, k)
@@ -252,7 +223,7 @@ def _run_torch_bf16(m: int, n: int, k: int, threads: int) -> Measured:
     a, b = (torch.from_numpy(x).to(torch.bfloat16) for x in (a_np, b_np))
     with torch.inference_mode():
         err = _rel_err(torch.matmul(a, b).float().numpy(), m, n, k, ref)
-        seconds = _median_time(lambda: torch.matmul(a, b))
+        seconds = median_time(lambda: torch.matmul(a, b))
     return Measured(seconds, max(0.0, err - 2.0**-8),
                     note="torch bf16 matmul rounds its output to bf16 (error checked net of "
                          "that 2^-8)")
@@ -266,7 +237,7 @@ def _run_torch(m: int, n: int, k: int, threads: int) -> Measured:
     a, b = (torch.from_numpy(x) for x in _inputs(m, n, k))
     with torch.inference_mode():
         err = _rel_err(torch.matmul(a, b).numpy(), m, n, k)
-        seconds = _median_time(lambda: torch.matmul(a, b))
+        seconds = median_time(lambda: torch.matmul(a, b))
     return Measured(seconds, err, note=f"torch {torch.__version__} (fp32 matmul calls MKL SGEMM)")
 
 
@@ -291,7 +262,7 @@ def _run_numpy(m: int, n: int, k: int, threads: int) -> Measured:
     a, b = _inputs(m, n, k)
     err = _rel_err(a @ b, m, n, k)
     note = f"numpy {np.__version__}, OpenBLAS {_openblas_corename()}"
-    return Measured(_median_time(lambda: a @ b), err, note=note)
+    return Measured(median_time(lambda: a @ b), err, note=note)
 
 
 _TVM_DEFAULT_RATE: list[float] = []  # GFLOP/s measured on earlier shapes, for skip estimates
@@ -302,31 +273,14 @@ def _run_tvm_default(m: int, n: int, k: int, threads: int) -> Measured:
 
     The code is serial (nothing parallelizes it), so ``threads`` does not change it.
     """
-    import tvm
-    from tvm import te
-    from tvm.target import codegen
-
     gflop = 2 * m * n * k / 1e9
     if gflop > TVM_DEFAULT_MAX_GFLOP:
         if not _TVM_DEFAULT_RATE:
             _run_tvm_default(256, 256, 256, threads)  # a probe, to estimate honestly
         rate = min(_TVM_DEFAULT_RATE)  # big shapes run slower still: stay conservative
         raise Skipped(f"skipped (too slow, est. {gflop / rate:.0f} s/call at {rate:.1f} GFLOP/s)")
-    a_ph = te.placeholder((m, k), "float32", name="A")
-    b_ph = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c_ph = te.compute((m, n), lambda i, j: te.sum(a_ph[i, r] * b_ph[r, j], axis=r), name="C")
-    mcpu = str(codegen.llvm_get_system_cpu())
-    lib = tvm.compile(
-        te.create_prim_func([a_ph, b_ph, c_ph]), target={"kind": "llvm", "mcpu": mcpu}
-    )
-    a_np, b_np = _inputs(m, n, k)
-    dev = tvm.cpu()
-    a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
-    c = tvm.runtime.tensor(np.zeros((m, n), np.float32), dev)
-    lib(a, b, c)
-    err = _rel_err(c.numpy(), m, n, k)
-    seconds = _median_time(lambda: lib(a, b, c))
+    c, seconds, mcpu = untuned_tvm_matmul(*_inputs(m, n, k))
+    err = _rel_err(c, m, n, k)
     _TVM_DEFAULT_RATE.append(gflop / seconds)
     return Measured(seconds, err, note=f"llvm mcpu={mcpu}, no schedule (serial)")
 
@@ -388,19 +342,6 @@ def run_worker(impl: str, threads: int, shapes: list[tuple[int, int, int]]) -> l
 # ----------------------------------------------------------------------------- parent
 
 
-def _worker_env(impl: str, threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(threads)
-    if impl == "numpy":
-        # Site-wide overrides pin OpenBLAS to Haswell kernels; the peer must run its best.
-        env.pop("OPENBLAS_CORETYPE", None)
-        env.pop("OPENBLAS_L2_SIZE", None)
-    path = [str(REPO), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-    return env
-
-
 def _spawn_worker(
     impl: str, threads: int, shapes: list[tuple[int, int, int]], quick: bool
 ) -> list[dict]:
@@ -415,37 +356,11 @@ def _spawn_worker(
         "--shapes",
         ",".join(map(shape_name, shapes)),
     ] + (["--quick"] if quick else [])
-    rows, why = worker_rows(cmd, _worker_env(impl, threads), WORKER_TIMEOUT_S)
+    env = worker_env(threads, native_openblas=impl == "numpy")
+    rows, why = worker_rows(cmd, env, WORKER_TIMEOUT_S)
     if rows is not None:
         return rows
     return [_row(m, n, k, impl, threads, status="error", note=why[:300]) for m, n, k in shapes]
-
-
-def _measure_peaks(threads: list[int], instr: str = "fp32_fma") -> dict[int, float]:
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    from peak import measure_peak
-
-    return {t: measure_peak(instr, t) for t in threads}
-
-
-def _machine() -> str:
-    """lscpu's model name plus what tpp_tvm detects (ISA, caches, cores)."""
-    name = "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    try:
-        sys.path.insert(0, str(REPO))
-        from tpp_tvm.target import host_isa
-
-        return f"{name} ({host_isa().summary()})"
-    except Exception as exc:  # the header must not kill the benchmark
-        return f"{name} (ISA detection failed: {exc})"
 
 
 def _cell(row: dict | None) -> str:
@@ -464,7 +379,7 @@ def render_markdown(
     rows: list[dict],
     all_peaks: dict[str, dict[int, float]],
     command: str,
-    machine: str,
+    machine_line: str,
     date: str,
     load: str = "",
 ) -> str:
@@ -487,11 +402,7 @@ def render_markdown(
     lines = [
         "# fp32 GEMM, GFLOP/s",
         "",
-        f"- Machine: {machine}",
-        f"- Date: {date}",
-        f"- Command: `{command}`",
-        f"- 1-minute load average before / after the run: {load} (other work on this machine "
-        "depresses the numbers, the multi-threaded ones most)",
+        *run_header(machine_line, date, command, load),
         "- Shapes are M×N×K: C[M,N] = A[M,K] · B[K,N], row-major fp32; "
         "GFLOP/s = 2·M·N·K / median time per call; each result is checked against a float64 "
         f"product (normwise rel. error ≤ {TOLERANCE:g}).",
@@ -587,7 +498,7 @@ def _lowp_table(by_key: dict, shapes: list, threads: list[int],
 
 def _measure_microkernel() -> list[dict]:
     """The BRGEMM microkernel with operands in L1 (one thread, its own process)."""
-    env = dict(os.environ, TVM_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, TVM_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, str(HERE / "microkernel.py")],
         capture_output=True, text=True, env=env, check=False,
@@ -610,7 +521,7 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     instrs = ["fp32_fma"] + sorted({PEAK_OF[i] for i in impls if i in PEAK_OF})
     load_before = os.getloadavg()[0]
     print(f"measuring {', '.join(instrs)} peaks on {threads} thread(s) ...", file=sys.stderr)
-    all_peaks = {instr: _measure_peaks(threads, instr) for instr in instrs}
+    all_peaks = {instr: measure_peaks(threads, instr) for instr in instrs}
     rows: list[dict] = []
     for t in threads:
         for instr in instrs:
@@ -623,7 +534,7 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     rows.extend(_measure_microkernel())
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
     for instr in instrs:
-        again = _measure_peaks(threads, instr)
+        again = measure_peaks(threads, instr)
         all_peaks[instr] = {t: max(p, again[t]) for t, p in all_peaks[instr].items()}
     for row in rows:
         if row["impl"] == "peak":
@@ -633,40 +544,8 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
             row["pct_peak"] = 100.0 * row["gflops"] / peak
     write_results(args.out, "gemm", argv, rows, load_before,
                   lambda command, date, load: render_markdown(rows, all_peaks, command,
-                                                              _machine(), date, load))
+                                                              machine(), date, load))
     return 0
-
-
-def worker_rows(cmd: list[str], env: dict, timeout: float) -> tuple[list | None, str]:
-    """Run a benchmark worker process; (its JSON rows, "") or (None, why it gave none)."""
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode == 0:
-            return json.loads(proc.stdout.strip().splitlines()[-1]), ""
-        why = f"worker exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    except subprocess.TimeoutExpired:
-        why = f"worker timed out after {timeout} s"
-    except (json.JSONDecodeError, IndexError) as exc:
-        why = f"worker printed no JSON: {exc}"
-    return None, why
-
-
-def write_results(out_dir: str, name: str, argv: list[str], rows: list[dict],
-                  load_before: float, render: Callable[[str, str, str], str],
-                  script: str | None = None) -> None:
-    """Write ``<name>.json`` and ``<name>.md`` (header: command, date, load) and print the md.
-
-    ``script`` names the benchmark file when it is not ``<name>.py``.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    command = shlex.join(["python", f"benchmarks/{script or name}.py", *argv])
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f}"
-    md = render(command, date, load)
-    (out / f"{name}.md").write_text(md)
-    print(md)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -683,16 +562,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", choices=IMPLS + LOWP_IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.out is None and not getattr(args, "worker", None):
-        from harness import results_dir
-
         args.out = str(results_dir())
     if args.impls and not set(args.impls.split(",")) <= set(IMPLS + LOWP_IMPLS):
         parser.error(f"--impls must be a subset of {','.join(IMPLS + LOWP_IMPLS)}")
     if not args.worker:
         return run_parent(args, argv)
     if args.quick:
-        TIMING.__dict__.update(QUICK_TIMING.__dict__)
-    sys.path.insert(0, str(REPO))
+        use_quick_timing()
     rows = run_worker(args.impl, int(args.threads), parse_shapes(args.shapes))
     print(json.dumps(rows))  # the parent reads the last line of stdout
     return 0

@@ -8,8 +8,7 @@ layers, seq 128, batch 1) and ResNet-50 (1x3x224x224).
 
 Each (implementation, thread count) runs in its own worker process, since thread pools are
 sized once per process (TVM's from ``TVM_NUM_THREADS`` at first use, OpenMP's at load); the
-parent merges their JSON, as ``benchmarks/gemm.py`` does, whose timing and machine helpers
-are reused::
+parent merges their JSON (timing, workers and result files: ``benchmarks/harness.py``)::
 
     python benchmarks/models.py                        # full size, 1 and 2 threads
     python benchmarks/models.py --quick                # BERT 2 layers, a smaller ResNet
@@ -32,7 +31,6 @@ Runtime)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import inspect
 import json
@@ -48,14 +46,21 @@ from typing import Any
 
 import numpy as np
 import onnx
+from harness import (
+    Skipped,
+    machine,
+    measure_peaks,
+    median_time,
+    results_dir,
+    run_header,
+    untuned_tvm_matmul,
+    use_quick_timing,
+    worker_env,
+    worker_rows,
+    write_results,
+)
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-RESULTS = HERE / "results"
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_models"
-
-sys.path[:0] = [str(HERE), str(REPO)]
-import gemm  # noqa: E402  (the sibling benchmark: timing, peak, machine and env helpers)
 
 IMPLS: tuple[str, ...] = ("tpp_tvm", "onnxruntime", "torch", "torch_compile", "tvm_default")
 IMPL_TITLES = {
@@ -271,7 +276,7 @@ def _tpp_tvm(case: Case, model: onnx.ModelProto, precision: str = "float32") -> 
     outputs = compiled(*values)
     fallbacks = compiled.report_data.get("fallbacks", {})
     note = f"{_FALLBACKS}{dict(fallbacks)}" if fallbacks else ""
-    seconds = gemm._median_time(lambda: compiled(*values))
+    seconds = median_time(lambda: compiled(*values))
     return Measured(seconds, outputs, compile_s, note)
 
 
@@ -282,7 +287,7 @@ def _ort(case: Case, model: onnx.ModelProto) -> Measured:
 
     session = onnxruntime_session(model, case.threads)
     outputs = session.run(None, case.inputs)
-    seconds = gemm._median_time(lambda: session.run(None, case.inputs))
+    seconds = median_time(lambda: session.run(None, case.inputs))
     return Measured(seconds, list(outputs), note=f"onnxruntime {onnxruntime.__version__}")
 
 
@@ -294,54 +299,23 @@ def _run_onnxruntime(case: Case) -> Measured:
 
     session = onnxruntime_session(case.model, case.threads)
     outputs = session.run(None, case.inputs)
-    seconds = gemm._median_time(lambda: session.run(None, case.inputs))
+    seconds = median_time(lambda: session.run(None, case.inputs))
     return Measured(seconds, list(outputs), note=f"onnxruntime {onnxruntime.__version__}")
 
 
 def torch_module(name: str, size: str) -> Any:
-    """The generator's torch module with the generator's weights (same seed, same code path).
-
-    ``tpp_tvm.models`` exports these modules but does not return them; rebuilding them the
-    way it does gives identical weights, which the error column against ONNX Runtime checks.
-    """
-    import torch
-
+    """The generator's torch module with the generator's weights (``tpp_tvm.models`` builds
+    both from one function), which the error column against ONNX Runtime checks."""
     from tpp_tvm import models as zoo
 
     a = _arguments(MODELS[name], size)
     if name == "bert":
-
-        def make() -> Any:
-            module = zoo._bert_module(a["layers"], a["hidden"], a["heads"], a["intermediate"])
-            zoo._randomize_norms(module)
-            return module
-
+        module = zoo.bert_encoder_torch(a["layers"], a["hidden"], a["heads"], a["intermediate"])
     elif name == "resnet50":
-
-        def make() -> Any:
-            module = zoo._resnet_module(a["width"], a["blocks"], a["classes"])
-            calibrate = torch.randn(2, 3, a["image"], a["image"])
-            zoo._randomize_norms(module, calibrate=calibrate)
-            return module
-
+        module = zoo.resnet50_torch(a["image"], a["width"], a["blocks"], a["classes"])
     else:
-        nn = torch.nn
-        acts = {
-            "gelu": nn.GELU,
-            "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-            "relu": nn.ReLU,
-        }
-        dims = a["dims"]
-
-        def make() -> Any:
-            layers: list[Any] = []
-            for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-                layers.append(nn.Linear(d_in, d_out))
-                if i < len(dims) - 2 and a["activation"] != "none":
-                    layers.append(acts[a["activation"]]())
-            return nn.Sequential(*layers)
-
-    return zoo._seeded(make).eval()
+        module = zoo.mlp_torch(a["dims"], a["activation"])
+    return module.eval()
 
 
 def _torch_call(case: Case, compile_: bool) -> Measured:
@@ -357,7 +331,7 @@ def _torch_call(case: Case, compile_: bool) -> Measured:
         out = fn(*tensors)
         first_s = time.perf_counter() - t0
         outputs = [o.numpy() for o in (out if isinstance(out, tuple | list) else [out])]
-        seconds = gemm._median_time(lambda: fn(*tensors))
+        seconds = median_time(lambda: fn(*tensors))
     if compile_:
         note += ", inductor; compile = first call, caches off"
         return Measured(seconds, outputs, first_s, note)
@@ -379,7 +353,7 @@ def _run_torch_bf16(case: Case) -> Measured:
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = module(*tensors)
         outputs = [o.float().numpy() for o in (out if isinstance(out, tuple | list) else [out])]
-        seconds = gemm._median_time(lambda: module(*tensors))
+        seconds = median_time(lambda: module(*tensors))
     return Measured(seconds, outputs, note=f"torch {torch.__version__}, bf16 autocast")
 
 
@@ -414,12 +388,15 @@ def _tvm_default_once(model: onnx.ModelProto, threads: int) -> tuple[float, floa
     return compile_s, seconds, outputs
 
 
+_TVM_DEFAULT_RATE: list[float] = []  # GFLOP/s of an untuned matmul, measured once
+
+
 def _tvm_default_rate(case: Case) -> tuple[float, str]:
     """Untuned TVM's GFLOP/s on this model, estimated without running it.
 
     Its speed differs by model (large GEMMs thrash the cache; convolutions do better), so
     full-size models are calibrated on their quick variant (same layers, fewer of them);
-    others on an untuned BERT-sized matmul from ``gemm.py``.
+    others on an untuned BERT-sized matmul.
     """
     spec = MODELS[case.name]
     if case.size == "full" and spec.quick != spec.full:
@@ -427,9 +404,13 @@ def _tvm_default_rate(case: Case) -> tuple[float, str]:
         _, seconds, _ = _tvm_default_once(small, case.threads)
         gflop = model_flops(small) / 1e9
         return gflop / seconds, f"its --quick variant ({gflop:.1f} GFLOP in {seconds:.1f} s)"
-    if not gemm._TVM_DEFAULT_RATE:
-        gemm._run_tvm_default(128, 3072, 768, 1)
-    return gemm._TVM_DEFAULT_RATE[0], "an untuned 128×3072×768 matmul"
+    if not _TVM_DEFAULT_RATE:
+        m, n, k = 128, 3072, 768
+        rng = np.random.default_rng([m, n, k])
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        _TVM_DEFAULT_RATE.append(2 * m * n * k / 1e9 / untuned_tvm_matmul(a, b)[1])
+    return _TVM_DEFAULT_RATE[0], "an untuned 128×3072×768 matmul"
 
 
 def _run_tvm_default(case: Case) -> Measured:
@@ -440,7 +421,7 @@ def _run_tvm_default(case: Case) -> Measured:
     if gflop >= 1.0:  # below that, one run takes seconds at worst
         rate, source = _tvm_default_rate(case)
         if gflop / rate > TVM_DEFAULT_MAX_S:
-            raise gemm.Skipped(
+            raise Skipped(
                 f"skipped: one run est. {gflop / rate:.0f} s > {TVM_DEFAULT_MAX_S:.0f} s "
                 f"({gflop:.1f} GFLOP at {rate:.2f} GFLOP/s, measured on {source})"
             )
@@ -495,7 +476,7 @@ def run_worker(
         except ImportError as exc:
             rows.append(_row(name, impl, threads, status="missing", note=f"missing: {exc}"))
             continue
-        except gemm.Skipped as exc:
+        except Skipped as exc:
             rows.append(_row(name, impl, threads, status="skipped", note=str(exc)))
             continue
         except Exception as exc:  # a benchmark row records any failure
@@ -528,11 +509,11 @@ def _spawn_worker(impl: str, threads: int, names: list[str], args: argparse.Name
         "--threads", str(threads), "--models", ",".join(names), "--size", args.size,
         "--cache-dir", str(args.cache_dir), "--refs", json.dumps(refs),
     ] + (["--quick"] if args.quick else [])
-    env = gemm._worker_env(impl, threads)
+    env = worker_env(threads)
     if impl == "torch_compile":
         # Compile time means a cold compile, not a hit in inductor's on-disk cache.
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
-    rows, why = gemm.worker_rows(cmd, env, WORKER_TIMEOUT_S)
+    rows, why = worker_rows(cmd, env, WORKER_TIMEOUT_S)
     if rows is not None:
         return rows
     return [_row(n, impl, threads, status="error", note=why[:300]) for n in names]
@@ -558,7 +539,7 @@ def _cell(row: dict | None, field: str = "median_ms") -> str:
 
 
 def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, float],
-                    command: str, machine: str, date: str, load: str) -> str:
+                    command: str, machine_line: str, date: str, load: str) -> str:
     """models.md: latency table, compile/accuracy table, and notes (skips, errors)."""
     by_key = {(r["model"], r["impl"], r["threads"]): r for r in rows}
     threads = sorted(peaks)
@@ -567,11 +548,7 @@ def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, fl
     lines = [
         "# Model inference, fp32: median latency (ms)",
         "",
-        f"- Machine: {machine}",
-        f"- Date: {date}",
-        f"- Command: `{command}`",
-        f"- 1-minute load average before / after the run: {load} (other work on this machine "
-        "depresses the numbers, the multi-threaded ones most)",
+        *run_header(machine_line, date, command, load),
         f"- Measured fp32 FMA peak (`benchmarks/peak.py`, best of before and after): "
         f"{peak_text}.",
         "- Implementations: tpp_tvm = `compile_onnx` with the host's TPP target; ONNX Runtime "
@@ -710,7 +687,7 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
                 info[name]["output_max_abs"] = max(float(np.abs(outputs[k]).max()) for k in outputs)
     load_before = os.getloadavg()[0]
     print(f"measuring fp32 peak on {threads} thread(s) ...", file=sys.stderr)
-    peaks = gemm._measure_peaks(threads)
+    peaks = measure_peaks(threads)
     rows: list[dict] = []
     for t in threads:
         for impl in impls:
@@ -720,7 +697,7 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
             rows.extend(_spawn_worker(impl, t, run, args, refs))
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
-    after = gemm._measure_peaks(threads)
+    after = measure_peaks(threads)
     peaks = {t: max(p, after[t]) for t, p in peaks.items()}
     for row in rows:
         gflop = info[row["model"]]["gflop"]
@@ -732,9 +709,9 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     rows += [
         _row(None, "peak", t, status="ok", gflops=p, pct_peak=100.0) for t, p in peaks.items()
     ]
-    gemm.write_results(args.out, "models", argv, rows, load_before,
-                       lambda command, date, load: render_markdown(
-                           rows, info, peaks, command, gemm._machine(), date, load))
+    write_results(args.out, "models", argv, rows, load_before,
+                  lambda command, date, load: render_markdown(
+                      rows, info, peaks, command, machine(), date, load))
     return 0
 
 
@@ -759,8 +736,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.out is None and not getattr(args, "worker", None):
-        from harness import results_dir
-
         args.out = str(results_dir())
     if args.impls and not set(args.impls.split(",")) <= set(IMPLS + LOWP_IMPLS):
         parser.error(f"--impls must be a subset of {','.join(IMPLS + LOWP_IMPLS)}")
@@ -772,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.worker:
         return run_parent(args, argv)
     if args.quick:
-        gemm.TIMING.__dict__.update(dataclasses.asdict(gemm.QUICK_TIMING))
+        use_quick_timing()
     rows = run_worker(
         args.impl, int(args.threads), args.models.split(","), args.size, args.cache_dir,
         json.loads(args.refs),

@@ -19,28 +19,22 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+from harness import RESULTS, machine, write_results
 from tvm import s_tir
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import gemm  # noqa: E402  (results writing and the machine line)
-
-from tpp_tvm.cross import asm  # noqa: E402
-from tpp_tvm.cross.runner import Call, executed_instructions  # noqa: E402
-from tpp_tvm.cross.toolchain import disassemble, export_library  # noqa: E402
-from tpp_tvm.intrinsics import TPPSpec, intrinsic  # noqa: E402
-from tpp_tvm.intrinsics.reference import (  # noqa: E402
+from tpp_tvm.cross import asm
+from tpp_tvm.cross.runner import Call, executed_instructions
+from tpp_tvm.cross.toolchain import disassemble, export_library
+from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.intrinsics.reference import (
     BLOCK,
     operand_dtypes,
     operand_shapes,
     workload,
 )
-from tpp_tvm.intrinsics.registry import catalogue, portable  # noqa: E402
-from tpp_tvm.target import target  # noqa: E402
+from tpp_tvm.intrinsics.registry import catalogue, portable
+from tpp_tvm.target import target
 
-RESULTS = HERE / "results"
 DYNAMIC_VL_BYTES = (16, 64, 256)
 
 
@@ -103,7 +97,7 @@ def render(rows: list[dict], command: str, date: str, load: str) -> str:
     lines = [
         "# TPP kernels: SVE vs AVX-512 instruction counts",
         "",
-        f"`{command}` — {date}, load {load}. Host: {gemm._machine()}.",
+        f"`{command}` — {date}, load {load}. Host: {machine()}.",
         "",
         "Both columns come from the same templates (`intrinsics/brgemm_template.py`,",
         "`eltwise_template.py`) with the ISA's `VectorISA`. *Loop* is the kernel's hot loop",
@@ -170,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"tpp": spec.name("sve"), "sve": s, "avx512": a,
              "sve_executed": {str(b): executed[b][i] for b in DYNAMIC_VL_BYTES}}
             for i, (spec, s, a) in enumerate(zip(specs, sve, avx, strict=True))]
-    gemm.write_results(args.out, "sve", argv, rows, load_before,
-                       lambda command, date, load: render(rows, command, date, load),
-                       script="sve_instructions")
+    write_results(args.out, "sve", argv, rows, load_before,
+                  lambda command, date, load: render(rows, command, date, load),
+                  script="sve_instructions")
     return 0
 
 

@@ -8,7 +8,7 @@ losses are compared across implementations (column "loss Δ": max relative diffe
 against torch eager over the timed run's first ``CHECK_STEPS`` steps).
 
 Each (implementation, threads) runs in its own worker process (thread pools are sized once
-per process), as in ``benchmarks/gemm.py``, whose timing and result helpers are reused::
+per process; timing, workers and result files: ``benchmarks/harness.py``)::
 
     python benchmarks/training.py            # full size, 1 and 2 threads
     python benchmarks/training.py --quick    # small models, fewer repeats (harness check)
@@ -22,20 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO))
-
-import gemm  # noqa: E402  (timing, machine and result helpers)
+from harness import (
+    machine,
+    median_time,
+    results_dir,
+    use_quick_timing,
+    worker_env,
+    worker_rows,
+    write_results,
+)
 
 IMPLS = ("tpp_tvm", "torch", "torch_compile")
 TITLES = {"tpp_tvm": "tpp_tvm", "torch": "torch eager", "torch_compile": "torch.compile"}
@@ -85,7 +86,7 @@ def data(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[np.ndarray
 
 def _losses_then_time(step_fn) -> tuple[list[float], float]:
     losses = [step_fn() for _ in range(CHECK_STEPS)]
-    return losses, gemm._median_time(step_fn)
+    return losses, median_time(step_fn)
 
 
 def run_tpp_tvm(name: str, a: dict, threads: int) -> dict:
@@ -134,7 +135,7 @@ def run_torch(name: str, a: dict, threads: int, compile_: bool) -> dict:
 
 def run_worker(impl: str, threads: int, quick: bool) -> list[dict]:
     if quick:
-        gemm.TIMING = gemm.QUICK_TIMING
+        use_quick_timing()
     rows = []
     for name, sizes in MODELS.items():
         a = sizes[1] if quick else sizes[0]
@@ -154,18 +155,13 @@ def run_worker(impl: str, threads: int, quick: bool) -> list[dict]:
 def spawn(impl: str, threads: int, quick: bool) -> list[dict]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", impl,
            "--threads", str(threads)] + (["--quick"] if quick else [])
-    env = gemm._worker_env(impl, threads)
+    env = worker_env(threads)
     if impl == "torch_compile":
         # Compile time means a cold compile, not a hit in inductor's on-disk cache.
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=WORKER_TIMEOUT_S)
-        if proc.returncode == 0:
-            return json.loads(proc.stdout.strip().splitlines()[-1])
-        why = f"worker exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    except subprocess.TimeoutExpired:
-        why = f"worker timed out after {WORKER_TIMEOUT_S} s"
+    rows, why = worker_rows(cmd, env, WORKER_TIMEOUT_S)
+    if rows is not None:
+        return rows
     return [{"model": m, "title": m, "impl": impl, "threads": threads, "status": "error",
              "note": why[:300]} for m in MODELS]
 
@@ -177,7 +173,7 @@ def _rel(a: list[float], b: list[float]) -> float:
 def render(rows: list[dict], command: str, date: str, load: str) -> str:
     lines = ["# Training step: tpp_tvm vs torch eager vs torch.compile", "",
              f"`{command}` — {date}, load before/after {load}", "",
-             f"Machine: {gemm._machine()}", "",
+             f"Machine: {machine()}", "",
              "One step = forward + MSE loss + backward + AdamW update (fp32). Times are "
              "medians in ms; compile in s. Ratios are tpp_tvm time / peer time (goal: ≤ 0.8 "
              "vs eager, ≤ 1 vs torch.compile). loss Δ: max relative difference of the first "
@@ -232,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.out is None and not getattr(args, "worker", None):
-        from harness import results_dir
-
         args.out = str(results_dir())
     if args.worker:
         print(json.dumps(run_worker(args.impl, int(args.threads), args.quick)))
@@ -245,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         for impl in impls:
             print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
             rows.extend(spawn(impl, t, args.quick))
-    gemm.write_results(args.out, "training", argv, rows, load_before,
-                       lambda command, date, load: render(rows, command, date, load))
+    write_results(args.out, "training", argv, rows, load_before,
+                  lambda command, date, load: render(rows, command, date, load))
     return 0
 
 

@@ -25,11 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-import numpy as np  # noqa: E402
+import numpy as np
+from harness import results_dir, write_results
 
 GEMMS = ((512, 512, 512), (128, 3072, 768))
 
@@ -283,8 +280,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-time the logs a previous run left in DIR (no tuning)")
     args = parser.parse_args(argv)
     if args.out is None and not getattr(args, "worker", None):
-        from harness import results_dir
-
         args.out = str(results_dir())
     if args.quick:
         args.workloads, args.trials, args.tvm_trials = "gemm", "8", "8,16"
@@ -292,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     for opt in ("trials", "tvm_trials", "model_trials", "model_tvm_trials"):
         setattr(args, opt, sorted(int(t) for t in getattr(args, opt).split(",")))
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    from gemm import write_results
-
     load = os.getloadavg()[0]
     rows = run(args)
     write_results(args.out, "tuning", argv, rows, load,

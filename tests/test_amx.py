@@ -100,7 +100,7 @@ def test_tile_kernels_run_like_numpy(spec: TPPSpec) -> None:
 def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None:
     """Many 32 x 32 blocks, two threads: one ldtilecfg and one tilerelease in the whole
     kernel (per thread at run time), not one per microkernel call."""
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
 
     kernel = build_gemm(100, 70, 130, dtype=dtype, target=target("amx", num_cores=2))
     asm = kernel.module.inspect_source("asm")
@@ -113,7 +113,8 @@ def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None
 def test_amx_target_gemm_with_an_epilogue_runs_on_the_avx512_unit() -> None:
     """Tiles take plain C = A @ B so far; with a bias it is the AVX-512 BF16 kernel (which
     every AMX CPU has), compiled for the same AMX target, not an error."""
-    from tpp_tvm.schedules.gemm import build_gemm, runs_on_tiles
+    from tpp_tvm.kernels import build_gemm
+    from tpp_tvm.schedules.gemm_plan import runs_on_tiles
 
     assert runs_on_tiles("amx", "bfloat16") and not runs_on_tiles("amx", "bfloat16", bias=True)
     if not (HOST.avx512_bf16 and HOST.amx_tile):
@@ -133,7 +134,7 @@ def test_amx_target_gemm_with_an_epilogue_runs_on_the_avx512_unit() -> None:
 def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
     import numpy as np
 
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
 
     rng = np.random.default_rng(0)
     m, n, k = 100, 70, 130

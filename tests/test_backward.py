@@ -29,7 +29,7 @@ def _run(sch, *inputs, outs):
 @pytest.fixture
 def untensorized(caplog):
     """Stages that fell back from their TPP (the schedules log each at debug level)."""
-    caplog.set_level(logging.DEBUG, logger="tpp_tvm.schedules.gemm")
+    caplog.set_level(logging.DEBUG, logger="tpp_tvm.schedules")
     return lambda: [r.getMessage() for r in caplog.records if "not tensorized" in r.getMessage()]
 
 

@@ -76,7 +76,7 @@ def test_everything_compiles_for(check) -> None:
 def test_a_bf16_kernel_for_a_cpu_without_bf16_is_refused_before_llvm() -> None:
     """The crash that once killed the suite: a bf16 GEMM tail built for ``icelake-server``
     (and a host LLVM names ``rocketlake``) aborted inside LLVM; now a clear error."""
-    from tpp_tvm.schedules.gemm import build_gemm
+    from tpp_tvm.kernels import build_gemm
 
     for cpu in ("icelake-server", "rocketlake"):
         with pytest.raises(UnsupportedISAError, match=f"avx512bf16.*{cpu}"):

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpp_tvm.errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
-from tpp_tvm.schedules.gemm import build_gemm, pack_b_numpy, plan_gemm
+from tpp_tvm.kernels import build_gemm, pack_b_numpy
+from tpp_tvm.schedules.gemm_plan import plan_gemm
 from tpp_tvm.target import host_isa
 
 ACT_REF = {

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tpp_tvm.schedules.gemm import build_gemm
+from tpp_tvm.kernels import build_gemm
 from tpp_tvm.target import target
 from tpp_tvm.tir_pipeline import PIPELINE, STACK_LIMIT_BYTES, compile_kernels
 

@@ -23,8 +23,8 @@ from .compiled import CompiledModel, compile_onnx, compile_relax, load
 from .errors import TPPError
 from .frontend import from_onnx
 from .intrinsics import registered
+from .kernels import build_gemm
 from .relay_passes import build
-from .schedules.gemm import build_gemm
 from .target import host_isa, target
 from .tuning.driver import tune
 

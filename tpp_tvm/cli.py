@@ -374,7 +374,7 @@ def _demo_gemm(args: argparse.Namespace) -> int:
         os.environ.setdefault("TVM_NUM_THREADS", threads)
     print(f"compiling {m}x{n}x{k} fp32 GEMM for {_show(tgt)} ...", flush=True)
     try:
-        from tpp_tvm.schedules.gemm import build_gemm
+        from tpp_tvm.kernels import build_gemm
     except ImportError as exc:
         print(f"tpp-tvm: error: the GEMM schedule is not available: {exc}", file=sys.stderr)
         return 1

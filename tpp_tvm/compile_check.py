@@ -55,7 +55,7 @@ def _tpp_items() -> Iterator[Item]:
     from tpp_tvm.intrinsics import intrinsic
     from tpp_tvm.intrinsics.reference import BLOCK, workload
     from tpp_tvm.intrinsics.registry import catalogue, low_precision_catalogue
-    from tpp_tvm.schedules.gemm import register_tile_isa
+    from tpp_tvm.schedules.gemm_plan import register_tile_isa
 
     def implementation(spec, isa: str):
         """The target ISA's implementation; on AMX, shapes the tiles do not take use the
@@ -78,13 +78,15 @@ def _tpp_items() -> Iterator[Item]:
 
 
 def _schedule_items() -> Iterator[Item]:
+    from tpp_tvm.kernels import amx_gemm_schedule
     from tpp_tvm.schedules import attention, conv, gemm, pool, rowwise
+    from tpp_tvm.schedules.gemm_plan import runs_on_tiles
 
     def gemm_item(dtype: str, **options) -> Callable[[tvm.target.Target], None]:
         def build(tgt: tvm.target.Target) -> None:
             isa = isa_of(tgt)
-            if gemm.runs_on_tiles(isa, dtype, **options):
-                sch, _ = gemm.amx_gemm_schedule(37, 100, 64, dtype, tgt)
+            if runs_on_tiles(isa, dtype, **options):
+                sch, _ = amx_gemm_schedule(37, 100, 64, dtype, tgt)
             else:
                 sch, _ = gemm.gemm_schedule(37, 100, 64, isa, dtype=dtype, **options)
             _compile_tir(sch.mod, tgt)

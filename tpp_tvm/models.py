@@ -152,6 +152,29 @@ def _randomize_norms(module: Any, calibrate: Any = None) -> None:
 _ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "none")
 
 
+def mlp_torch(dims: Sequence[int], activation: str) -> Any:
+    """The torch module :func:`mlp` exports, with the same weights: for peers that run the
+    model in torch (benchmarks)."""
+    torch = _torch()
+    nn = torch.nn
+
+    def make() -> Any:
+        layers: list[Any] = []
+        for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            layers.append(nn.Linear(d_in, d_out))
+            if i < len(dims) - 2 and activation != "none":
+                layers.append(
+                    {
+                        "gelu": lambda: nn.GELU(),
+                        "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+                        "relu": lambda: nn.ReLU(),
+                    }[activation]()
+                )
+        return nn.Sequential(*layers)
+
+    return _seeded(make)
+
+
 def mlp(
     batch: int = 64,
     dims: Sequence[int] = (1024, 4096, 4096, 1024),
@@ -171,25 +194,8 @@ def mlp(
     dims = tuple(int(d) for d in dims)
 
     def build() -> bytes:
-        torch = _torch()
-        nn = torch.nn
-
-        def make() -> Any:
-            layers: list[Any] = []
-            for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-                layers.append(nn.Linear(d_in, d_out))
-                if i < len(dims) - 2 and activation != "none":
-                    layers.append(
-                        {
-                            "gelu": lambda: nn.GELU(),
-                            "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-                            "relu": lambda: nn.ReLU(),
-                        }[activation]()
-                    )
-            return nn.Sequential(*layers)
-
-        module = _seeded(make)
-        return _export(module, [torch.zeros(batch, dims[0])], ["input"])
+        module = mlp_torch(dims, activation)
+        return _export(module, [_torch().zeros(batch, dims[0])], ["input"])
 
     args = {"b": batch, "d": dims, "act": activation}
     return _cached("mlp", args, cache_dir, build)
@@ -252,6 +258,17 @@ def _bert_module(layers: int, hidden: int, heads: int, intermediate: int) -> Any
     return Encoder()
 
 
+def bert_encoder_torch(layers: int, hidden: int, heads: int, intermediate: int) -> Any:
+    """The torch module :func:`bert_encoder` exports, with the same weights."""
+
+    def make() -> Any:
+        module = _bert_module(layers, hidden, heads, intermediate)
+        _randomize_norms(module)
+        return module
+
+    return _seeded(make)
+
+
 def bert_encoder(
     layers: int = 2,
     hidden: int = 768,
@@ -276,13 +293,7 @@ def bert_encoder(
 
     def build() -> bytes:
         torch = _torch()
-
-        def make() -> Any:
-            module = _bert_module(layers, hidden, heads, intermediate)
-            _randomize_norms(module)
-            return module
-
-        module = _seeded(make)
+        module = bert_encoder_torch(layers, hidden, heads, intermediate)
         example = [torch.zeros(batch, seq, hidden), torch.zeros(batch, 1, 1, seq)]
         kinds = {"hidden_states": "normal", "attention_mask": "mask"}
         axes = (
@@ -362,6 +373,19 @@ def _resnet_module(width: int, blocks: Sequence[int], classes: int) -> Any:
     return nn.Sequential(*layers)
 
 
+def resnet50_torch(image: int, width: int, blocks: Sequence[int], classes: int) -> Any:
+    """The torch module :func:`resnet50` exports, with the same weights (BatchNorm statistics
+    calibrated at ``image`` pixels, as the export's)."""
+    torch = _torch()
+
+    def make() -> Any:
+        module = _resnet_module(width, blocks, classes)
+        _randomize_norms(module, calibrate=torch.randn(2, 3, image, image))
+        return module
+
+    return _seeded(make)
+
+
 def resnet50(
     batch: int = 1,
     image: int = 224,
@@ -380,15 +404,8 @@ def resnet50(
     blocks = tuple(int(b) for b in blocks)
 
     def build() -> bytes:
-        torch = _torch()
-
-        def make() -> Any:
-            module = _resnet_module(width, blocks, classes)
-            _randomize_norms(module, calibrate=torch.randn(2, 3, image, image))
-            return module
-
-        module = _seeded(make)
-        return _export(module, [torch.zeros(batch, 3, image, image)], ["input"])
+        module = resnet50_torch(image, width, blocks, classes)
+        return _export(module, [_torch().zeros(batch, 3, image, image)], ["input"])
 
     args = {"b": batch, "img": image, "w": width, "blk": blocks, "c": classes}
     return _cached("resnet", args, cache_dir, build)

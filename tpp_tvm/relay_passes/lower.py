@@ -20,11 +20,12 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
+from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import AttentionShape, attention_schedule, padded_query_rows
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
-from ..schedules.gemm import bf16_a_schedule, gemm_schedule, numpy_dtype, pack_b_numpy
+from ..schedules.gemm import bf16_a_schedule, gemm_schedule
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
 from .patterns import TPPPattern, pattern_table
@@ -69,8 +70,10 @@ class LoweringReport:
         return "\n".join(lines) if lines else "  (no TPP subgraphs)"
 
 
-def _kernel_attrs(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """Attributes a hand-scheduled kernel needs inside a Relax module (see DESIGN.md)."""
+def as_relax_kernel(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """A hand-scheduled kernel ready for ``call_tir`` in a Relax module: opaque (else
+    FuseOps fuses neighbours into it and FuseTIR crashes), scheduled, no-alias, and without
+    TE's ``global_symbol="main"`` (a duplicate symbol fails the build). See DESIGN.md."""
     func = func.without_attr("global_symbol")
     return func.with_attrs(
         {"op_pattern": 8, "tirx.is_scheduled": True, "tirx.noalias": True}
@@ -96,11 +99,11 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"),
                               dtype=precision)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
     prec = plan.precision
     if plan.a_prepadded:
-        cvt = bb.add_func(_kernel_attrs(bf16_a_schedule(m, k, plan.mp, plan.kp, isa).mod["main"]),
+        cvt = bb.add_func(as_relax_kernel(bf16_a_schedule(m, k, plan.mp, plan.kp, isa).mod["main"]),
                           name.replace(".", "_") + "_a_bf16")
         a2 = bb.emit(relax.call_tir(cvt, [a2], relax.TensorType((plan.mp, plan.kp), prec.a)))
     w_packed = pack_b_numpy(w_kn.astype(numpy_dtype(prec.b)), plan.nr, "kn", plan.kp, prec.vnni)
@@ -131,7 +134,7 @@ def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     batch = int(np.prod(xs[:-2]))
     m, k, n = xs[-2], xs[-1], ys[-1]
     sch, _ = gemm_schedule(m, n, k, isa, batch=batch, b_packed=False)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     a3 = bb.emit(relax.op.reshape(x, (batch, m, k))) if len(xs) != 3 else x
     b3 = bb.emit(relax.op.reshape(y, (batch, k, n))) if len(ys) != 3 else y
     out = bb.emit(relax.call_tir(gv, [a3, b3], relax.TensorType((batch, m, n), "float32")))
@@ -162,13 +165,13 @@ def _lower_matmul(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         # dX = dY Wᵀ with few rows: packing Wᵀ (n x k) would cost more than the product.
         # Cᵀ = W dYᵀ reads W in place as rows; only dY (m x k) is packed, C transposed back.
         sch, _ = gemm_schedule(n, m, k, isa, b_packed=False, b_transposed=True)
-        gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_") + "_swapped")
+        gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_") + "_swapped")
         ct = bb.emit(relax.call_tir(gv, [y, x], relax.TensorType((n, m), "float32")))
         return relax.op.permute_dims(ct, [1, 0])
     sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
                               activation=matched.get("activation"), b_packed=False,
                               a_transposed=ta, b_transposed=tb)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x, y]
     if "bias" in matched:
         bias = matched["bias"]
@@ -187,7 +190,7 @@ def _lower_col_sum(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     shape = _shape(dy)
     rows, width = int(np.prod(shape[:-1])), shape[-1]
     sch = col_sum_schedule(rows, width, isa)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     dy2 = bb.emit(relax.op.reshape(dy, (rows, width))) if len(shape) != 2 else dy
     return relax.call_tir(gv, [dy2], relax.TensorType((width,), "float32"))
 
@@ -216,7 +219,7 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
                               activation=matched.get("activation"),
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"))
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [bb.emit(relax.op.reshape(x, (n, h, w * c))), relax.const(pack_filter(w_oihw, plan.nr))]
     if "bias" in matched:
         bias = matched["bias"].value.numpy().reshape(-1)
@@ -237,7 +240,7 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
                                   activation=matched.get("activation"),
                                   residual="residual" in matched,
                                   post_activation=matched.get("post_activation"))
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [x, relax.const(np.ascontiguousarray(w_rsc, dtype="float32"))]
     if "bias" in matched:
         args.append(relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32")))
@@ -269,7 +272,7 @@ def _conv_runtime_weight(bb: relax.BlockBuilder, matched: dict[str, relax.Expr],
     w = relax.op.reshape(w, (op_ // plan.nr, plan.nr, ic, r, s))
     w = relax.op.permute_dims(w, [0, 3, 4, 2, 1])
     packed = bb.emit(relax.op.reshape(w, (op_ // plan.nr, r, s * ic, plan.nr)))
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     n, h, wd, c = _shape(x)
     args = [bb.emit(relax.op.reshape(x, (n, h, wd * c))), packed]
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
@@ -280,7 +283,7 @@ def _rowwise_kernel(bb: relax.BlockBuilder, x: relax.Expr, name: str, schedule, 
     """A row-wise kernel over ``x`` flattened to rows (the first of ``args``), reshaped back."""
     xs = _shape(x)
     rows, width = int(np.prod(xs[:-1])), xs[-1]
-    gv = bb.add_func(_kernel_attrs(schedule(rows, width).mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(schedule(rows, width).mod["main"]), name.replace(".", "_"))
     x2 = bb.emit(relax.op.reshape(x, (rows, width))) if len(xs) != 2 else x
     out = bb.emit(relax.call_tir(gv, [x2, *args], relax.TensorType((rows, width), "float32")))
     return relax.op.reshape(out, xs) if len(xs) != 2 else out
@@ -324,7 +327,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     args.append(bb.emit(relax.op.reshape(v, (bh, ks[-1], qs[-1]))))
     shape = AttentionShape(bh, rows, ks[-1], qs[-1], heads, scale, "mask" in matched)
     sch = attention_schedule(shape, isa)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))
     if rows != qs[-2]:
         out = bb.emit(relax.op.strided_slice(out, axes=[1], begin=[0], end=[qs[-2]]))
@@ -350,7 +353,7 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     if matched.get("activation"):
         steps.append(matched["activation"])
     sch = equation_schedule(rows, width, tuple(steps), kinds, isa)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((rows, width), "float32")))
     return relax.op.reshape(out, xs)
 
@@ -366,7 +369,7 @@ def _lower_max_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name
     shape = PoolShape(n, h, w, c, int(attrs.pool_size[0]), int(attrs.pool_size[1]),
                       int(attrs.strides[0]), tuple(pad))
     sch = max_pool_schedule(shape, isa)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [bb.emit(relax.op.reshape(x, (n, h, w * c)))]
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, c), "float32"))
 
@@ -377,7 +380,7 @@ def _lower_global_avg_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr
     x, call = matched["lhs"], matched["root"]
     n, h, w, c = _shape(x)
     sch = global_avg_pool_schedule(n, h * w, c, isa)
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), name.replace(".", "_"))
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, [bb.emit(relax.op.reshape(x, (n, h * w, c)))],
                                  relax.TensorType((n, c), "float32")))
     return relax.op.reshape(out, _shape(call))
@@ -528,7 +531,7 @@ def _lower_contraction(bb: relax.BlockBuilder, call: relax.Call, info, isa: str)
     sch, _ = gemm_schedule(m, n, k, isa, batch=batch or None, b_packed=False,
                            a_transposed=bool(info["a_t"]), b_transposed=bool(info["b_t"]),
                            a_scale=float(info["scale"]))
-    gv = bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_contraction")
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_contraction")
     shape = (batch, m, n) if batch else (m, n)
     return relax.call_tir(gv, [args[int(info["a"])], args[int(info["b"])]],
                           relax.TensorType(shape, "float32"))
@@ -564,7 +567,7 @@ def lower_tagged_kernels(mod: tvm.IRModule, isa: str, report: LoweringReport) ->
             log.info("TPP backward kernel %s fell back to TVM: %s", op, reason)
             report.fallbacks[f"tpp.{op} ({reason})"] += 1
             continue
-        mod[gv] = _kernel_attrs(sch.mod["main"])
+        mod[gv] = as_relax_kernel(sch.mod["main"])
         report.lowered[f"tpp.{op}"] += 1
     return mod
 

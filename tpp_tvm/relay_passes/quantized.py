@@ -30,8 +30,9 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
+from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
-from ..schedules.gemm import gemm_schedule, pack_b_numpy
+from ..schedules.gemm import gemm_schedule
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -39,7 +40,7 @@ from .fake_quant import (
     drop_fake_quantization,
     expose_folded_relus,
 )
-from .lower import LoweringReport, _kernel_attrs
+from .lower import LoweringReport, as_relax_kernel
 from .patterns import ACTIVATIONS
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
@@ -101,7 +102,7 @@ class _Emitter:
         k, n = w_q.shape
         sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True,
                                   **epi.schedule_args())
-        gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_matmul")
+        gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
         a2, zp = _as_uint8(a2, a_zp, a_dtype)
         packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
@@ -139,7 +140,7 @@ class _Emitter:
                              None if res is None else relax.op.reshape(res, (rows, oc)))
             return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
         sch, plan = conv_schedule(shape, self.isa, dtype="int8", **epi.schedule_args())
-        gv = self.bb.add_func(_kernel_attrs(sch.mod["main"]), "tpp_int8_conv2d")
+        gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
         x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
         zp_u8 = relax.op.astype(relax.op.reshape(zp, (1,)), "uint8")
@@ -409,7 +410,7 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
         if size % LANES or size < 64 * LANES:
             return orig
         op = "max" if orig.op.name == "relax.max" else "min"
-        gv = bb.add_func(_kernel_attrs(reduce_all_schedule(size, op).mod["main"]),
+        gv = bb.add_func(as_relax_kernel(reduce_all_schedule(size, op).mod["main"]),
                          f"tpp_reduce_all_{op}")
         rows = relax.op.reshape(m[x], (size // LANES, LANES))
         part = relax.call_tir(gv, [rows], relax.TensorType((LANES,), "float32"))

@@ -15,8 +15,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from .gemm import _try_tensorize
-from .rowwise import _tensorize_rows
+from .tensorize import tensorize_row_block, try_tensorize
 
 
 @dataclass(frozen=True)
@@ -116,8 +115,8 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     si, sj, sk = sch.get_loops(sb)[1:]
     sjo, sji = sch.split(sj, [None, nr])
     sch.reorder(sjo, si, sji, sk)
-    if not _try_tensorize(sch, si, TPPSpec("gemm", m=mr, n=nr, k=sh.dim, beta=0), isa,
-                          "attention scores"):
+    if not try_tensorize(sch, si, TPPSpec("gemm", m=mr, n=nr, k=sh.dim, beta=0), isa,
+                         "attention scores"):
         raise RuntimeError("attention score tile did not tensorize")  # a bug
     lb = sch.get_sblock("logits")
     sch.vectorize(sch.get_loops(lb)[-1])
@@ -128,10 +127,10 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
         ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=sh.seq)),
         ("probs", TPPSpec("mul", m=mr, n=sh.seq, bcast="col")),
     ):
-        _tensorize_rows(sch, name, spec, isa)
+        tensorize_row_block(sch, name, spec, isa)
     co, ci = sch.split(c, [None, nd])
     sch.reorder(co, ii, ci, kvl)
-    if not _try_tensorize(sch, ii, TPPSpec("gemm", m=mr, n=nd, k=sh.seq, beta=0), isa,
-                          "attention output"):
+    if not try_tensorize(sch, ii, TPPSpec("gemm", m=mr, n=nd, k=sh.seq, beta=0), isa,
+                         "attention output"):
         raise RuntimeError("attention output tile did not tensorize")  # a bug
     return sch

@@ -22,8 +22,8 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import OPS, TPPSpec
-from .gemm import _try_tensorize, tensorize_rows
-from .rowwise import _schedule, row_block
+from .rowwise import row_block, schedule_row_stages
+from .tensorize import tensorize_rows, try_tensorize
 
 #: Unary backward TPPs and whether S is the forward input (else the forward output).
 UNARY_BWD = {"relu_inv": False, "gelu_inv": True, "tanh_inv": False, "sigmoid_inv": False}
@@ -110,7 +110,7 @@ def softmax_bwd_schedule(rows: int, width: int, isa: str) -> s_tir.Schedule:
     y = te.placeholder((rows, width), F32, name="y")
     dy = te.placeholder((rows, width), F32, name="dy")
     func = te.create_prim_func([y, dy, softmax_bwd_te(y, dy)])
-    return _schedule(func, [
+    return schedule_row_stages(func, [
         ("dy_y", TPPSpec("mul", m=mr, n=width)),
         ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=width)),
         ("diff", TPPSpec("sub", m=mr, n=width, bcast="col")),
@@ -126,7 +126,7 @@ def _col_sum_stage(sch: s_tir.Schedule, name: str, rows: int, width: int, isa: s
     panel = COL_PANEL if width % COL_PANEL == 0 else width
     jo, ji = sch.split(j, [None, panel])
     sch.parallel(jo)
-    if not _try_tensorize(sch, ji, TPPSpec("reduce_add_rows", m=rows, n=panel), isa, name):
+    if not try_tensorize(sch, ji, TPPSpec("reduce_add_rows", m=rows, n=panel), isa, name):
         sch.reorder(r, ji)
         sch.vectorize(ji)
 
@@ -185,7 +185,7 @@ def _row_stage(sch: s_tir.Schedule, group: list[tuple[str, TPPSpec | None]], mr:
     for name, spec in group:
         block = sch.get_sblock(name)
         loops = sch.get_loops(block)
-        if spec is None or len(loops) < 2 or not _try_tensorize(sch, loops[1], spec, isa, name):
+        if spec is None or len(loops) < 2 or not try_tensorize(sch, loops[1], spec, isa, name):
             _vectorize_last(sch, block)
 
 

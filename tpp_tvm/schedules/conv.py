@@ -19,20 +19,21 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from .gemm import (
+from .gemm_plan import (
     PANEL_BLOCK_BYTES,
     PANEL_BYTES,
     GemmPlan,
-    _try_tensorize,
-    dequantize_te,
-    epilogue_te,
-    fuse_epilogue,
     plan_gemm,
     register_tile_isa,
+    weights_outer,
+)
+from .gemm_te import dequantize_te, epilogue_te
+from .tensorize import (
+    fuse_epilogue,
     schedule_pads,
     tensorize_epilogue,
     tensorize_rows,
-    weights_outer,
+    try_tensorize,
 )
 
 
@@ -200,8 +201,8 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         init = sch.decompose_reduction(blk, rs[0] if rs else ko)
         tensorize_rows(sch, init, TPPSpec("zero", prec.acc, m=plan.mr, n=plan.nr), isa,
                        "C panel init")
-        if not _try_tensorize(sch, xi, replace(tile, k=kc, beta=1, batch=1), isa,
-                              "conv tile"):
+        if not try_tensorize(sch, xi, replace(tile, k=kc, beta=1, batch=1), isa,
+                             "conv tile"):
             raise RuntimeError("K-blocked conv microkernel did not tensorize")  # a bug
         tensorize_epilogue(sch, epilogue, isa)
         return sch, plan
@@ -215,7 +216,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad",))
     epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
-    if not _try_tensorize(sch, xi, tile, isa, "conv tile"):
+    if not try_tensorize(sch, xi, tile, isa, "conv tile"):
         raise RuntimeError("conv microkernel did not tensorize")  # a bug, not user input
     tensorize_epilogue(sch, epilogue, isa)
     return sch, plan

@@ -1,225 +1,114 @@
-"""GEMM on TPPs: C = A @ B (+ bias) (+ activation), plain or batched, with B packed.
+"""GEMM on TPPs, scheduled: C = A @ B (+ bias) (+ activation), plain or batched.
 
 The kernel is a loop nest over C tiles of ``mr x nr`` around one BRGEMM microkernel
 call per tile (the whole K reduced with C kept in registers, beta = 0), followed by the
 epilogue TPPs (bias add with a row broadcast, then the activation) on the tile while it
 is still in L1. B is stored packed as ``(ceil(N / nr), K, nr)`` panels, zero padded, so
 the microkernel streams one contiguous panel; packing is done once for constant weights
-(``GemmKernel.pack_b``). Tile sizes come from the register file and cache sizes, so no
-tuning is needed; output tiles are distributed over threads as one flat parallel loop.
+(``tpp_tvm.kernels.GemmKernel.pack_b``; graph lowering packs at build time). Output tiles
+are distributed over threads as one flat parallel loop. Low precision (bf16, int8) runs the
+same nest on the dot-product microkernels.
 
-Low precision (``dtype="bfloat16"``: bf16 x bf16 -> fp32; ``dtype="int8"``: u8 x s8 ->
-int32) runs the same nest on the dot-product microkernels: B's panels are VNNI-packed
-``(ceil(N / nr), K / V, nr, V)`` (V = 2 or 4 consecutive k of a column adjacent), K is
-padded to a multiple of V, and an int8 GEMM's int32 tile is dequantized to fp32 in its
-epilogue (``Y = float(C) * scale[j] + offset[j]``) before the fp32 epilogue steps.
-
-Shapes that are not multiples of the tile are padded internally (A rows only when M has
-no good tile divisor, C through a per-tile copy fused into the epilogue), never read or
-written out of bounds.
+Three modules make a GEMM: ``gemm_plan.py`` chooses the blocking, ``gemm_te.py`` builds the
+stages, and this one orders the loops, fuses padding and epilogue stages under the tile
+loop and tensorizes them (plus the B-packing and bf16-A conversion kernels that run before
+a GEMM). ``tpp_tvm.kernels`` compiles and calls the result.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass, replace
-
 import numpy as np
-import tvm
 from tvm import s_tir, te, tirx
 
-from ..errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
-from ..intrinsics import OPS, TPPSpec, intrinsic
-from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
-from ..runtime import configure_threads, target_threads
-from ..target import host_isa, isa_of
-from ..target import target as tpp_target
-from ..tir_pipeline import compile_kernels
-
-log = logging.getLogger(__name__)
-
-#: Activations a GEMM epilogue accepts: every unary TPP except zero/copy.
-ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
+from ..intrinsics import TPPSpec
+from .gemm_plan import GemmPlan, check_gemm, k_block, plan_gemm, register_tile_isa, weights_outer
+from .gemm_te import gemm_te
+from .tensorize import (
+    fuse_epilogue,
+    schedule_pads,
+    tensorize_epilogue,
+    tensorize_rows,
+    try_tensorize,
+)
 
 
-@dataclass(frozen=True)
-class Precision:
-    """A GEMM precision: A, B and accumulator dtypes and B's VNNI factor."""
+def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
+                  bias: bool = False, activation: str | None = None, residual: bool = False,
+                  b_packed: bool = True, post_activation: str | None = None,
+                  dtype: str = "float32", dequantize: bool = False,
+                  a_transposed: bool = False, b_transposed: bool = False,
+                  a_scale: float = 1.0) -> tuple[s_tir.Schedule, GemmPlan]:
+    """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
-    a: str
-    b: str
-    acc: str
-    vnni: int
-
-
-#: GEMM precisions by the ``dtype`` a user asks for.
-PRECISIONS: dict[str, Precision] = {
-    "float32": Precision("float32", "float32", "float32", 1),
-    "bfloat16": Precision("bfloat16", "bfloat16", "float32", 2),
-    "int8": Precision("uint8", "int8", "int32", 4),
-}
-
-
-@dataclass(frozen=True)
-class GemmPlan:
-    """Blocking of one GEMM: the register tile (mr x nr) and the padded extents."""
-
-    m: int
-    n: int
-    k: int
-    mr: int
-    nr: int
-    dtype: str = "float32"
-    amx: bool = False
-    """Tiles on AMX (``amx_gemm.py``): 32 x 32 blocks, K in whole 16-group tile steps."""
-
-    @property
-    def precision(self) -> Precision:
-        return PRECISIONS[self.dtype]
-
-    @property
-    def c_shape(self) -> tuple[int, int]:
-        """Shape of the kernel's output: the AMX kernel writes whole (padded) blocks."""
-        return (self.mp, self.np_) if self.amx else (self.m, self.n)
-
-    @property
-    def mp(self) -> int:
-        return -(-self.m // self.mr) * self.mr
-
-    @property
-    def np_(self) -> int:
-        return -(-self.n // self.nr) * self.nr
-
-    @property
-    def kp(self) -> int:
-        """K padded to whole VNNI groups, and to at least 2 of them: a unit reduction loop
-        cannot be tensorized (TVM drops it)."""
-        v = self.precision.vnni
-        step = 16 * v if self.amx else v
-        return max(-(-self.k // step) * step, 2 * v)
-
-    @property
-    def a_prepadded(self) -> bool:
-        """Whether the kernel takes A already zero-padded to (mp, kp): bf16 kernels do,
-        because TVM's bf16 legalisation widens a bf16 buffer allocated inside a kernel (the
-        padded copy of A) to fp32, which the bf16 microkernel cannot read."""
-        return self.precision.a == "bfloat16" or self.amx
-
-    def a_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """Shape of the kernel's A parameter."""
-        return (*lead, self.mp, self.kp) if self.a_prepadded else (*lead, self.m, self.k)
-
-    def b_packed_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """Shape of packed B: ``(N/nr, kp, nr)``, or VNNI ``(N/nr, kp/V, nr, V)``."""
-        v = self.precision.vnni
-        if v == 1:
-            return (*lead, self.np_ // self.nr, self.kp, self.nr)
-        return (*lead, self.np_ // self.nr, self.kp // v, self.nr, v)
+    Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
+    [residual], output."""
+    check_gemm(m, n, k, dtype, activation)
+    isa = register_tile_isa(isa)
+    plan = plan_gemm(m, n, k, dtype)
+    inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
+                                  post_activation, dequantize, a_transposed, b_transposed,
+                                  a_scale)
+    func = te.create_prim_func([*inputs, out])
+    return schedule_gemm(func, plan, isa, batch is not None, stages), plan
 
 
-#: Register tiles (mr, nr) with mr * ceil(nr/16) accumulators plus one row of B inside the
-#: 32 zmm registers, and the fraction of the fp32 peak each sustained in this package's
-#: measurements (AVX-512 on Zen 5, 1 thread, benchmarks/gemm.py shapes); ties go to the
-#: earlier entry. Tiles under 8 independent FMA chains cannot hide the FMA latency on two
-#: pipes and serve only tiny M.
-TILE_EFFICIENCY: dict[tuple[int, int], float] = {
-    (8, 48): 0.97, (4, 64): 0.97, (8, 32): 0.95, (6, 64): 0.93, (5, 64): 0.92,
-    (9, 48): 0.92, (7, 48): 0.92, (12, 32): 0.91, (11, 32): 0.90, (10, 32): 0.90, (14, 32): 0.88,
-    (3, 64): 0.80, (2, 64): 0.60,
-}
-
-
-def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512"
-              ) -> GemmPlan:
-    """Choose the register tile minimising padded work / tile efficiency (AMX: 32 x 32
-    tile blocks for bf16/int8)."""
-    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
-        from .amx_gemm import MR, NR
-
-        return GemmPlan(m, n, k, MR, NR, dtype, amx=True)
-    best = None
-    for (mr, nr), efficiency in TILE_EFFICIENCY.items():
-        if mr > max(m, 2) and mr > 2:
-            continue
-        nv = -(-nr // 16)
-        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > 31:
-            # The dot-product kernel holds each row's broadcast A group in a register too
-            # (measured: 8x48 ran bf16 at a third of 4x64's rate, spilling).
-            continue
-        plan = GemmPlan(m, n, k, mr, nr, dtype)
-        cost = plan.mp * plan.np_ / efficiency
-        if best is None or cost < best[0]:
-            best = (cost, plan)
-    return best[1]
-
-
-def _check(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
-    if dtype not in PRECISIONS:
-        raise UnsupportedDTypeError(
-            f"GEMM: dtype {dtype!r} unsupported; one of {', '.join(PRECISIONS)} (int8 is "
-            "u8 activations x s8 weights into int32)")
-    if min(m, n, k) < 1:
-        raise UnsupportedShapeError(f"GEMM: M, N, K must be >= 1, got {m}x{n}x{k}")
-    if activation is not None and activation not in ACTIVATIONS:
-        raise UnsupportedShapeError(
-            f"GEMM: activation {activation!r} unsupported; one of {', '.join(ACTIVATIONS)}"
-        )
-
-
-def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
-    """``src`` zero-padded to ``shape`` (its trailing dims ``valid`` are the real extents)."""
-    nd = len(valid)
-
-    def at(*ix):
-        inside = tirx.all(*[ix[-nd + d] < valid[d] for d in range(nd)])
-        clamped = [tirx.min(ix[-nd + d], valid[d] - 1) for d in range(nd)]
-        return tirx.if_then_else(inside, src[(*ix[:-nd], *clamped)], tirx.const(0, src.dtype))
-
-    return te.compute(shape, at, name=name)
-
-
-def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ...],
-                    operands: list[te.Tensor], name: str) -> te.Tensor:
-    kinds = equation_operands(steps)
-    return te.compute(shape, lambda *ix: equation_expr(steps, src[ix], [
-        p[ix[-1]] if k == "bias" else p[ix] for p, k in zip(operands, kinds)
-    ]), name=name)
-
-
-def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
-                residual: bool, post_activation: str | None = None
-                ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
-    """The fused epilogue after a contraction C (padded in its last two dims), as equation
-    TPPs: Y = post(act(C + bias) + residual), one pass over each register tile.
-
-    Unpadded, that is one stage (``epilogue``). Padded, the steps that work on the padded
-    tile (bias, act) form ``epilogue`` and the rest go with dropping the padding (``out``),
-    whose edge tiles cannot be tensorized. Returns (extra inputs, output tensor, stages as
-    (name, equation steps; none for a plain copy)).
-    """
-    padded = tuple(int(d) for d in C.shape) != tuple(valid)
-    bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
-    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
-    inputs = [t for t in (bias_t, res_t) if t is not None]
-    pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
-    post = (("residual",) if residual else ()) + ((post_activation,) if post_activation else ())
-    if not padded:
-        steps = pre + post
-        if not steps:
-            return inputs, C, []
-        return inputs, _equation_stage(C, valid, steps, inputs, "epilogue"), [("epilogue", steps)]
-    out, stages = C, []
-    if pre:
-        out = _equation_stage(C, tuple(C.shape), pre, [bias_t] if bias else [], "epilogue")
-        stages.append(("epilogue", pre))
-    src = out
-    stages.append(("out", post))
-    if post:
-        out = _equation_stage(src, valid, post, [res_t] if residual else [], "out")
+def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
+                  stages: list[tuple[str, tuple[str, ...]]]) -> s_tir.Schedule:
+    """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
+    sch = s_tir.Schedule(func)
+    mr, nr, k = plan.mr, plan.nr, plan.kp
+    prec = plan.precision
+    blk = sch.get_sblock("C")
+    loops = list(sch.get_loops(blk))
+    b = loops.pop(0) if batched else None
+    i, j, *red = loops  # red: (k,) or, VNNI-packed, (k // V, V)
+    io, ii = sch.split(i, [None, mr])
+    jo, ji = sch.split(j, [None, nr])
+    # K-blocking is for fp32 panels; a low-precision panel is 2-4x smaller per k.
+    kc = k_block(k, nr) if prec.vnni == 1 else None
+    if kc is not None:
+        return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
+                                   [b] if batched else [], io, ii, jo, ji, red[0])
+    elem = 4 // prec.vnni
+    if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
+        sch.reorder(jo, io, ii, ji, *red)
+        outer = [b, jo, io] if batched else [jo, io]
     else:
-        out = te.compute(valid, lambda *ix: src[ix], name="out")
-    return inputs, out, stages
+        sch.reorder(io, jo, ii, ji, *red)
+        outer = [b, io, jo] if batched else [io, jo]
+    tile_loop = sch.fuse(*outer)
+    sch.parallel(tile_loop)
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
+    epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
+    b_dtype = prec.b if prec.b != prec.a else None
+    gemm = TPPSpec("gemm", prec.a, b_dtype=b_dtype, m=mr, n=nr, k=k, beta=0)
+    if not try_tensorize(sch, ii, gemm, isa, "C tile"):
+        raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
+    tensorize_epilogue(sch, epilogue, isa)
+    return sch
+
+
+def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lead: list,
+                        io, ii, jo, ji, kk) -> s_tir.Schedule:
+    """Large K: per column panel, reduce K in L2-sized blocks over all row blocks.
+
+    C's (M x nr) panel is zeroed once, each K block accumulates into it (beta 1: the tile
+    reload is cheap next to kc FMAs per element) and the epilogue runs on the finished
+    panel. Panels are the parallel unit.
+    """
+    ko, ki = sch.split(kk, [None, kc])
+    sch.reorder(*lead, jo, ko, io, ii, ji, ki)
+    panel_loop = sch.fuse(*lead, jo) if lead else jo
+    sch.parallel(panel_loop)
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
+    epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
+    init = sch.decompose_reduction(blk, ko)
+    tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
+    gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=kc, beta=1)
+    if not try_tensorize(sch, ii, gemm, isa, "C tile"):
+        raise RuntimeError("K-blocked GEMM microkernel did not tensorize")  # a bug
+    tensorize_epilogue(sch, epilogue, isa)
+    return sch
 
 
 #: Rows of A per transpose TPP when a transposed A is copied into rows.
@@ -253,337 +142,9 @@ def schedule_transposes(sch: s_tir.Schedule, plan: GemmPlan, isa: str) -> list[s
             left.append(name)
             continue
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        if not _try_tensorize(sch, anchor, spec, isa, name):
+        if not try_tensorize(sch, anchor, spec, isa, name):
             sch.vectorize(sch.get_loops(block)[-1])
     return left
-
-
-def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
-    """Padding copies run parallel over rows and vectorized along the contiguous dim."""
-    for name in names:
-        try:
-            pad = sch.get_sblock(name)
-        except Exception:  # noqa: BLE001 - the stage does not exist for this shape
-            continue
-        ploops = sch.get_loops(pad)
-        if len(ploops) > 1:
-            sch.parallel(sch.fuse(*ploops[:-1]))
-        sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
-
-
-def fuse_epilogue(sch: s_tir.Schedule, tile_loop, mr: int, nr: int,
-                  stages: list[tuple[str, tuple[str, ...]]], copy_dtype: str = "float32"
-                  ) -> list[tuple[str, TPPSpec]]:
-    """Move the epilogue stages under the tile loop (before the tile is tensorized).
-
-    ``copy_dtype`` is the element type a plain unpadding copy moves (int32 for an int8
-    GEMM without dequantization)."""
-    epilogue = []
-    for name, steps in stages:
-        if steps == ("dequantize",):
-            spec = TPPSpec("dequantize", "int32", m=mr, n=nr, out_dtype="float32")
-        elif steps:
-            spec = TPPSpec("equation", m=mr, n=nr, steps=steps)
-        else:
-            spec = TPPSpec("copy", copy_dtype, m=mr, n=nr)
-        sch.reverse_compute_at(sch.get_sblock(name), tile_loop)
-        epilogue.append((name, spec))
-    return epilogue
-
-
-def tensorize_rows(sch: s_tir.Schedule, block, spec: TPPSpec, isa: str, what: str) -> bool:
-    """Tensorize a spatial stage under its anchor loop as one (rows x last dim) TPP tile.
-
-    Loops before the last are fused into rows, so a stage that covers a 4D region (a
-    convolution's panel) is one 2D TPP; the spec's m becomes the row count. A stage that
-    cannot be (a predicated edge tile) is vectorized instead. Returns whether it was.
-    """
-    loops = sch.get_loops(block)[1:]
-    if len(loops) >= 2:
-        rows_loop = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        rows = sch.get(rows_loop).extent
-        if isinstance(rows, tirx.IntImm) and rows.value >= 2:
-            if _try_tensorize(sch, rows_loop, replace(spec, m=int(rows)), isa, what):
-                return True
-        loops = sch.get_loops(block)[1:]
-    try:
-        sch.vectorize(loops[-1])
-    except Exception as err:  # noqa: BLE001 - e.g. a predicated tail tile
-        log.debug("%s left to LLVM (%s)", what, str(err).splitlines()[-1])
-    return False
-
-
-def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]], isa: str) -> None:
-    """Each fused epilogue stage becomes its TPP; a tail tile is vectorized instead."""
-    for name, spec in epilogue:
-        tensorize_rows(sch, sch.get_sblock(name), spec, isa, name)
-
-
-def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
-    """``src`` (..., cols, rows) transposed to (..., rows, cols), zero-padded to ``shape``:
-    a transposed operand (a backward pass's Xᵀ) copied into the layout the microkernel reads."""
-    rows, cols = valid
-    if tuple(shape[-2:]) == tuple(valid):  # no padding: a plain transpose (TPP-matchable)
-        return te.compute(shape, lambda *ix: src[(*ix[:-2], ix[-1], ix[-2])], name=name)
-
-    def at(*ix):
-        *lead, i, j = ix
-        inside = tirx.all(i < rows, j < cols)
-        return tirx.if_then_else(inside, src[(*lead, tirx.min(j, cols - 1),
-                                              tirx.min(i, rows - 1))],
-                                 tirx.const(0, src.dtype))
-
-    return te.compute(shape, at, name=name)
-
-
-def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
-            residual: bool = False, b_packed: bool = True,
-            post_activation: str | None = None, dequantize: bool = False,
-            a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0):
-    """TE stages of the GEMM; returns (inputs, output, epilogue stages).
-
-    Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
-    activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
-    then for int8 with ``dequantize`` the per-column scale and offset (padded to the packed
-    width), bias (likewise), residual (M, N). A transposed A is copied into (M, K) rows and a
-    transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
-    transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
-    microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
-    contraction's constant factor). Transposed or scaled operands are fp32 only.
-    """
-    m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
-    mp, np_, kp = plan.mp, plan.np_, plan.kp
-    prec = plan.precision
-    V = prec.vnni
-    lead = (batch,) if batch else ()
-    if V > 1 and (a_transposed or b_transposed or a_scale != 1.0):
-        raise UnsupportedDTypeError(
-            f"GEMM {plan.dtype}: transposed or scaled operands are supported in fp32 only")
-    if a_transposed:
-        A = te.placeholder((*lead, k, m), prec.a, name="A")
-    else:
-        A = te.placeholder(plan.a_shape(lead), prec.a, name="A")
-    if b_packed:
-        B = te.placeholder(plan.b_packed_shape(lead), prec.b, name="B_packed")
-    elif V > 1:
-        raise UnsupportedDTypeError(
-            f"GEMM {plan.dtype}: B must be a packed constant (VNNI layout); a {plan.dtype} "
-            "matmul of two activations is not supported")
-    elif b_transposed:
-        B = te.placeholder((*lead, n, k), prec.b, name="B")
-        B = te.compute((*lead, np_ // nr, kp, nr), _pack_transposed(B, n, k, nr), name="B_pack")
-        b_packed = True
-    else:
-        B = te.placeholder((*lead, k, n), prec.b, name="B")
-    inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
-    if a_transposed:
-        A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_transpose")
-    else:
-        padded_a = (mp, kp) != (m, k) and not plan.a_prepadded
-        A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if padded_a else A
-    if a_scale != 1.0:
-        src = A_in
-        A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * tirx.const(a_scale, "float32"),
-                          name="A_scale")
-
-    def mac(a, b):
-        if prec.acc == prec.a:
-            return a * b
-        return tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
-
-    if V > 1:
-        ko = te.reduce_axis((0, kp // V), name="ko")
-        kv = te.reduce_axis((0, V), name="kv")
-        C = te.compute(
-            (*lead, mp, np_),
-            lambda *ix: te.sum(mac(A_in[(*ix[:-2], ix[-2], ko * V + kv)],
-                                   B[(*ix[:-2], ix[-1] // nr, ko, ix[-1] % nr, kv)]),
-                               axis=[ko, kv]),
-            name="C",
-        )
-    elif b_packed:
-        r = te.reduce_axis((0, kp), name="k")
-        C = te.compute(
-            (*lead, mp, np_),
-            lambda *ix: te.sum(
-                A_in[(*ix[:-2], ix[-2], r)] * B[(*ix[:-2], ix[-1] // nr, r, ix[-1] % nr)], axis=r
-            ),
-            name="C",
-        )
-    else:
-        r = te.reduce_axis((0, kp), name="k")
-        B_in = _padded(B, (*lead, kp, np_), (k, n), "B_pad") if (kp, np_) != (k, n) else B
-        C = te.compute(
-            (*lead, mp, np_),
-            lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
-            name="C",
-        )
-    deq_inputs, deq_stages = [], []
-    if dequantize:
-        if prec.acc != "int32":
-            raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
-        deq_inputs, C, deq_stages = dequantize_te(C)
-    elif prec.acc != "float32" and (bias or activation or residual or post_activation):
-        raise UnsupportedDTypeError(
-            f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
-    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
-                                               post_activation)
-    return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
-
-
-def dequantize_te(C: te.Tensor) -> tuple[list[te.Tensor], te.Tensor, list]:
-    """An int32 contraction's fp32 value, ``C * scale[j] + offset[j]`` per output column
-    (both padded to C's width): inputs, output and its epilogue stage."""
-    width = int(C.shape[-1])
-    scale = te.placeholder((width,), "float32", name="dq_scale")
-    offset = te.placeholder((width,), "float32", name="dq_offset")
-    out = te.compute(tuple(C.shape), lambda *ix: quant_expr(
-        "dequantize", C[ix], scale[ix[-1]], offset[ix[-1]], "float32"), name="dequant")
-    return [scale, offset], out, [("dequant", ("dequantize",))]
-
-
-def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):
-    """Element (jb, kk, jj) of packed panels from B given as (N, K), zero-padded."""
-    if n % nr == 0 and int(B.shape[-1]) == k and k >= 2:
-        return lambda *ix: B[(*ix[:-3], ix[-3] * nr + ix[-1], ix[-2])]
-
-    def at(*ix):
-        *lead, jb, kk, jj = ix
-        j = jb * nr + jj
-        inside = tirx.all(kk < k, j < n)
-        return tirx.if_then_else(inside, B[(*lead, tirx.min(j, n - 1), tirx.min(kk, k - 1))],
-                                 tirx.const(0, "float32"))
-
-    return at
-
-
-def _try_tensorize(sch: s_tir.Schedule, loop, spec: TPPSpec, isa: str, what: str) -> bool:
-    try:
-        sch.tensorize(loop, intrinsic(spec, isa))
-        return True
-    except Exception as err:  # noqa: BLE001 - TVM raises many types; we log and fall back
-        log.debug("GEMM: %s not tensorized with %s: %s", what, spec.op, str(err).splitlines()[-1])
-        return False
-
-
-def weights_outer(a_elems: int, b_elems: int) -> bool:
-    """Loop order: B panels outer (each panel reused over all rows, A re-streamed per
-    panel) unless all of B fits in half the L2 and A is the bigger operand, then rows
-    outer so A streams from memory exactly once. (The L2 size is the host's.)"""
-    l2_budget = (host_isa().l2_bytes or 1024 * 1024) // 2
-    return not (4 * b_elems <= l2_budget and a_elems > b_elems)
-
-
-#: A convolution's filter panel larger than this leaves L2 between output rows (each row
-#: re-reads it): block its reduction then.
-PANEL_BYTES = 192 * 1024
-#: Target size of one K block of a panel (stays in L2 while all row blocks use it).
-PANEL_BLOCK_BYTES = 128 * 1024
-
-
-def k_block(k: int, nr: int) -> int | None:
-    """K block for a GEMM panel too big for half the L2 (a divisor of k, >= 64), or None.
-
-    Below that the panel stays in L2 across row blocks; blocking it then only costs
-    (measured: 1024^3 and 2048^3 lost 5-10% with 256-512 KiB panels blocked)."""
-    if 4 * k * nr <= (host_isa().l2_bytes or 1024 * 1024) // 2:
-        return None
-    best = None
-    for kc in range(64, k):
-        if k % kc == 0 and 4 * kc * nr <= PANEL_BLOCK_BYTES:
-            best = kc
-    return best
-
-
-def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lead: list,
-                        io, ii, jo, ji, kk) -> s_tir.Schedule:
-    """Large K: per column panel, reduce K in L2-sized blocks over all row blocks.
-
-    C's (M x nr) panel is zeroed once, each K block accumulates into it (beta 1: the tile
-    reload is cheap next to kc FMAs per element) and the epilogue runs on the finished
-    panel. Panels are the parallel unit.
-    """
-    ko, ki = sch.split(kk, [None, kc])
-    sch.reorder(*lead, jo, ko, io, ii, ji, ki)
-    panel_loop = sch.fuse(*lead, jo) if lead else jo
-    sch.parallel(panel_loop)
-    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
-    epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
-    init = sch.decompose_reduction(blk, ko)
-    tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")
-    gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=kc, beta=1)
-    if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
-        raise RuntimeError("K-blocked GEMM microkernel did not tensorize")  # a bug
-    tensorize_epilogue(sch, epilogue, isa)
-    return sch
-
-
-def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
-                  stages: list[tuple[str, tuple[str, ...]]]) -> s_tir.Schedule:
-    """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
-    sch = s_tir.Schedule(func)
-    mr, nr, k = plan.mr, plan.nr, plan.kp
-    prec = plan.precision
-    blk = sch.get_sblock("C")
-    loops = list(sch.get_loops(blk))
-    b = loops.pop(0) if batched else None
-    i, j, *red = loops  # red: (k,) or, VNNI-packed, (k // V, V)
-    io, ii = sch.split(i, [None, mr])
-    jo, ji = sch.split(j, [None, nr])
-    # K-blocking is for fp32 panels; a low-precision panel is 2-4x smaller per k.
-    kc = k_block(k, nr) if prec.vnni == 1 else None
-    if kc is not None:
-        return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
-                                   [b] if batched else [], io, ii, jo, ji, red[0])
-    elem = 4 // prec.vnni
-    if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
-        sch.reorder(jo, io, ii, ji, *red)
-        outer = [b, jo, io] if batched else [jo, io]
-    else:
-        sch.reorder(io, jo, ii, ji, *red)
-        outer = [b, io, jo] if batched else [io, jo]
-    tile_loop = sch.fuse(*outer)
-    sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
-    epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
-    b_dtype = prec.b if prec.b != prec.a else None
-    gemm = TPPSpec("gemm", prec.a, b_dtype=b_dtype, m=mr, n=nr, k=k, beta=0)
-    if not _try_tensorize(sch, ii, gemm, isa, "C tile"):
-        raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
-    tensorize_epilogue(sch, epilogue, isa)
-    return sch
-
-
-def pack_b_numpy(b: np.ndarray, nr: int, b_layout: str = "kn", kp: int | None = None,
-                 vnni: int = 1) -> np.ndarray:
-    """Pack B ((..., K, N), or (..., N, K) for ``nk``) into zero-padded (..., N/nr, kp, nr),
-    or with ``vnni`` > 1 into (..., N/nr, kp/vnni, nr, vnni) (kp a multiple of vnni)."""
-    if b_layout == "nk":
-        b = np.swapaxes(b, -1, -2)
-    *lead, k, n = b.shape
-    kp = kp or -(-k // vnni) * vnni
-    np_ = -(-n // nr) * nr
-    padded = np.zeros((*lead, kp, np_), dtype=b.dtype)
-    padded[..., :k, :n] = b
-    panels = np.moveaxis(padded.reshape(*lead, kp, np_ // nr, nr), -2, -3)
-    if vnni > 1:
-        panels = np.swapaxes(panels.reshape(*lead, np_ // nr, kp // vnni, vnni, nr), -1, -2)
-    return np.ascontiguousarray(panels)
-
-
-def pad_a(a: np.ndarray, plan: GemmPlan) -> np.ndarray:
-    """A zero-padded to the plan's (mp, kp), for kernels that take it pre-padded."""
-    pad = [(0, 0)] * (a.ndim - 2) + [(0, plan.mp - plan.m), (0, plan.kp - plan.k)]
-    return np.ascontiguousarray(np.pad(a, pad)) if any(p[1] for p in pad) else a
-
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """numpy's dtype for a TVM dtype (bf16 through ml_dtypes, which TVM depends on)."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
@@ -613,7 +174,7 @@ def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
     sch.parallel(jb)
     spec = (TPPSpec("copy", m=kp, n=nr) if b_layout == "kn"
             else TPPSpec("transpose", m=nr, n=kp))
-    if padded or not _try_tensorize(sch, kk, spec, isa, "B panel"):
+    if padded or not try_tensorize(sch, kk, spec, isa, "B panel"):
         sch.vectorize(jj)
     return sch
 
@@ -645,217 +206,10 @@ def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
     if not padded and r is not None:
         ro, ri = sch.split(rows, [None, r])
         sch.parallel(ro)
-        if _try_tensorize(sch, ri, TPPSpec("copy", "float32", m=r, n=kp,
-                                           out_dtype="bfloat16"), isa, "A to bf16"):
+        if try_tensorize(sch, ri, TPPSpec("copy", "float32", m=r, n=kp,
+                                          out_dtype="bfloat16"), isa, "A to bf16"):
             return sch
         sch = s_tir.Schedule(te.create_prim_func([A, out]))
         blk = sch.get_sblock("to_bf16")
     sch.parallel(sch.get_loops(blk)[0])
     return sch
-
-
-class GemmKernel:
-    """A compiled TPP GEMM. Call with numpy arrays; B may be given packed (``pack_b``).
-
-    A bf16 kernel takes fp32 (or bf16) A and B and rounds them to bf16; an int8 kernel
-    takes u8 A and s8 B as they are, and returns int32 unless built with ``dequantize``
-    (then ``scale``/``offset`` per output column turn the int32 result into fp32).
-    """
-
-    def __init__(self, plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
-                 b_layout: str, rt_mod: tvm.runtime.Module, sch: s_tir.Schedule,
-                 compile_seconds: float, threads: int = 1, isa: str = "avx512",
-                 target: tvm.target.Target | None = None, dequantize: bool = False) -> None:
-        self.plan = plan
-        self.batch = batch
-        self.bias = bias
-        self.activation = activation
-        self.b_layout = b_layout
-        self.dequantize = dequantize
-        self.module = rt_mod
-        self.schedule = sch
-        self.compile_seconds = compile_seconds
-        self._dev = tvm.cpu()
-        self.threads = configure_threads(threads)
-        self.isa, self.target = isa, target
-        self._pack = None
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.plan.m * self.plan.n * self.plan.k * (self.batch or 1)
-
-    @property
-    def out_dtype(self) -> str:
-        return "float32" if self.dequantize else self.plan.precision.acc
-
-    def pack_b(self, b: np.ndarray) -> np.ndarray:
-        """B in the kernel's packed panel layout (do this once for constant weights)."""
-        p = self.plan
-        prec = p.precision
-        lead = (self.batch,) if self.batch else ()
-        want = (*lead, p.k, p.n) if self.b_layout == "kn" else (*lead, p.n, p.k)
-        if np.shape(b) != want:
-            raise UnsupportedShapeError(
-                f"GEMM: B has shape {np.shape(b)}, expected {want} ({self.b_layout} layout)"
-            )
-        if prec.vnni > 1:  # VNNI panels: a one-off numpy reshuffle of constant weights
-            return pack_b_numpy(self._as(b, prec.b, "B"), p.nr, self.b_layout, p.kp, prec.vnni)
-        if self.batch:  # batched B: per-entry panels, the same layout as the TPP kernel's
-            return pack_b_numpy(np.asarray(b, dtype="float32"), p.nr, self.b_layout, p.kp)
-        if self._pack is None:
-            sch = pack_b_schedule(p.k, p.n, p.nr, p.kp, self.b_layout, self.isa)
-            self._pack = compile_kernels(sch.mod, self.target).jit()
-        src = tvm.runtime.tensor(np.ascontiguousarray(b, dtype="float32"), self._dev)
-        out = tvm.runtime.tensor(np.empty((p.np_ // p.nr, p.kp, p.nr), "float32"), self._dev)
-        self._pack(src, out)
-        return out.numpy()
-
-    def _as(self, x: np.ndarray, dtype: str, what: str) -> np.ndarray:
-        """``x`` as ``dtype``: floats round to bf16; integer operands must already be it."""
-        x = np.asarray(x)
-        want = numpy_dtype(dtype)
-        if dtype in ("uint8", "int8") and x.dtype != want:
-            raise UnsupportedDTypeError(
-                f"GEMM {self.plan.dtype}: {what} must be {dtype} (quantized), got {x.dtype}")
-        return np.ascontiguousarray(x.astype(want, copy=False))
-
-    def _check_a(self, a: np.ndarray) -> None:
-        p = self.plan
-        lead = (self.batch,) if self.batch else ()
-        if np.shape(a) != (*lead, p.m, p.k):
-            raise UnsupportedShapeError(
-                f"GEMM: A has shape {np.shape(a)}, expected {(*lead, p.m, p.k)}"
-            )
-
-    def _row(self, v: np.ndarray | None, what: str) -> np.ndarray:
-        p = self.plan
-        if v is None or np.shape(v) != (p.n,):
-            raise UnsupportedShapeError(f"GEMM: {what} must have shape ({p.n},)")
-        return np.pad(np.asarray(v, "float32"), (0, p.np_ - p.n))
-
-    def _args(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None,
-              scale: np.ndarray | None = None, offset: np.ndarray | None = None):
-        p = self.plan
-        prec = p.precision
-        lead = (self.batch,) if self.batch else ()
-        self._check_a(a)
-        a = self._as(a, prec.a, "A")
-        if p.a_prepadded:
-            a = pad_a(a, p)
-        args = [a, self._as(b_packed, prec.b, "packed B")]
-        if self.dequantize:
-            args += [self._row(scale, "scale"), self._row(offset, "offset")]
-        if self.bias:
-            args.append(self._row(bias, "bias"))
-        out = np.empty((*lead, *p.c_shape), dtype=self.out_dtype)
-        return [tvm.runtime.tensor(x, self._dev) for x in (*args, out)]
-
-    def run_packed(self, a: np.ndarray, b_packed: np.ndarray,
-                   bias: np.ndarray | None = None, *, scale: np.ndarray | None = None,
-                   offset: np.ndarray | None = None) -> np.ndarray:
-        args = self._args(a, b_packed, bias, scale, offset)
-        self.module(*args)
-        return args[-1].numpy()[..., : self.plan.m, : self.plan.n]
-
-    def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, *,
-                 scale: np.ndarray | None = None, offset: np.ndarray | None = None
-                 ) -> np.ndarray:
-        self._check_a(a)
-        return self.run_packed(a, self.pack_b(b), bias, scale=scale, offset=offset)
-
-    def time(self, a: np.ndarray, b_packed: np.ndarray, bias: np.ndarray | None = None,
-             number: int = 10, repeat: int = 7, *, scale: np.ndarray | None = None,
-             offset: np.ndarray | None = None) -> float:
-        """Median seconds per call (operands already packed and resident)."""
-        args = self._args(a, b_packed, bias, scale, offset)
-        ev = self.module.time_evaluator("main", self._dev, number=number, repeat=repeat)
-        return float(np.median(ev(*args).results))
-
-
-def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
-                  bias: bool = False, activation: str | None = None, residual: bool = False,
-                  b_packed: bool = True, post_activation: str | None = None,
-                  dtype: str = "float32", dequantize: bool = False,
-                  a_transposed: bool = False, b_transposed: bool = False,
-                  a_scale: float = 1.0) -> tuple[s_tir.Schedule, GemmPlan]:
-    """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
-
-    Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
-    [residual], output."""
-    _check(m, n, k, dtype, activation)
-    isa = register_tile_isa(isa)
-    plan = plan_gemm(m, n, k, dtype)
-    inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
-                                  post_activation, dequantize, a_transposed, b_transposed,
-                                  a_scale)
-    func = te.create_prim_func([*inputs, out])
-    return schedule_gemm(func, plan, isa, batch is not None, stages), plan
-
-
-def register_tile_isa(isa: str) -> str:
-    """The ISA of a schedule's tensorized register tiles: AMX's 32 x 32 tile blocks
-    without an epilogue are ``amx_gemm.py``; every other kernel of an AMX target runs on
-    the AVX-512 (VNNI, BF16) unit each AMX CPU has."""
-    return "avx512" if isa == "amx" else isa
-
-
-def runs_on_tiles(isa: str, dtype: str, batch: int | None = None, bias: bool = False,
-                  activation: str | None = None, dequantize: bool = False) -> bool:
-    """Whether an AMX target's GEMM runs on tiles: bf16/int8 plain C = A @ B so far. With a
-    batch or an epilogue it runs on the AVX-512 (BF16, VNNI) unit every AMX CPU has."""
-    return (isa == "amx" and PRECISIONS[dtype].vnni > 1
-            and not (batch or bias or activation or dequantize))
-
-
-def amx_gemm_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
-    """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
-    from ..intrinsics.amx import ensure_tile_permission
-    from .amx_gemm import amx_gemm_func
-
-    if host_isa().amx_tile:
-        ensure_tile_permission()  # before the first tile instruction, as Linux requires
-    plan = plan_gemm(m, n, k, dtype, "amx")
-    prec = plan.precision
-    func = amx_gemm_func(plan.mp, plan.np_, plan.kp, prec.a, prec.b, prec.acc, prec.vnni,
-                         target_threads(tgt))
-    return s_tir.Schedule(func), plan
-
-
-def build_gemm(m: int, n: int, k: int, dtype: str = "float32", target=None, *,
-               batch: int | None = None, bias: bool = False, activation: str | None = None,
-               b_layout: str = "kn", dequantize: bool = False) -> GemmKernel:
-    """Compile C = A @ B (+ bias) (+ activation) onto TPPs for ``target`` (default: host).
-
-    ``dtype``: ``float32``; ``bfloat16`` (bf16 operands, fp32 accumulation and output);
-    ``int8`` (u8 A x s8 B into int32; with ``dequantize``, fp32 out = int32 * scale[j] +
-    offset[j], then bias/activation). ``batch`` makes it a batched matmul (A (batch, M, K),
-    B (batch, K, N)); ``b_layout`` says how unpacked B is given to ``__call__``/``pack_b``:
-    ``"kn"`` (K, N) or ``"nk"`` (N, K, a linear layer's weight).
-    """
-    _check(m, n, k, dtype, activation)
-    if b_layout not in ("kn", "nk"):
-        raise UnsupportedShapeError(f"GEMM: b_layout {b_layout!r} must be 'kn' or 'nk'")
-    tgt = target if target is not None else tpp_target()
-    tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
-    isa = isa_of(tgt)
-    if isa == "sve":
-        raise UnsupportedISAError(
-            "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
-            "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
-    t0 = time.perf_counter()
-    if runs_on_tiles(isa, dtype, batch, bias, activation, dequantize):
-        sch, plan = amx_gemm_schedule(m, n, k, dtype, tgt)
-    elif isa not in ("avx512", "amx"):
-        raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
-    else:
-        sch, plan = gemm_schedule(m, n, k, "avx512", batch=batch, bias=bias,
-                                  activation=activation, dtype=dtype, dequantize=dequantize)
-    rt = compile_kernels(sch.mod, tgt).jit()
-    return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
-                      time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,
-                      target=tgt, dequantize=dequantize)
-
-
-__all__ = ["ACTIVATIONS", "PRECISIONS", "GemmKernel", "GemmPlan", "build_gemm", "plan_gemm",
-           "host_isa"]

@@ -17,7 +17,7 @@ from tvm import s_tir, te, tirx
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from .conv import SlidingWindow
-from .gemm import _try_tensorize, schedule_pads
+from .tensorize import schedule_pads, try_tensorize
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def max_pool_schedule(shape: PoolShape, isa: str) -> s_tir.Schedule:
     sch.parallel(sch.fuse(n, y, xo, co))
     schedule_pads(sch, ("A_pad",))
     spec = TPPSpec("pool_max", m=mr, n=nc, batch=sh.r, k=sh.s, stride=st * c, tap_stride=c)
-    if not _try_tensorize(sch, xi, spec, isa, "pool tile"):
+    if not try_tensorize(sch, xi, spec, isa, "pool tile"):
         raise RuntimeError("max pooling tile did not tensorize")  # a bug, not user input
     return sch
 
@@ -100,7 +100,7 @@ def global_avg_pool_schedule(n: int, pixels: int, c: int, isa: str) -> s_tir.Sch
     sch.parallel(b)
     sch.compute_at(sch.get_sblock("row_sum"), b)
     loops = sch.get_loops(sch.get_sblock("row_sum"))
-    if pixels < 2 or c < 2 or not _try_tensorize(
+    if pixels < 2 or c < 2 or not try_tensorize(
         sch, loops[1], TPPSpec("reduce_add_rows", m=pixels, n=c), isa, "pixel sum"
     ):
         raise UnsupportedShapeError(f"global average pooling of {pixels} x {c}: no TPP tile")

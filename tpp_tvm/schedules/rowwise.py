@@ -18,12 +18,10 @@ from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
 from ..intrinsics.spec import equation_expr
-from .gemm import _try_tensorize
+from .tensorize import tensorize_row_block
 
 #: Largest row block; a block of rows x H fp32 should stay well inside L1.
 MAX_ROWS = 16
-#: fp32 lanes of the vectors the untensorized fallback is split into.
-VECTOR_LANES = 16
 
 
 def row_block(rows: int, width: int) -> int:
@@ -37,23 +35,10 @@ def row_block(rows: int, width: int) -> int:
     return 1
 
 
-def _tensorize_rows(sch: s_tir.Schedule, name: str, spec: TPPSpec, isa: str) -> None:
-    block = sch.get_sblock(name)
-    loops = sch.get_loops(block)
-    if not _try_tensorize(sch, loops[1], spec, isa, name):
-        # One-row blocks (a prime row count) keep TIR: whole vectors, LLVM does the tail.
-        # Vectorizing the whole row made a <3199 x float> vector (4.5 ns an element).
-        try:
-            extent = sch.get(loops[-1]).extent
-            if isinstance(extent, tirx.IntImm) and int(extent) % VECTOR_LANES == 0:
-                sch.vectorize(sch.split(loops[-1], [None, VECTOR_LANES])[1])
-        except Exception:  # noqa: BLE001 - a reduction loop: leave it to LLVM
-            pass
-
-
-def _schedule(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | None]], mr: int,
-              isa: str) -> s_tir.Schedule:
-    """Block the output's rows, compute every stage per block, tensorize tile stages."""
+def schedule_row_stages(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | None]],
+                        mr: int, isa: str) -> s_tir.Schedule:
+    """Block the output's rows, compute every stage per block (the block stays in L1
+    between stages) and tensorize each tile stage; ``None`` marks a per-row scalar stage."""
     sch = s_tir.Schedule(func)
     out_name = stages[-1][0]
     out = sch.get_sblock(out_name)
@@ -64,7 +49,7 @@ def _schedule(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | None]], mr:
         sch.compute_at(sch.get_sblock(name), io)
     for name, spec in stages:
         if spec is not None:
-            _tensorize_rows(sch, name, spec, isa)
+            tensorize_row_block(sch, name, spec, isa)
     return sch
 
 
@@ -86,7 +71,7 @@ def equation_schedule(rows: int, width: int, steps: tuple[str, ...],
     i, _ = sch.get_loops(sch.get_sblock("equation"))
     io, _ = sch.split(i, [None, mr])
     sch.parallel(io)
-    _tensorize_rows(sch, "equation", TPPSpec("equation", m=mr, n=width, steps=steps), isa)
+    tensorize_row_block(sch, "equation", TPPSpec("equation", m=mr, n=width, steps=steps), isa)
     return sch
 
 
@@ -120,7 +105,7 @@ def layer_norm_schedule(rows: int, width: int, eps: float, isa: str) -> s_tir.Sc
         ("weighted", TPPSpec("mul", m=mr, n=width, bcast="row")),
         ("layer_norm", TPPSpec("add", m=mr, n=width, bcast="row")),
     ]
-    return _schedule(func, stages, mr, isa)
+    return schedule_row_stages(func, stages, mr, isa)
 
 
 def softmax_schedule(rows: int, width: int, isa: str) -> s_tir.Schedule:
@@ -144,4 +129,4 @@ def softmax_schedule(rows: int, width: int, isa: str) -> s_tir.Schedule:
         ("inv_sum", None),
         ("softmax", TPPSpec("mul", m=mr, n=width, bcast="col")),
     ]
-    return _schedule(func, stages, mr, isa)
+    return schedule_row_stages(func, stages, mr, isa)

@@ -41,7 +41,7 @@ from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
 from .contraction import product_loads as _product_loads
 from .elementwise import candidate_steps, match_equation, tensorize_equation
-from .gemm import TILE_EFFICIENCY
+from .gemm_plan import TILE_EFFICIENCY
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import numpy as np
 from tvm import relax, te, tirx
 
 from .custom_op import CustomOp, custom_op
-from .models import F32, _Builder, _model, dense
+from .models import F32, ParamBuilder, dense, trace_model
 from .step import Model
 
 
@@ -37,7 +37,7 @@ def attention_scores(scale: float) -> CustomOp:
 def swiglu_ffn(batch: int, dim: int, hidden: int, seed: int = 0) -> Model:
     """``(swiglu(x Wg + bg, x Wu + bu)) Wd + bd``: a gated FFN using :func:`swiglu`."""
     x = relax.Var("x", relax.TensorType((batch, dim), F32))
-    pb = _Builder(seed)
+    pb = ParamBuilder(seed)
     op = swiglu()
 
     def body(bb):
@@ -45,14 +45,14 @@ def swiglu_ffn(batch: int, dim: int, hidden: int, seed: int = 0) -> Model:
         up = dense(bb, x, *pb.linear("up", dim, hidden))
         return dense(bb, op(bb, gate, up), *pb.linear("down", hidden, dim))
 
-    return _model([x], pb, body)
+    return trace_model([x], pb, body)
 
 
 def score_attention(batch: int, seq: int, dim: int, seed: int = 0) -> Model:
     """Single-head attention whose scores are :func:`attention_scores`, then an output
     projection: ``softmax(scores(x Wq, x Wk)) (x Wv) Wo``."""
     x = relax.Var("x", relax.TensorType((batch, seq, dim), F32))
-    pb = _Builder(seed)
+    pb = ParamBuilder(seed)
     op = attention_scores(1.0 / np.sqrt(dim))
 
     def body(bb):
@@ -61,4 +61,4 @@ def score_attention(batch: int, seq: int, dim: int, seed: int = 0) -> Model:
         ctx = bb.emit(relax.op.matmul(probs, v))
         return dense(bb, ctx, *pb.linear("o", dim, dim))
 
-    return _model([x], pb, body)
+    return trace_model([x], pb, body)

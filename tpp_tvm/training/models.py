@@ -19,7 +19,7 @@ from .step import Model
 F32 = "float32"
 
 
-class _Builder:
+class ParamBuilder:
     """Collects parameters (name, initial value) while a forward function is written."""
 
     def __init__(self, seed: int) -> None:
@@ -28,21 +28,24 @@ class _Builder:
         self.values: dict[str, np.ndarray] = {}
 
     def param(self, name: str, value: np.ndarray) -> relax.Var:
+        """A new parameter input of ``main``, starting at ``value``."""
         var = relax.Var(name, relax.TensorType(value.shape, F32))
         self.vars.append(var)
         self.values[name] = value.astype(F32)
         return var
 
     def linear(self, name: str, fan_in: int, fan_out: int) -> tuple[relax.Var, relax.Var]:
+        """Weight (in, out) and bias of a linear layer, initialised as torch's."""
         bound = 1.0 / np.sqrt(fan_in)  # torch's nn.Linear init range
         w = self.param(f"{name}.weight", self.rng.uniform(-bound, bound, (fan_in, fan_out)))
         b = self.param(f"{name}.bias", self.rng.uniform(-bound, bound, (fan_out,)))
         return w, b
 
 
-def _model(inputs: list[relax.Var], builder: _Builder,
-           body: Callable[[relax.BlockBuilder], relax.Expr]) -> Model:
-    """Trace ``body`` (which declares parameters on ``builder``) into ``main``."""
+def trace_model(inputs: list[relax.Var], builder: ParamBuilder,
+                body: Callable[[relax.BlockBuilder], relax.Expr]) -> Model:
+    """Trace ``body`` (which declares parameters on ``builder``) into ``main(inputs...,
+    params...)``: the model builders here and in ``examples.py`` share it."""
     bb = relax.BlockBuilder()
     # Parameters are declared while the body is written, so write it into a scratch
     # function first and rebuild main with the final parameter list.
@@ -78,7 +81,7 @@ def mlp(batch: int, sizes: Sequence[int], activation: str = "relu", seed: int = 
     act = {"relu": relax.op.nn.relu, "gelu": relax.op.nn.gelu, "tanh": relax.op.tanh,
            "sigmoid": relax.op.sigmoid}[activation]
     x = relax.Var("x", relax.TensorType((batch, sizes[0]), F32))
-    pb = _Builder(seed)
+    pb = ParamBuilder(seed)
 
     def body(bb):
         h = x
@@ -89,7 +92,7 @@ def mlp(batch: int, sizes: Sequence[int], activation: str = "relu", seed: int = 
                 h = bb.emit(act(h))
         return h
 
-    return _model([x], pb, body)
+    return trace_model([x], pb, body)
 
 
 def bert_layer(batch: int, seq: int, hidden: int, heads: int, intermediate: int,
@@ -102,7 +105,7 @@ def bert_layer(batch: int, seq: int, hidden: int, heads: int, intermediate: int,
         raise ValueError(f"bert_layer: hidden {hidden} is not a multiple of heads {heads}")
     dh = hidden // heads
     x = relax.Var("x", relax.TensorType((batch, seq, hidden), F32))
-    pb = _Builder(seed)
+    pb = ParamBuilder(seed)
     op = relax.op
 
     def heads_first(bb, t):
@@ -128,7 +131,7 @@ def bert_layer(batch: int, seq: int, hidden: int, heads: int, intermediate: int,
         ff = dense(bb, ff, *pb.linear("ffn2", intermediate, hidden))
         return norm(bb, "ln2", bb.emit(op.add(ff, h1)))
 
-    return _model([x], pb, body)
+    return trace_model([x], pb, body)
 
 
 def small_cnn(batch: int, channels: int = 3, size: int = 16, width: int = 8,
@@ -138,7 +141,7 @@ def small_cnn(batch: int, channels: int = 3, size: int = 16, width: int = 8,
     Parameters: ``conv{0,1}.weight/bias`` (bias as (C, 1, 1)), ``fc.weight/bias``.
     """
     x = relax.Var("x", relax.TensorType((batch, channels, size, size), F32))
-    pb = _Builder(seed)
+    pb = ParamBuilder(seed)
     op = relax.op
 
     def conv(bb, name, t, c_in, c_out):
@@ -156,4 +159,4 @@ def small_cnn(batch: int, channels: int = 3, size: int = 16, width: int = 8,
         h = bb.emit(op.reshape(h, (batch, flat)))
         return dense(bb, h, *pb.linear("fc", flat, classes))
 
-    return _model([x], pb, body)
+    return trace_model([x], pb, body)

@@ -1,0 +1,189 @@
+"""GEMM planning: precisions, the register tile and the cache blocking of one GEMM.
+
+Everything a GEMM schedule decides before it builds a loop nest: the dtypes of A, B and the
+accumulator (and B's VNNI factor), the register tile ``mr x nr`` and the padded extents it
+implies, the loop order and K blocking from the host's L2 size, and which unit of an AMX
+CPU runs the tiles. Tile sizes come from the register file and measured tile
+efficiencies, so no tuning is needed; the convolution and the tuning rules plan from the
+same tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..intrinsics import OPS
+from ..target import host_isa
+
+#: Activations a GEMM epilogue accepts: every unary TPP except zero/copy.
+ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A GEMM precision: A, B and accumulator dtypes and B's VNNI factor."""
+
+    a: str
+    b: str
+    acc: str
+    vnni: int
+
+
+#: GEMM precisions by the ``dtype`` a user asks for.
+PRECISIONS: dict[str, Precision] = {
+    "float32": Precision("float32", "float32", "float32", 1),
+    "bfloat16": Precision("bfloat16", "bfloat16", "float32", 2),
+    "int8": Precision("uint8", "int8", "int32", 4),
+}
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Blocking of one GEMM: the register tile (mr x nr) and the padded extents."""
+
+    m: int
+    n: int
+    k: int
+    mr: int
+    nr: int
+    dtype: str = "float32"
+    amx: bool = False
+    """Tiles on AMX (``amx_gemm.py``): 32 x 32 blocks, K in whole 16-group tile steps."""
+
+    @property
+    def precision(self) -> Precision:
+        return PRECISIONS[self.dtype]
+
+    @property
+    def c_shape(self) -> tuple[int, int]:
+        """Shape of the kernel's output: the AMX kernel writes whole (padded) blocks."""
+        return (self.mp, self.np_) if self.amx else (self.m, self.n)
+
+    @property
+    def mp(self) -> int:
+        return -(-self.m // self.mr) * self.mr
+
+    @property
+    def np_(self) -> int:
+        return -(-self.n // self.nr) * self.nr
+
+    @property
+    def kp(self) -> int:
+        """K padded to whole VNNI groups, and to at least 2 of them: a unit reduction loop
+        cannot be tensorized (TVM drops it)."""
+        v = self.precision.vnni
+        step = 16 * v if self.amx else v
+        return max(-(-self.k // step) * step, 2 * v)
+
+    @property
+    def a_prepadded(self) -> bool:
+        """Whether the kernel takes A already zero-padded to (mp, kp): bf16 kernels do,
+        because TVM's bf16 legalisation widens a bf16 buffer allocated inside a kernel (the
+        padded copy of A) to fp32, which the bf16 microkernel cannot read."""
+        return self.precision.a == "bfloat16" or self.amx
+
+    def a_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Shape of the kernel's A parameter."""
+        return (*lead, self.mp, self.kp) if self.a_prepadded else (*lead, self.m, self.k)
+
+    def b_packed_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Shape of packed B: ``(N/nr, kp, nr)``, or VNNI ``(N/nr, kp/V, nr, V)``."""
+        v = self.precision.vnni
+        if v == 1:
+            return (*lead, self.np_ // self.nr, self.kp, self.nr)
+        return (*lead, self.np_ // self.nr, self.kp // v, self.nr, v)
+
+
+#: Register tiles (mr, nr) with mr * ceil(nr/16) accumulators plus one row of B inside the
+#: 32 zmm registers, and the fraction of the fp32 peak each sustained in this package's
+#: measurements (AVX-512 on Zen 5, 1 thread, benchmarks/gemm.py shapes); ties go to the
+#: earlier entry. Tiles under 8 independent FMA chains cannot hide the FMA latency on two
+#: pipes and serve only tiny M.
+TILE_EFFICIENCY: dict[tuple[int, int], float] = {
+    (8, 48): 0.97, (4, 64): 0.97, (8, 32): 0.95, (6, 64): 0.93, (5, 64): 0.92,
+    (9, 48): 0.92, (7, 48): 0.92, (12, 32): 0.91, (11, 32): 0.90, (10, 32): 0.90, (14, 32): 0.88,
+    (3, 64): 0.80, (2, 64): 0.60,
+}
+
+
+def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512"
+              ) -> GemmPlan:
+    """Choose the register tile minimising padded work / tile efficiency (AMX: 32 x 32
+    tile blocks for bf16/int8)."""
+    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
+        from .amx_gemm import MR, NR
+
+        return GemmPlan(m, n, k, MR, NR, dtype, amx=True)
+    best = None
+    for (mr, nr), efficiency in TILE_EFFICIENCY.items():
+        if mr > max(m, 2) and mr > 2:
+            continue
+        nv = -(-nr // 16)
+        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > 31:
+            # The dot-product kernel holds each row's broadcast A group in a register too
+            # (measured: 8x48 ran bf16 at a third of 4x64's rate, spilling).
+            continue
+        plan = GemmPlan(m, n, k, mr, nr, dtype)
+        cost = plan.mp * plan.np_ / efficiency
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+    return best[1]
+
+
+def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
+    """Refuse, with a message naming what is supported, a GEMM no kernel exists for."""
+    if dtype not in PRECISIONS:
+        raise UnsupportedDTypeError(
+            f"GEMM: dtype {dtype!r} unsupported; one of {', '.join(PRECISIONS)} (int8 is "
+            "u8 activations x s8 weights into int32)")
+    if min(m, n, k) < 1:
+        raise UnsupportedShapeError(f"GEMM: M, N, K must be >= 1, got {m}x{n}x{k}")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise UnsupportedShapeError(
+            f"GEMM: activation {activation!r} unsupported; one of {', '.join(ACTIVATIONS)}"
+        )
+
+
+def register_tile_isa(isa: str) -> str:
+    """The ISA of a schedule's tensorized register tiles: AMX's 32 x 32 tile blocks
+    without an epilogue are ``amx_gemm.py``; every other kernel of an AMX target runs on
+    the AVX-512 (VNNI, BF16) unit each AMX CPU has."""
+    return "avx512" if isa == "amx" else isa
+
+
+def runs_on_tiles(isa: str, dtype: str, batch: int | None = None, bias: bool = False,
+                  activation: str | None = None, dequantize: bool = False) -> bool:
+    """Whether an AMX target's GEMM runs on tiles: bf16/int8 plain C = A @ B so far. With a
+    batch or an epilogue it runs on the AVX-512 (BF16, VNNI) unit every AMX CPU has."""
+    return (isa == "amx" and PRECISIONS[dtype].vnni > 1
+            and not (batch or bias or activation or dequantize))
+
+
+def weights_outer(a_elems: int, b_elems: int) -> bool:
+    """Loop order: B panels outer (each panel reused over all rows, A re-streamed per
+    panel) unless all of B fits in half the L2 and A is the bigger operand, then rows
+    outer so A streams from memory exactly once. (The L2 size is the host's.)"""
+    l2_budget = (host_isa().l2_bytes or 1024 * 1024) // 2
+    return not (4 * b_elems <= l2_budget and a_elems > b_elems)
+
+
+#: A convolution's filter panel larger than this leaves L2 between output rows (each row
+#: re-reads it): block its reduction then.
+PANEL_BYTES = 192 * 1024
+#: Target size of one K block of a panel (stays in L2 while all row blocks use it).
+PANEL_BLOCK_BYTES = 128 * 1024
+
+
+def k_block(k: int, nr: int) -> int | None:
+    """K block for a GEMM panel too big for half the L2 (a divisor of k, >= 64), or None.
+
+    Below that the panel stays in L2 across row blocks; blocking it then only costs
+    (measured: 1024^3 and 2048^3 lost 5-10% with 256-512 KiB panels blocked)."""
+    if 4 * k * nr <= (host_isa().l2_bytes or 1024 * 1024) // 2:
+        return None
+    best = None
+    for kc in range(64, k):
+        if k % kc == 0 and 4 * kc * nr <= PANEL_BLOCK_BYTES:
+            best = kc
+    return best

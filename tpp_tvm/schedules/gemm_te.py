@@ -1,0 +1,213 @@
+"""The GEMM as TE stages, before scheduling: C = A @ B (+ bias) (+ activation).
+
+B is packed as ``(ceil(N / nr), K, nr)`` panels (zero padded), or for low precision
+(``bfloat16``: bf16 x bf16 -> fp32; ``int8``: u8 x s8 -> int32) VNNI-packed as
+``(ceil(N / nr), K / V, nr, V)`` with V = 2 or 4 consecutive k of a column adjacent and K
+padded to a multiple of V; an int8 GEMM's int32 result is dequantized to fp32
+(``Y = float(C) * scale[j] + offset[j]``) before the fp32 epilogue steps. Shapes that are
+not multiples of the tile are padded in stages of their own (``A_pad``, ``B_pad``, ``out``),
+which the schedule fuses, so the kernel never reads or writes out of bounds. The stage
+names here are the ones ``schedules/gemm.py`` and ``schedules/conv.py`` schedule by.
+"""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+from ..errors import UnsupportedDTypeError
+from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
+from .gemm_plan import GemmPlan
+
+
+def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
+            residual: bool = False, b_packed: bool = True,
+            post_activation: str | None = None, dequantize: bool = False,
+            a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0
+            ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
+    """TE stages of the GEMM; returns (inputs, output, epilogue stages).
+
+    Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
+    activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
+    then for int8 with ``dequantize`` the per-column scale and offset (padded to the packed
+    width), bias (likewise), residual (M, N). A transposed A is copied into (M, K) rows and a
+    transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
+    transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
+    microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
+    contraction's constant factor). Transposed or scaled operands are fp32 only.
+    """
+    m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
+    mp, np_, kp = plan.mp, plan.np_, plan.kp
+    prec = plan.precision
+    V = prec.vnni
+    lead = (batch,) if batch else ()
+    if V > 1 and (a_transposed or b_transposed or a_scale != 1.0):
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: transposed or scaled operands are supported in fp32 only")
+    if a_transposed:
+        A = te.placeholder((*lead, k, m), prec.a, name="A")
+    else:
+        A = te.placeholder(plan.a_shape(lead), prec.a, name="A")
+    if b_packed:
+        B = te.placeholder(plan.b_packed_shape(lead), prec.b, name="B_packed")
+    elif V > 1:
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: B must be a packed constant (VNNI layout); a {plan.dtype} "
+            "matmul of two activations is not supported")
+    elif b_transposed:
+        B = te.placeholder((*lead, n, k), prec.b, name="B")
+        B = te.compute((*lead, np_ // nr, kp, nr), _pack_transposed(B, n, k, nr), name="B_pack")
+        b_packed = True
+    else:
+        B = te.placeholder((*lead, k, n), prec.b, name="B")
+    inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
+    if a_transposed:
+        A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_transpose")
+    else:
+        padded_a = (mp, kp) != (m, k) and not plan.a_prepadded
+        A_in = _padded(A, (*lead, mp, kp), (m, k), "A_pad") if padded_a else A
+    if a_scale != 1.0:
+        src = A_in
+        A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * tirx.const(a_scale, "float32"),
+                          name="A_scale")
+
+    def mac(a, b):
+        if prec.acc == prec.a:
+            return a * b
+        return tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
+
+    if V > 1:
+        ko = te.reduce_axis((0, kp // V), name="ko")
+        kv = te.reduce_axis((0, V), name="kv")
+        C = te.compute(
+            (*lead, mp, np_),
+            lambda *ix: te.sum(mac(A_in[(*ix[:-2], ix[-2], ko * V + kv)],
+                                   B[(*ix[:-2], ix[-1] // nr, ko, ix[-1] % nr, kv)]),
+                               axis=[ko, kv]),
+            name="C",
+        )
+    elif b_packed:
+        r = te.reduce_axis((0, kp), name="k")
+        C = te.compute(
+            (*lead, mp, np_),
+            lambda *ix: te.sum(
+                A_in[(*ix[:-2], ix[-2], r)] * B[(*ix[:-2], ix[-1] // nr, r, ix[-1] % nr)], axis=r
+            ),
+            name="C",
+        )
+    else:
+        r = te.reduce_axis((0, kp), name="k")
+        B_in = _padded(B, (*lead, kp, np_), (k, n), "B_pad") if (kp, np_) != (k, n) else B
+        C = te.compute(
+            (*lead, mp, np_),
+            lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
+            name="C",
+        )
+    deq_inputs, deq_stages = [], []
+    if dequantize:
+        if prec.acc != "int32":
+            raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
+        deq_inputs, C, deq_stages = dequantize_te(C)
+    elif prec.acc != "float32" and (bias or activation or residual or post_activation):
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
+    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
+                                               post_activation)
+    return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
+
+
+def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
+                residual: bool, post_activation: str | None = None
+                ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
+    """The fused epilogue after a contraction C (padded in its last two dims), as equation
+    TPPs: Y = post(act(C + bias) + residual), one pass over each register tile.
+
+    Unpadded, that is one stage (``epilogue``). Padded, the steps that work on the padded
+    tile (bias, act) form ``epilogue`` and the rest go with dropping the padding (``out``),
+    whose edge tiles cannot be tensorized. Returns (extra inputs, output tensor, stages as
+    (name, equation steps; none for a plain copy)).
+    """
+    padded = tuple(int(d) for d in C.shape) != tuple(valid)
+    bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
+    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
+    inputs = [t for t in (bias_t, res_t) if t is not None]
+    pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
+    post = (("residual",) if residual else ()) + ((post_activation,) if post_activation else ())
+    if not padded:
+        steps = pre + post
+        if not steps:
+            return inputs, C, []
+        return inputs, _equation_stage(C, valid, steps, inputs, "epilogue"), [("epilogue", steps)]
+    out, stages = C, []
+    if pre:
+        out = _equation_stage(C, tuple(C.shape), pre, [bias_t] if bias else [], "epilogue")
+        stages.append(("epilogue", pre))
+    src = out
+    stages.append(("out", post))
+    if post:
+        out = _equation_stage(src, valid, post, [res_t] if residual else [], "out")
+    else:
+        out = te.compute(valid, lambda *ix: src[ix], name="out")
+    return inputs, out, stages
+
+
+def dequantize_te(C: te.Tensor) -> tuple[list[te.Tensor], te.Tensor, list]:
+    """An int32 contraction's fp32 value, ``C * scale[j] + offset[j]`` per output column
+    (both padded to C's width): inputs, output and its epilogue stage."""
+    width = int(C.shape[-1])
+    scale = te.placeholder((width,), "float32", name="dq_scale")
+    offset = te.placeholder((width,), "float32", name="dq_offset")
+    out = te.compute(tuple(C.shape), lambda *ix: quant_expr(
+        "dequantize", C[ix], scale[ix[-1]], offset[ix[-1]], "float32"), name="dequant")
+    return [scale, offset], out, [("dequant", ("dequantize",))]
+
+
+def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ...],
+                    operands: list[te.Tensor], name: str) -> te.Tensor:
+    kinds = equation_operands(steps)
+    return te.compute(shape, lambda *ix: equation_expr(steps, src[ix], [
+        p[ix[-1]] if k == "bias" else p[ix] for p, k in zip(operands, kinds)
+    ]), name=name)
+
+
+def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
+    """``src`` zero-padded to ``shape`` (its trailing dims ``valid`` are the real extents)."""
+    nd = len(valid)
+
+    def at(*ix):
+        inside = tirx.all(*[ix[-nd + d] < valid[d] for d in range(nd)])
+        clamped = [tirx.min(ix[-nd + d], valid[d] - 1) for d in range(nd)]
+        return tirx.if_then_else(inside, src[(*ix[:-nd], *clamped)], tirx.const(0, src.dtype))
+
+    return te.compute(shape, at, name=name)
+
+
+def _transposed_in(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
+    """``src`` (..., cols, rows) transposed to (..., rows, cols), zero-padded to ``shape``:
+    a transposed operand (a backward pass's Xᵀ) copied into the layout the microkernel reads."""
+    rows, cols = valid
+    if tuple(shape[-2:]) == tuple(valid):  # no padding: a plain transpose (TPP-matchable)
+        return te.compute(shape, lambda *ix: src[(*ix[:-2], ix[-1], ix[-2])], name=name)
+
+    def at(*ix):
+        *lead, i, j = ix
+        inside = tirx.all(i < rows, j < cols)
+        return tirx.if_then_else(inside, src[(*lead, tirx.min(j, cols - 1),
+                                              tirx.min(i, rows - 1))],
+                                 tirx.const(0, src.dtype))
+
+    return te.compute(shape, at, name=name)
+
+
+def _pack_transposed(B: te.Tensor, n: int, k: int, nr: int):
+    """Element (jb, kk, jj) of packed panels from B given as (N, K), zero-padded."""
+    if n % nr == 0 and int(B.shape[-1]) == k and k >= 2:
+        return lambda *ix: B[(*ix[:-3], ix[-3] * nr + ix[-1], ix[-2])]
+
+    def at(*ix):
+        *lead, jb, kk, jj = ix
+        j = jb * nr + jj
+        inside = tirx.all(kk < k, j < n)
+        return tirx.if_then_else(inside, B[(*lead, tirx.min(j, n - 1), tirx.min(kk, k - 1))],
+                                 tirx.const(0, "float32"))
+
+    return at
