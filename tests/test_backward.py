@@ -12,10 +12,9 @@ from scipy.special import erf
 
 from tpp_tvm.schedules import backward as bwd
 from tpp_tvm.schedules.gemm import gemm_schedule
-from tpp_tvm.target import host_isa, target
+from tpp_tvm.target import target
 
-pytestmark = pytest.mark.skipif(not host_isa().avx512f,
-                                reason="the fp32 TPP kernels here are AVX-512 ones")
+pytestmark = pytest.mark.requires_avx512  # the fp32 TPP kernels here are AVX-512 ones
 
 
 def _run(sch, *inputs, outs):

@@ -59,12 +59,9 @@ def test_compile_writes_library_and_prints_report(
     assert out.exists() and Path(str(out) + ".tpp.json").exists()
 
 
+@pytest.mark.requires_avx512_bf16
 def test_compile_in_bf16_says_so(mlp_path: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from tpp_tvm.target import host_isa
-
-    if not host_isa().avx512_bf16:
-        pytest.skip("bf16 kernels need an AVX512_BF16 host")
     out = tmp_path / "model_bf16.so"
     assert cli.main(["compile", str(mlp_path), "-o", str(out), "--precision", "bf16"]) == 0
     text = capsys.readouterr().out

@@ -11,19 +11,16 @@ from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.errors import UnsupportedDTypeError
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
-from tpp_tvm.target import host_isa
 
 pytest.importorskip("torch", reason="the model generators export from torch")
 pytest.importorskip("onnxruntime", reason="ONNX Runtime is the fp32 reference")
-needs_bf16 = pytest.mark.skipif(not host_isa().avx512_bf16,
-                                reason="bf16 kernels need an AVX512_BF16 host")
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 @pytest.mark.parametrize("name", ["mlp", "bert", "small_cnn"])
 def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
     model = models.GENERATORS[name](**models.TINY_ARGS[name])
@@ -45,7 +42,7 @@ def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
         assert any(k.startswith("tpp.attention") and "[bf16]" not in k for k in data["lowered"])
 
 
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 def test_bf16_is_really_bf16() -> None:
     """Not fp32 in disguise: the result differs from fp32 by about bf16's rounding."""
     model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])

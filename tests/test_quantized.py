@@ -12,13 +12,11 @@ from onnx import TensorProto, helper, numpy_helper
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
-from tpp_tvm.target import host_isa
 
 pytest.importorskip("torch", reason="the model generators export from torch")
 quantization = pytest.importorskip("onnxruntime.quantization",
                                    reason="ONNX Runtime quantizes the models")
-pytestmark = pytest.mark.skipif(not host_isa().avx512_vnni,
-                                reason="int8 kernels need an AVX512_VNNI host")
+pytestmark = pytest.mark.requires_avx512_vnni
 MLP = {"batch": 8, "dims": (64, 96, 32)}
 
 

@@ -21,8 +21,7 @@ from tpp_tvm import cli, models, tuning
 from tpp_tvm.relay_passes.lower import LoweringReport
 from tpp_tvm.tuning import TuningLogError, open_logs, target_tag
 
-pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
-                                reason="tuned TPP kernels run AVX-512 code; no AVX-512 here")
+pytestmark = pytest.mark.requires_avx512  # tuned TPP kernels run AVX-512 code
 TARGET = tpp_tvm.target(num_cores=1)
 
 

@@ -23,8 +23,7 @@ from tpp_tvm.schedules.tuning_rules import (
 )
 from tpp_tvm.target import isa_of
 
-pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
-                                reason="the TPP rules tensorize AVX-512 kernels; no AVX-512 here")
+pytestmark = pytest.mark.requires_avx512  # the TPP rules tensorize AVX-512 kernels
 TARGET = tpp_tvm.target(num_cores=1)
 
 
