@@ -24,8 +24,8 @@ from tpp_tvm.compiled import CompiledModel, compile_onnx, load
 from tpp_tvm.errors import ModelLoadError, UnsupportedShapeError
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 
-pytest.importorskip("torch", reason="the model generators export from torch")
-pytest.importorskip("onnxruntime", reason="ONNX Runtime is the reference")
+# The model generators export from torch; ONNX Runtime is the reference.
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_onnxruntime]
 
 RTOL = 1e-4
 """fp32 with a different summation order than ONNX Runtime: ~1e-6 relative in practice."""

@@ -13,6 +13,7 @@ from tpp_tvm import models
 from tpp_tvm.cross import asm, plan_model
 from tpp_tvm.cross.runner import Call, qemu_command, write_job
 from tpp_tvm.frontend import from_onnx
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.target import target
 
 AARCH64 = """\
@@ -69,8 +70,8 @@ def test_qemu_vector_length_is_checked() -> None:
 
 
 @pytest.mark.requires_avx512  # runs the plan's kernels on this host
+@pytest.mark.requires_onnxruntime
 def test_model_plan_calls_reproduce_the_model() -> None:
-    ort = pytest.importorskip("onnxruntime")
     model = models.mlp(4, (16, 48, 8), activation="relu")
     tgt = target("avx512", num_cores=1)
     plan = plan_model(from_onnx(model), tgt)
@@ -80,5 +81,5 @@ def test_model_plan_calls_reproduce_the_model() -> None:
     lib = tvm.compile(plan.kernels, target=tgt).jit()
     for call in plan.calls:
         lib[call.name](*[arrays[i] for i in call.args])
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
+    want = run_onnxruntime(model, {"input": x})[0]
     np.testing.assert_allclose(arrays[plan.outputs[0]].numpy(), want, rtol=1e-5, atol=1e-5)

@@ -12,8 +12,8 @@ from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.errors import UnsupportedDTypeError
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 
-pytest.importorskip("torch", reason="the model generators export from torch")
-pytest.importorskip("onnxruntime", reason="ONNX Runtime is the fp32 reference")
+# The model generators export from torch; ONNX Runtime is the fp32 reference.
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_onnxruntime]
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:

@@ -13,10 +13,11 @@ from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 
-pytest.importorskip("torch", reason="the model generators export from torch")
+# The model generators export from torch; ONNX Runtime quantizes the models (and its
+# CalibrationDataReader is subclassed below, so it is imported here).
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_avx512_vnni]
 quantization = pytest.importorskip("onnxruntime.quantization",
                                    reason="ONNX Runtime quantizes the models")
-pytestmark = pytest.mark.requires_avx512_vnni
 MLP = {"batch": 8, "dims": (64, 96, 32)}
 
 

@@ -28,6 +28,7 @@ from tpp_tvm.frontend import from_onnx
 from tpp_tvm.intrinsics import TPPSpec
 from tpp_tvm.intrinsics.reference import operand_dtypes, operand_shapes
 from tpp_tvm.intrinsics.registry import catalogue, portable
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.target import target
 
 #: qemu vector lengths in bytes: 128, 256, 512 and 2048 bits.
@@ -206,12 +207,12 @@ def mlp(tmp_path_factory):
     plan = plan_model(from_onnx(model), tgt)
     lib = plan.build(tgt, tmp_path_factory.mktemp("sve") / "mlp.so")
     x = np.random.default_rng(1).standard_normal((8, 64)).astype("float32")
-    ort = pytest.importorskip("onnxruntime")
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
+    want = run_onnxruntime(model, {"input": x})[0]
     return plan, lib, x, want
 
 
 @pytest.mark.requires_sve_runner
+@pytest.mark.requires_onnxruntime  # the mlp fixture's reference
 def test_mlp_is_all_tpp_kernels(mlp) -> None:
     plan, lib, _, _ = mlp
     assert not plan.report.fallbacks
@@ -221,6 +222,7 @@ def test_mlp_is_all_tpp_kernels(mlp) -> None:
 
 
 @pytest.mark.requires_sve_runner
+@pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize("vl_bytes", VECTOR_BYTES, ids=lambda b: f"{8 * b}bit")
 def test_mlp_runs_like_onnxruntime(mlp, vl_bytes: int) -> None:
     plan, lib, x, want = mlp
@@ -241,11 +243,11 @@ def test_tpp_build_for_sve_exports_an_aarch64_library(tmp_path) -> None:
 
 
 @pytest.mark.requires_sve_runner
+@pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize("name", ["small_cnn", "bert"])
 def test_tiny_models_run_like_onnxruntime(name: str, tmp_path) -> None:
     """Convolutions, pooling, attention and layer norm too: the tiny CNN and BERT encoder,
     whole, at the shortest and the longest vector."""
-    ort = pytest.importorskip("onnxruntime")
     generator = {"small_cnn": models.small_cnn, "bert": models.bert_encoder}[name]
     model = generator(**models.TINY_ARGS[name])
     tgt = target("sve", num_cores=1)
@@ -255,7 +257,7 @@ def test_tiny_models_run_like_onnxruntime(name: str, tmp_path) -> None:
     rng = np.random.default_rng(2)
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
              .astype("float32") for i in model.graph.input}
-    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    want = run_onnxruntime(model, feeds)
     for vl_bytes in (16, 256):
         got = plan.run(lib, list(feeds.values()), vl_bytes=vl_bytes)
         for g, w in zip(got, want, strict=True):
