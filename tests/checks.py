@@ -1,4 +1,5 @@
-"""Checks the test modules share: a scaled tolerance, "runs like ONNX Runtime", free ports.
+"""Checks the test modules share: tolerances, "runs like ONNX Runtime", a plain LLVM target,
+free ports.
 
 TPP-level helpers (one TPP built and run, its numpy reference) are in ``tpp_harness.py``;
 what a test needs from the machine is a ``requires_*`` marker (``conftest.py``).
@@ -12,6 +13,8 @@ from contextlib import ExitStack
 
 import numpy as np
 import onnx
+import tvm
+from tvm.target import codegen
 
 import tpp_tvm
 from tpp_tvm.compiled import CompiledModel
@@ -24,6 +27,11 @@ def assert_close_scaled(got: np.ndarray, want: np.ndarray, rtol: float, err_msg:
     near zero, where sums cancel, a relative bound alone is too strict."""
     scale = max(1.0, float(np.abs(want).max(initial=0.0)))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=err_msg)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """The error's norm relative to the result's (one number for a whole tensor)."""
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def assert_runs_like_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
@@ -39,6 +47,14 @@ def assert_runs_like_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.
         assert g.shape == w.shape, (g.shape, w.shape)
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
     return compiled
+
+
+def plain_llvm(num_cores: int | None = None) -> tvm.target.Target:
+    """An LLVM target for this CPU without the "tpp" key: TVM's own path, no TPP offload."""
+    config = {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu())}
+    if num_cores is not None:
+        config["num-cores"] = num_cores
+    return tvm.target.Target(config)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

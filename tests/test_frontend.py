@@ -15,7 +15,6 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
-from tvm.target import codegen
 
 from tpp_tvm import frontend, models
 from tpp_tvm import onnxruntime_ref as ort_ref
@@ -36,10 +35,6 @@ TINY = {
 }
 
 
-def _host_target() -> tvm.target.Target:
-    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-
-
 def _ops(mod: tvm.IRModule) -> set[str]:
     """Names of the Relax ops called in ``main``."""
     ops: set[str] = set()
@@ -53,7 +48,7 @@ def _ops(mod: tvm.IRModule) -> set[str]:
 
 
 def _run_tvm(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    executable = tvm.compile(mod, target=_host_target())
+    executable = tvm.compile(mod, target=checks.plain_llvm())
     vm = relax.VirtualMachine(executable, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()])
     return out.numpy()

@@ -4,6 +4,7 @@ fp32 answer."""
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import pytest
 
@@ -16,10 +17,6 @@ from tpp_tvm.onnxruntime_ref import run_onnxruntime
 pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_onnxruntime]
 
 
-def _rel(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 @pytest.mark.requires_avx512_bf16
 @pytest.mark.parametrize("name", ["mlp", "bert", "small_cnn"])
 def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
@@ -30,7 +27,7 @@ def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
     got = compiled(*inputs.values())
     for g, w in zip(got, want, strict=True):
         assert g.dtype == np.float32 and g.shape == w.shape
-        assert _rel(g, w) <= 1e-2, (name, _rel(g, w))
+        assert checks.relative_error(g, w) <= 1e-2, (name, checks.relative_error(g, w))
     data = compiled.report_data
     assert data["precision"] == "bfloat16"
     bf16 = [k for k in data["lowered"] if k.endswith("[bf16]")]
@@ -49,7 +46,7 @@ def test_bf16_is_really_bf16() -> None:
     inputs = models.example_inputs(model)
     fp32 = compile_onnx(model)(*inputs.values())[0]
     bf16 = compile_onnx(model, precision="bf16")(*inputs.values())[0]
-    assert 1e-5 < _rel(bf16, fp32) <= 1e-2
+    assert 1e-5 < checks.relative_error(bf16, fp32) <= 1e-2
 
 
 def test_unknown_precision_is_a_clear_error() -> None:
