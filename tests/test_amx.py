@@ -9,28 +9,16 @@ import re
 import pytest
 import tpp_harness as h
 import tvm
-from tvm import s_tir
 
 from tpp_tvm.errors import TPPError, UnsupportedDTypeError
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
 from tpp_tvm.intrinsics.amx import ensure_tile_permission
 from tpp_tvm.intrinsics.llvm_ir import amx_tile_config
-from tpp_tvm.intrinsics.reference import BLOCK, workload
 from tpp_tvm.target import host_isa, target
 
 HOST = host_isa()
-needs_amx = pytest.mark.skipif(
-    not (HOST.amx_bf16 and HOST.amx_int8 and HOST.amx_permitted),
-    reason=f"running AMX kernels needs an AMX CPU with OS-granted tile state ({HOST.summary()})")
-
 BF16 = TPPSpec("gemm", "bfloat16", m=32, n=32, k=64, beta=0)
 INT8 = TPPSpec("brgemm", "uint8", b_dtype="int8", m=16, n=32, k=128, batch=2, beta=1)
-
-
-def _asm(spec: TPPSpec) -> str:
-    sch = s_tir.Schedule(workload(spec))
-    sch.tensorize(sch.get_loops(sch.get_sblock(BLOCK))[0], intrinsic(spec, "amx"))
-    return tvm.compile(sch.mod, target=target("amx", num_cores=1)).jit().inspect_source("asm")
 
 
 def _count(asm: str, mnemonic: str) -> int:
@@ -42,7 +30,7 @@ def _count(asm: str, mnemonic: str) -> int:
                          ids=["bf16", "int8"])
 def test_tile_kernel_assembly(spec: TPPSpec, dot: str, c_tiles: int) -> None:
     """Config loaded once, tiles loaded and multiplied, C stored, tiles released."""
-    asm = _asm(spec)
+    asm = h.assembly(spec, "amx")
     assert str(target("amx").attrs["mcpu"]) in ("sapphirerapids", str(
         tvm.target.codegen.llvm_get_system_cpu()))
     assert _count(asm, "ldtilecfg") == 1
@@ -76,7 +64,7 @@ def test_unsupported_tiles_name_the_rule(spec: TPPSpec) -> None:
 
 def test_non_tile_tpps_use_the_avx512_unit() -> None:
     spec = TPPSpec("relu", m=4, n=37)
-    asm = _asm(spec)
+    asm = h.assembly(spec, "amx")
     assert "zmm" in asm and _count(asm, "ldtilecfg") == 0
 
 
@@ -88,12 +76,11 @@ def test_tile_permission() -> None:
             ensure_tile_permission()
 
 
-@needs_amx
+@pytest.mark.requires_amx
 @pytest.mark.parametrize("spec", [BF16, INT8], ids=["bf16", "int8"])
 def test_tile_kernels_run_like_numpy(spec: TPPSpec) -> None:
     ensure_tile_permission()
-    got, want = h.run(spec, isa="amx")
-    h.assert_matches(spec, got, want)
+    h.check(spec, isa="amx")
 
 
 @pytest.mark.parametrize(("dtype", "dot"), [("bfloat16", "tdpbf16ps"), ("int8", "tdpbusd")])
@@ -129,7 +116,7 @@ def test_amx_target_gemm_with_an_epilogue_runs_on_the_avx512_unit() -> None:
     np.testing.assert_allclose(kernel(a, b, bias), a @ b + bias, rtol=3e-2, atol=3e-1)
 
 
-@needs_amx
+@pytest.mark.requires_amx
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
     import numpy as np
@@ -165,7 +152,7 @@ def test_quantized_convolutions_build_for_amx_on_the_vnni_unit() -> None:
 
     spec = TPPSpec("conv_brgemm", "uint8", b_dtype="int8", m=4, n=32, k=24, batch=3, beta=0,
                    stride=8)
-    asm = _asm(spec)
+    asm = h.assembly(spec, "amx")
     assert _count(asm, "vpdpbusd") >= 4 and _count(asm, "ldtilecfg") == 0
     w = np.random.default_rng(0).integers(-128, 128, (16, 8, 3, 3)).astype(np.int8)
     nodes = [helper.make_node("ConvInteger", ["x", "W"], ["acc"], pads=[1, 1, 1, 1]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import pytest
 import tvm
@@ -59,15 +60,12 @@ def test_attention_needs_a_row_block():
         attention_schedule(AttentionShape(1, 13, 8, 8, 1, 1.0, False), "avx512")
 
 
+@pytest.mark.requires_onnxruntime
 def test_prime_query_counts_run_padded_through_the_fused_kernel():
     """ViT's 197 tokens have no row block: the queries are padded with zero rows to the next
     multiple of 8 and the padded rows' outputs dropped (compile_onnx against ORT)."""
     from onnx import TensorProto, helper
 
-    import tpp_tvm
-
-    pytest.importorskip("onnxruntime")
-    from tpp_tvm.onnxruntime_ref import run_onnxruntime
     from tpp_tvm.schedules.attention import padded_query_rows
 
     assert padded_query_rows(197) == 200 and padded_query_rows(64) == 64
@@ -86,7 +84,5 @@ def test_prime_query_counts_run_padded_through_the_fused_kernel():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     rng = np.random.default_rng(13)
     feeds = {n: rng.standard_normal(shape).astype("float32") for n in "qkv"}
-    compiled = tpp_tvm.compile_onnx(model, target=target(num_cores=1))
-    np.testing.assert_allclose(compiled(**feeds)[0], run_onnxruntime(model, feeds)[0],
-                               rtol=1e-5, atol=1e-5)
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert "tpp.attention" in compiled.report()

@@ -12,10 +12,9 @@ from scipy.special import erf
 
 from tpp_tvm.schedules import backward as bwd
 from tpp_tvm.schedules.gemm import gemm_schedule
-from tpp_tvm.target import host_isa, target
+from tpp_tvm.target import target
 
-pytestmark = pytest.mark.skipif(not host_isa().avx512f,
-                                reason="the fp32 TPP kernels here are AVX-512 ones")
+pytestmark = pytest.mark.requires_avx512  # the fp32 TPP kernels here are AVX-512 ones
 
 
 def _run(sch, *inputs, outs):
@@ -69,8 +68,10 @@ def test_column_sum(width, untensorized):
     np.testing.assert_allclose(out, DY[:, :width].sum(0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.requires_torch
 def test_layer_norm_backward_matches_autograd(untensorized):
-    torch = pytest.importorskip("torch")
+    import torch
+
     gamma = RNG.standard_normal(WIDTH).astype("float32")
     xt = torch.tensor(X, requires_grad=True)
     gt = torch.tensor(gamma, requires_grad=True)

@@ -4,6 +4,7 @@ at odd sizes (1, primes)."""
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import onnx
 import pytest
@@ -12,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
 
-ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.requires_onnxruntime
 RNG = np.random.default_rng(7)
 
 
@@ -28,13 +29,7 @@ def _model(node: onnx.NodeProto, x_shape: list[int], weight: np.ndarray | None =
 def _check(model: onnx.ModelProto, x_shape: list[int]) -> str:
     """Run with tpp_tvm and ORT on the same random input; return the report."""
     x = RNG.standard_normal(x_shape).astype("float32")
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = sess.run(None, {"x": x})[0]
-    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
-    got = compiled(x=x)[0]
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    return compiled.report()
+    return checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4).report()
 
 
 @pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])

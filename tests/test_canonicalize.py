@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 
+import checks
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def _tanh_gelu_model(half_first: bool, coef: float = 0.044715):
@@ -40,14 +39,12 @@ def _tanh_gelu_model(half_first: bool, coef: float = 0.044715):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize("half_first", [True, False])
 def test_tanh_gelu_fuses_into_the_gemm(half_first: bool) -> None:
     model = _tanh_gelu_model(half_first)
     x = np.random.default_rng(0).standard_normal((37, 64)).astype("float32")
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
-    np.testing.assert_allclose(compiled(x=x)[0], want, rtol=1e-4, atol=1e-4)
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
     assert "gelu_tanh" in compiled.report()
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from tpp_tvm import cli, models
 
-pytest.importorskip("torch", reason="the model generators export from torch")
+pytestmark = pytest.mark.requires_torch  # the model generators export from torch
 
 
 @pytest.fixture(autouse=True)
@@ -59,12 +59,9 @@ def test_compile_writes_library_and_prints_report(
     assert out.exists() and Path(str(out) + ".tpp.json").exists()
 
 
+@pytest.mark.requires_avx512_bf16
 def test_compile_in_bf16_says_so(mlp_path: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from tpp_tvm.target import host_isa
-
-    if not host_isa().avx512_bf16:
-        pytest.skip("bf16 kernels need an AVX512_BF16 host")
     out = tmp_path / "model_bf16.so"
     assert cli.main(["compile", str(mlp_path), "-o", str(out), "--precision", "bf16"]) == 0
     text = capsys.readouterr().out
@@ -78,10 +75,10 @@ def test_run_library_with_bench(mlp_library: Path, capsys: pytest.CaptureFixture
     assert re.search(r"tpp_tvm:\s+\d+\.\d+ ms on \d thread\(s\) \(median\)", text)
 
 
+@pytest.mark.requires_onnxruntime
 def test_run_onnx_compare_onnxruntime(
     mlp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("onnxruntime")
     assert cli.main(["run", str(mlp_path), "--compare", "onnxruntime", "--threads", "1"]) == 0
     text = capsys.readouterr().out
     assert "output 0: float32 (4, 8)" in text
@@ -93,10 +90,10 @@ def test_run_onnx_compare_onnxruntime(
     assert abs_err < 1e-4
 
 
+@pytest.mark.requires_onnxruntime
 def test_run_library_compare_uses_its_onnx_model(
     mlp_library: Path, mlp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("onnxruntime")
     argv = ["run", str(mlp_library), "--compare", "onnxruntime", "--onnx", str(mlp_path)]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out

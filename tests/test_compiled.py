@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import checks
 import numpy as np
 import onnx
 import pytest
 import tvm
 from tvm import relax
-from tvm.target import codegen
 
 import tpp_tvm
 from tpp_tvm import models
@@ -24,8 +24,8 @@ from tpp_tvm.compiled import CompiledModel, compile_onnx, load
 from tpp_tvm.errors import ModelLoadError, UnsupportedShapeError
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 
-pytest.importorskip("torch", reason="the model generators export from torch")
-pytest.importorskip("onnxruntime", reason="ONNX Runtime is the reference")
+# The model generators export from torch; ONNX Runtime is the reference.
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_onnxruntime]
 
 RTOL = 1e-4
 """fp32 with a different summation order than ONNX Runtime: ~1e-6 relative in practice."""
@@ -48,8 +48,7 @@ def _assert_matches(outputs: list[np.ndarray], reference: list[np.ndarray]) -> N
     assert len(outputs) == len(reference)
     for out, ref in zip(outputs, reference, strict=True):
         assert out.shape == ref.shape and out.dtype == ref.dtype
-        atol = RTOL * max(float(np.max(np.abs(ref))), 1.0)
-        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=atol)
+        checks.assert_close_scaled(out, ref, RTOL)
 
 
 class Tiny:
@@ -70,11 +69,6 @@ class Tiny:
 def tiny() -> Callable[[str], Tiny]:
     """``tiny(name)``: the tiny model compiled once per module, on first use."""
     return functools.cache(Tiny)
-
-
-def _host_llvm(num_cores: int = 1) -> dict:
-    """A plain LLVM target for this CPU: no "tpp" key, so no TPP offload."""
-    return {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()), "num-cores": num_cores}
 
 
 # ------------------------------------------------------------------------------- correctness
@@ -198,7 +192,7 @@ def test_non_tpp_target_offloads_nothing_and_matches(
 ) -> None:
     """Offload is keyed on the target's "tpp" key: a plain llvm target gets TVM's path."""
     model = tiny(name)
-    plain = compile_onnx(model.model, target=_host_llvm())
+    plain = compile_onnx(model.model, target=checks.plain_llvm(num_cores=1))
     data = plain.report_data
     assert data["lowered"] == {} and data["fallbacks"] == {}
     assert "TPP kernels:\nFallbacks to TVM: none" in plain.report()

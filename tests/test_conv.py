@@ -10,11 +10,8 @@ import tvm
 
 from tpp_tvm.errors import UnsupportedDTypeError
 from tpp_tvm.schedules.conv import ConvShape, conv_k_block, conv_schedule, pack_filter
-from tpp_tvm.target import host_isa, target
+from tpp_tvm.target import target
 from tpp_tvm.tir_pipeline import compile_kernels
-
-needs_vnni = pytest.mark.skipif(not host_isa().avx512_vnni,
-                                reason="int8 convolutions need an AVX512_VNNI host")
 
 
 def _conv_ref(x: np.ndarray, w_oihw: np.ndarray, sh: ConvShape, fill: float) -> np.ndarray:
@@ -58,7 +55,7 @@ def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@needs_vnni
+@pytest.mark.requires_avx512_vnni
 @pytest.mark.parametrize(("sh", "blocked"), [
     (ConvShape(1, 9, 9, 8, 24, 3, 3, 1, (1, 1, 1, 1)), False),
     (ConvShape(1, 11, 10, 3, 16, 7, 7, 2, (3, 3, 3, 3)), False),  # channels padded 3 -> 4

@@ -12,9 +12,9 @@ import tvm
 from tpp_tvm import models
 from tpp_tvm.cross import asm, plan_model
 from tpp_tvm.cross.runner import Call, qemu_command, write_job
-from tpp_tvm.cross.toolchain import missing_tools
 from tpp_tvm.frontend import from_onnx
-from tpp_tvm.target import host_isa, target
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.target import target
 
 AARCH64 = """\
 0000000000001000 <k_compute_>:
@@ -62,17 +62,16 @@ def test_job_file_layout(tmp_path) -> None:
     assert tail == (1, b"k", 2, 1, 0)
 
 
+@pytest.mark.requires_sve_runner
 def test_qemu_vector_length_is_checked() -> None:
-    if missing_tools():
-        pytest.skip(f"cross tools missing: {missing_tools()}")
     assert "max,sve-default-vector-length=32" in qemu_command(32)
     with pytest.raises(ValueError, match="vector length"):
         qemu_command(24)
 
 
-@pytest.mark.skipif(not host_isa().avx512f, reason="runs the plan's kernels on an AVX-512 host")
+@pytest.mark.requires_avx512  # runs the plan's kernels on this host
+@pytest.mark.requires_onnxruntime
 def test_model_plan_calls_reproduce_the_model() -> None:
-    ort = pytest.importorskip("onnxruntime")
     model = models.mlp(4, (16, 48, 8), activation="relu")
     tgt = target("avx512", num_cores=1)
     plan = plan_model(from_onnx(model), tgt)
@@ -82,5 +81,5 @@ def test_model_plan_calls_reproduce_the_model() -> None:
     lib = tvm.compile(plan.kernels, target=tgt).jit()
     for call in plan.calls:
         lib[call.name](*[arrays[i] for i in call.args])
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
+    want = run_onnxruntime(model, {"input": x})[0]
     np.testing.assert_allclose(arrays[plan.outputs[0]].numpy(), want, rtol=1e-5, atol=1e-5)

@@ -3,6 +3,7 @@ epilogues) and through compile_onnx against ONNX Runtime."""
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import pytest
 import tvm
@@ -67,6 +68,7 @@ def test_pixel_block_divides_the_row() -> None:
     assert pixel_block(56) == 8 and pixel_block(7) == 7 and pixel_block(13) == 1
 
 
+@pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize("stride", [1, 2])
 def test_onnx_depthwise_conv_with_bias_and_relu_runs_on_the_tpp_kernel(stride: int) -> None:
     c = 24
@@ -81,10 +83,6 @@ def test_onnx_depthwise_conv_with_bias_and_relu_runs_on_the_tpp_kernel(stride: i
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    ort = pytest.importorskip("onnxruntime")
     x = rng.standard_normal((1, c, 17, 17)).astype("float32")
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
-    np.testing.assert_allclose(compiled(x=x)[0], want, rtol=1e-4, atol=1e-4)
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
     assert "tpp.depthwise_conv2d_bias_relu" in compiled.report()

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sys
 
+import checks
 import numpy as np
 import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
-from tvm.target import codegen
 
 from tpp_tvm import frontend, models
 from tpp_tvm import onnxruntime_ref as ort_ref
@@ -25,18 +25,14 @@ from tpp_tvm.errors import (
     UnsupportedShapeError,
 )
 
-pytest.importorskip("torch", reason="the model generators export from torch")
-pytest.importorskip("onnxruntime", reason="ONNX Runtime is the reference")
+# The model generators export from torch; ONNX Runtime is the reference.
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_onnxruntime]
 
 TINY_BERT = models.TINY_ARGS["bert"]
 TINY = {
     name: (lambda name=name: models.GENERATORS[name](**models.TINY_ARGS[name]))
     for name in models.GENERATORS
 }
-
-
-def _host_target() -> tvm.target.Target:
-    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
 
 
 def _ops(mod: tvm.IRModule) -> set[str]:
@@ -52,7 +48,7 @@ def _ops(mod: tvm.IRModule) -> set[str]:
 
 
 def _run_tvm(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    executable = tvm.compile(mod, target=_host_target())
+    executable = tvm.compile(mod, target=checks.plain_llvm())
     vm = relax.VirtualMachine(executable, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()])
     return out.numpy()
@@ -378,8 +374,6 @@ def test_variadic_elementwise_after_a_conv_builds(op: str, inputs: int) -> None:
     ``Sum``): TVM's converter stacked them into a rank-5 tensor and the layout conversion
     died with ``Invalid SLayout``; as binary ops they follow the convolution's NHWC. One
     operand broadcasts (1, C, 1, 1)."""
-    import tpp_tvm
-
     rng = np.random.default_rng(inputs)
     w = rng.standard_normal((4, 3, 3, 3)).astype("float32")
     others = [f"y{i}" for i in range(inputs - 1)]
@@ -394,17 +388,13 @@ def test_variadic_elementwise_after_a_conv_builds(op: str, inputs: int) -> None:
                    [numpy_helper.from_array(w, "w")])
     feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype("float32")}
     feeds.update({n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()})
-    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
-    np.testing.assert_allclose(compiled(**feeds)[0], ort_ref.run_onnxruntime(model, feeds)[0],
-                               rtol=1e-5, atol=1e-5)
+    checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("opset,outputs", [(9, 2), (9, 1), (13, 1)])
 def test_inference_dropout_after_a_conv_builds(opset: int, outputs: int) -> None:
     """Old model-zoo graphs keep Dropout in inference; TVM's tuple (output, mask) made the
     layout conversion fail ("Expected nested to match tuple"). It is the identity."""
-    import tpp_tvm
-
     w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype("float32")
     model = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
                     helper.make_node("Dropout", ["c"], ["d", "mask"][:outputs]),
@@ -416,6 +406,4 @@ def test_inference_dropout_after_a_conv_builds(opset: int, outputs: int) -> None
     assert frontend.inference_dropout_as_identity(frontend.clean_model(model).graph) == 0
     assert "Dropout" not in [n.op_type for n in frontend.clean_model(model).graph.node]
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
-    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
-    np.testing.assert_allclose(compiled(x=x)[0], ort_ref.run_onnxruntime(model, {"x": x})[0],
-                               rtol=1e-5, atol=1e-5)
+    checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)

@@ -30,11 +30,7 @@ from tpp_tvm.intrinsics import OPS, TPPSpec, intrinsic, registered
 from tpp_tvm.intrinsics.reference import BLOCK, workload
 from tpp_tvm.intrinsics.registry import catalogue
 from tpp_tvm.intrinsics.spec import BCASTS
-from tpp_tvm.target import host_isa, target
 
-needs_avx512 = pytest.mark.skipif(
-    not host_isa().avx512f, reason="running AVX-512 kernels needs an AVX-512 host"
-)
 few = settings(max_examples=5, deadline=None, derandomize=True)
 
 M = st.integers(2, 20)
@@ -45,59 +41,54 @@ def _ops(kind: str) -> list[str]:
     return sorted(op for op, d in OPS.items() if d.kind == kind)
 
 
-def _check(spec: TPPSpec, seed: int = 0) -> None:
-    got, want = h.run(spec, seed)
-    h.assert_matches(spec, got, want)
-
-
 # -- every primitive of the set --------------------------------------------------------
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @pytest.mark.parametrize("spec", catalogue(), ids=lambda s: s.name("avx512"))
 def test_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
-    _check(spec)
+    h.check(spec)
 
 
 # -- properties over shapes, per kind --------------------------------------------------
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @few
 @given(op=st.sampled_from(_ops("unary")), m=M, n=N)
 def test_unary(op: str, m: int, n: int) -> None:
-    _check(TPPSpec(op, m=m, n=n))
+    h.check(TPPSpec(op, m=m, n=n))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @few
 @given(op=st.sampled_from(_ops("unary_bwd")), m=M, n=N)
 def test_unary_bwd(op: str, m: int, n: int) -> None:
-    _check(TPPSpec(op, m=m, n=n))
+    h.check(TPPSpec(op, m=m, n=n))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(op=st.sampled_from(_ops("binary")), bcast=st.sampled_from(BCASTS), m=M, n=N)
 def test_binary(op: str, bcast: str, m: int, n: int) -> None:
-    _check(TPPSpec(op, m=m, n=n, bcast=bcast))
+    h.check(TPPSpec(op, m=m, n=n, bcast=bcast))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @few
 @given(bcast=st.sampled_from(BCASTS), m=M, n=N)
 def test_muladd(bcast: str, m: int, n: int) -> None:
-    _check(TPPSpec("muladd", m=m, n=n, bcast=bcast))
+    h.check(TPPSpec("muladd", m=m, n=n, bcast=bcast))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(op=st.sampled_from(_ops("reduce")), m=M, n=N)
 def test_reduce(op: str, m: int, n: int) -> None:
-    _check(TPPSpec(op, m=m, n=n))
+    h.check(TPPSpec(op, m=m, n=n))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @few
 @given(
     op=st.sampled_from(_ops("transform")),
@@ -106,10 +97,10 @@ def test_reduce(op: str, m: int, n: int) -> None:
     n=N,
 )
 def test_transform(op: str, dtype: str, m: int, n: int) -> None:
-    _check(TPPSpec(op, dtype, m=m, n=n))
+    h.check(TPPSpec(op, dtype, m=m, n=n))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @pytest.mark.parametrize(
     ("dtype", "m", "n"),
     [
@@ -122,10 +113,10 @@ def test_transform(op: str, dtype: str, m: int, n: int) -> None:
     ],
 )
 def test_transpose_blocks_edges_and_thin_tiles(dtype: str, m: int, n: int) -> None:
-    _check(TPPSpec("transpose", dtype, m=m, n=n))
+    h.check(TPPSpec("transpose", dtype, m=m, n=n))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @few
 @given(
     case=st.sampled_from(
@@ -143,17 +134,17 @@ def test_transpose_blocks_edges_and_thin_tiles(dtype: str, m: int, n: int) -> No
 )
 def test_copy_converts_and_moves(case: tuple[str, str | None], m: int, n: int) -> None:
     dtype, out_dtype = case
-    _check(TPPSpec("copy", dtype, m=m, n=n, out_dtype=out_dtype))
+    h.check(TPPSpec("copy", dtype, m=m, n=n, out_dtype=out_dtype))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @few
 @given(dtype=st.sampled_from(["float32", "float16", "int8", "int32"]), m=M, n=N)
 def test_zero(dtype: str, m: int, n: int) -> None:
-    _check(TPPSpec("zero", dtype, m=m, n=n))
+    h.check(TPPSpec("zero", dtype, m=m, n=n))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(
     op=st.sampled_from(["gemm", "brgemm", "conv_brgemm"]),
@@ -166,11 +157,11 @@ def test_zero(dtype: str, m: int, n: int) -> None:
 )
 def test_contractions(op: str, beta: int, m: int, n: int, k: int, batch: int,
                       stride: int) -> None:
-    _check(TPPSpec(op, m=m, n=n, k=k, beta=beta, batch=1 if op == "gemm" else batch,
-                   stride=stride if op == "conv_brgemm" else 1))
+    h.check(TPPSpec(op, m=m, n=n, k=k, beta=beta, batch=1 if op == "gemm" else batch,
+                    stride=stride if op == "conv_brgemm" else 1))
 
 
-@needs_avx512
+@pytest.mark.requires_avx512
 @pytest.mark.parametrize(
     "spec",
     [
@@ -276,16 +267,10 @@ def test_tensorized_module_round_trips_through_json() -> None:
 LIBM_CALL = re.compile(r"call\w*\s+(exp|tanh|erf|log|pow|sigmoid)")
 
 
-def _asm(spec: TPPSpec) -> str:
-    sch = s_tir.Schedule(workload(spec))
-    sch.tensorize(sch.get_loops(sch.get_sblock(BLOCK))[0], intrinsic(spec))
-    return tvm.compile(sch.mod, target=target("avx512", num_cores=1)).jit().inspect_source("asm")
-
-
 @pytest.mark.parametrize("op", ["exp", "gelu", "gelu_tanh", "tanh", "sigmoid"])
 def test_transcendentals_stay_in_zmm_registers(op: str) -> None:
     """No per-lane libm calls (LLVM scalarises llvm.exp/tanh/erf); the tail is k-masked."""
-    asm = _asm(TPPSpec(op, m=2, n=21))
+    asm = h.assembly(TPPSpec(op, m=2, n=21))
     body = [line for line in asm.splitlines() if not line.lstrip().startswith((".", "#"))]
     libm = [line for line in body if LIBM_CALL.search(line)]
     assert not libm, libm

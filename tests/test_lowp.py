@@ -14,37 +14,24 @@ import tpp_harness as h
 import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tvm import s_tir
 
 from tpp_tvm.errors import UnsupportedDTypeError, UnsupportedShapeError
-from tpp_tvm.intrinsics import TPPSpec, intrinsic
-from tpp_tvm.intrinsics.reference import BLOCK, workload
+from tpp_tvm.intrinsics import TPPSpec
 from tpp_tvm.intrinsics.registry import low_precision_catalogue
 from tpp_tvm.intrinsics.spec import QUANT_DTYPES
-from tpp_tvm.target import host_isa, target
 
-HOST = host_isa()
-needs_bf16 = pytest.mark.skipif(not HOST.avx512_bf16,
-                                reason="running bf16 kernels needs an AVX512_BF16 host")
-needs_vnni = pytest.mark.skipif(not HOST.avx512_vnni,
-                                reason="running int8 kernels needs an AVX512_VNNI host")
 DOT_DTYPES = [("bfloat16", None), ("uint8", "int8")]
 
 
-def _check(spec: TPPSpec, seed: int = 0) -> None:
-    got, want = h.run(spec, seed)
-    h.assert_matches(spec, got, want)
-
-
+@pytest.mark.requires_avx512_bf16
+@pytest.mark.requires_avx512_vnni
 @pytest.mark.parametrize("spec", low_precision_catalogue(), ids=lambda s: s.name("avx512"))
 def test_low_precision_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
-    if not (HOST.avx512_bf16 and HOST.avx512_vnni):
-        pytest.skip("running these needs an AVX512_BF16 + AVX512_VNNI host")
-    _check(spec)
+    h.check(spec)
 
 
-@needs_bf16
-@needs_vnni
+@pytest.mark.requires_avx512_bf16
+@pytest.mark.requires_avx512_vnni
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(
     dtypes=st.sampled_from(DOT_DTYPES),
@@ -62,51 +49,50 @@ def test_dot_contractions(dtypes, op, beta, m, n, kgroups, batch, stride_groups)
     a, b = dtypes
     vnni = 2 if a == "bfloat16" else 4
     conv = op == "conv_brgemm"
-    _check(TPPSpec(op, a, b_dtype=b, m=m, n=n, k=kgroups * vnni, beta=beta,
-                   batch=1 if op == "gemm" else batch if conv else max(batch, 2),
-                   stride=stride_groups * vnni if conv else 1))
+    h.check(TPPSpec(op, a, b_dtype=b, m=m, n=n, k=kgroups * vnni, beta=beta,
+                    batch=1 if op == "gemm" else batch if conv else max(batch, 2),
+                    stride=stride_groups * vnni if conv else 1))
 
 
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 @settings(max_examples=5, deadline=None, derandomize=True)
 @given(pair=st.sampled_from([("float32", "bfloat16"), ("bfloat16", "float32")]),
        m=st.integers(2, 12), n=st.integers(2, 70))
 def test_bf16_conversion(pair, m, n) -> None:
-    _check(TPPSpec("copy", pair[0], m=m, n=n, out_dtype=pair[1]))
+    h.check(TPPSpec("copy", pair[0], m=m, n=n, out_dtype=pair[1]))
 
 
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(op=st.sampled_from(["relu", "gelu", "tanh", "sigmoid", "exp", "negate", "square"]),
        m=st.integers(2, 8), n=st.integers(2, 70))
 def test_bf16_unary(op: str, m: int, n: int) -> None:
     """bf16 in and out, fp32 math in between (widened on load, rounded on store)."""
-    _check(TPPSpec(op, "bfloat16", m=m, n=n))
+    h.check(TPPSpec(op, "bfloat16", m=m, n=n))
 
 
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(op=st.sampled_from(["add", "sub", "mul", "max", "min"]),
        bcast=st.sampled_from(["none", "row", "col", "scalar"]),
        m=st.integers(2, 8), n=st.integers(2, 70))
 def test_bf16_binary(op: str, bcast: str, m: int, n: int) -> None:
-    _check(TPPSpec(op, "bfloat16", m=m, n=n, bcast=bcast))
+    h.check(TPPSpec(op, "bfloat16", m=m, n=n, bcast=bcast))
 
 
-@pytest.mark.skipif(not HOST.avx512f, reason="running AVX-512 kernels needs an AVX-512 host")
+@pytest.mark.requires_avx512
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(case=st.sampled_from([(op, a, b) for op, pairs in QUANT_DTYPES.items()
                              for a, b in pairs]),
        m=st.integers(2, 12), n=st.integers(2, 70))
 def test_quantization(case, m, n) -> None:
     op, a, b = case
-    _check(TPPSpec(op, a, m=m, n=n, out_dtype=b))
+    h.check(TPPSpec(op, a, m=m, n=n, out_dtype=b))
 
 
+@pytest.mark.requires_avx512
 def test_quantize_rounds_half_to_even_and_saturates() -> None:
     """ONNX QuantizeLinear semantics: 2.5 -> 2, 3.5 -> 4, out-of-range values saturate."""
-    if not HOST.avx512f:
-        pytest.skip("running AVX-512 kernels needs an AVX-512 host")
     import numpy as np
 
     spec = TPPSpec("quantize", "float32", m=2, n=5, out_dtype="uint8")
@@ -119,12 +105,8 @@ def test_quantize_rounds_half_to_even_and_saturates() -> None:
                                   [[2, 4, 0, 255, 0], [0, 2, 254, 255, 128]])
 
 
-def _asm(spec: TPPSpec) -> str:
-    sch = s_tir.Schedule(workload(spec))
-    sch.tensorize(sch.get_loops(sch.get_sblock(BLOCK))[0], intrinsic(spec))
-    return tvm.compile(sch.mod, target=target("avx512", num_cores=1)).jit().inspect_source("asm")
-
-
+@pytest.mark.requires_avx512_bf16
+@pytest.mark.requires_avx512_vnni
 @pytest.mark.parametrize(("spec", "instr"), [
     (TPPSpec("gemm", "bfloat16", m=4, n=37, k=16, beta=0), "vdpbf16ps"),
     (TPPSpec("gemm", "uint8", b_dtype="int8", m=4, n=40, k=16, beta=0), "vpdpbusd"),
@@ -132,10 +114,9 @@ def _asm(spec: TPPSpec) -> str:
     (TPPSpec("gelu", "bfloat16", m=2, n=40), "vcvtneps2bf16"),
 ], ids=lambda v: v if isinstance(v, str) else v.name("avx512"))
 def test_dot_steps_are_single_instructions(spec: TPPSpec, instr: str) -> None:
-    """The imported LLVM steps inline to the instruction on zmm registers (no calls left)."""
-    if not (HOST.avx512_bf16 and HOST.avx512_vnni):
-        pytest.skip("the host target (mcpu) has no AVX512_BF16/VNNI to inline the steps into")
-    asm = _asm(spec)
+    """The imported LLVM steps inline to the instruction on zmm registers (no calls left):
+    the host target (mcpu) must have AVX512_BF16/VNNI to inline them into."""
+    asm = h.assembly(spec)
     body = [line for line in asm.splitlines() if not line.lstrip().startswith((".", "#"))]
     assert any(instr in line and "zmm" in line for line in body), instr
     assert not [line for line in body if re.search(r"call\w*\s+\S*tpp_", line)]

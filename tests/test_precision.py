@@ -4,6 +4,7 @@ fp32 answer."""
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import pytest
 
@@ -11,19 +12,12 @@ from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.errors import UnsupportedDTypeError
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
-from tpp_tvm.target import host_isa
 
-pytest.importorskip("torch", reason="the model generators export from torch")
-pytest.importorskip("onnxruntime", reason="ONNX Runtime is the fp32 reference")
-needs_bf16 = pytest.mark.skipif(not host_isa().avx512_bf16,
-                                reason="bf16 kernels need an AVX512_BF16 host")
+# The model generators export from torch; ONNX Runtime is the fp32 reference.
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_onnxruntime]
 
 
-def _rel(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 @pytest.mark.parametrize("name", ["mlp", "bert", "small_cnn"])
 def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
     model = models.GENERATORS[name](**models.TINY_ARGS[name])
@@ -33,7 +27,7 @@ def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
     got = compiled(*inputs.values())
     for g, w in zip(got, want, strict=True):
         assert g.dtype == np.float32 and g.shape == w.shape
-        assert _rel(g, w) <= 1e-2, (name, _rel(g, w))
+        assert checks.relative_error(g, w) <= 1e-2, (name, checks.relative_error(g, w))
     data = compiled.report_data
     assert data["precision"] == "bfloat16"
     bf16 = [k for k in data["lowered"] if k.endswith("[bf16]")]
@@ -45,14 +39,14 @@ def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
         assert any(k.startswith("tpp.attention") and "[bf16]" not in k for k in data["lowered"])
 
 
-@needs_bf16
+@pytest.mark.requires_avx512_bf16
 def test_bf16_is_really_bf16() -> None:
     """Not fp32 in disguise: the result differs from fp32 by about bf16's rounding."""
     model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
     inputs = models.example_inputs(model)
     fp32 = compile_onnx(model)(*inputs.values())[0]
     bf16 = compile_onnx(model, precision="bf16")(*inputs.values())[0]
-    assert 1e-5 < _rel(bf16, fp32) <= 1e-2
+    assert 1e-5 < checks.relative_error(bf16, fp32) <= 1e-2
 
 
 def test_unknown_precision_is_a_clear_error() -> None:

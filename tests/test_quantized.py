@@ -12,13 +12,12 @@ from onnx import TensorProto, helper, numpy_helper
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
-from tpp_tvm.target import host_isa
 
-pytest.importorskip("torch", reason="the model generators export from torch")
+# The model generators export from torch; ONNX Runtime quantizes the models (and its
+# CalibrationDataReader is subclassed below, so it is imported here).
+pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_avx512_vnni]
 quantization = pytest.importorskip("onnxruntime.quantization",
                                    reason="ONNX Runtime quantizes the models")
-pytestmark = pytest.mark.skipif(not host_isa().avx512_vnni,
-                                reason="int8 kernels need an AVX512_VNNI host")
 MLP = {"batch": 8, "dims": (64, 96, 32)}
 
 

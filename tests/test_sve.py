@@ -21,19 +21,15 @@ import tvm
 from tvm.script import tirx as T
 
 from tpp_tvm import build, models
-from tpp_tvm.cross import CrossRunError, asm, missing_tools, plan_model, run_calls
+from tpp_tvm.cross import CrossRunError, asm, plan_model, run_calls
 from tpp_tvm.cross.runner import Call, executed_instructions
 from tpp_tvm.cross.toolchain import disassemble, export_library
 from tpp_tvm.frontend import from_onnx
 from tpp_tvm.intrinsics import TPPSpec
 from tpp_tvm.intrinsics.reference import operand_dtypes, operand_shapes
 from tpp_tvm.intrinsics.registry import catalogue, portable
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.target import target
-
-needs_cross = pytest.mark.skipif(
-    bool(missing_tools()),
-    reason=f"aarch64 cross tools missing: {', '.join(missing_tools())}",
-)
 
 #: qemu vector lengths in bytes: 128, 256, 512 and 2048 bits.
 VECTOR_BYTES = (16, 32, 64, 256)
@@ -107,7 +103,7 @@ def tpp_library(tmp_path_factory):
     return lib, tensors, calls, cases
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 @pytest.mark.parametrize("vl_bytes", VECTOR_BYTES, ids=lambda b: f"{8 * b}bit")
 def test_every_tpp_runs_like_numpy(tpp_library, vl_bytes: int) -> None:
     lib, tensors, calls, cases = tpp_library
@@ -121,7 +117,7 @@ def test_every_tpp_runs_like_numpy(tpp_library, vl_bytes: int) -> None:
     assert not failures, "\n".join(failures)
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 def test_cpu_without_sve_dies_with_sigill(tpp_library) -> None:
     lib, tensors, calls, _ = tpp_library
     with pytest.raises(CrossRunError) as err:
@@ -129,7 +125,7 @@ def test_cpu_without_sve_dies_with_sigill(tpp_library) -> None:
     assert err.value.signal == signal.SIGILL
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 def test_harness_catches_writes_outside_a_tensor(tmp_path) -> None:
     """The guard bytes around every tensor are what makes the passes above also mean
     "no TPP writes outside its tile"."""
@@ -150,7 +146,7 @@ def test_harness_catches_writes_outside_a_tensor(tmp_path) -> None:
     assert err.value.returncode == 5
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 def test_longer_vectors_execute_fewer_instructions(tpp_library) -> None:
     """The same binary adapts to the vector length: a 2048-bit gelu call executes several
     times fewer instructions than a 128-bit one (counted in qemu's execution trace)."""
@@ -166,7 +162,7 @@ def _kernels(library) -> dict[str, list[asm.Insn]]:
             if name.endswith("_compute_")}
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 def test_tpp_hot_loops_are_sve_not_neon(tpp_library) -> None:
     lib, _, _, cases = tpp_library
     kernels = _kernels(lib)
@@ -184,7 +180,7 @@ def test_tpp_hot_loops_are_sve_not_neon(tpp_library) -> None:
             assert kinds["neon"] == 0 and kinds["sve"] > 0, f"{name}: {loop}"
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 def test_brgemm_inner_loop_is_predicated_fmla(tpp_library) -> None:
     lib, _, _, cases = tpp_library
     kernels = _kernels(lib)
@@ -211,12 +207,12 @@ def mlp(tmp_path_factory):
     plan = plan_model(from_onnx(model), tgt)
     lib = plan.build(tgt, tmp_path_factory.mktemp("sve") / "mlp.so")
     x = np.random.default_rng(1).standard_normal((8, 64)).astype("float32")
-    ort = pytest.importorskip("onnxruntime")
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
+    want = run_onnxruntime(model, {"input": x})[0]
     return plan, lib, x, want
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
+@pytest.mark.requires_onnxruntime  # the mlp fixture's reference
 def test_mlp_is_all_tpp_kernels(mlp) -> None:
     plan, lib, _, _ = mlp
     assert not plan.report.fallbacks
@@ -225,7 +221,8 @@ def test_mlp_is_all_tpp_kernels(mlp) -> None:
         assert asm.mnemonics(insns)["fmla"] > 0 and asm.kinds(insns)["sve"] > 0, name
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
+@pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize("vl_bytes", VECTOR_BYTES, ids=lambda b: f"{8 * b}bit")
 def test_mlp_runs_like_onnxruntime(mlp, vl_bytes: int) -> None:
     plan, lib, x, want = mlp
@@ -233,7 +230,7 @@ def test_mlp_runs_like_onnxruntime(mlp, vl_bytes: int) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
 def test_tpp_build_for_sve_exports_an_aarch64_library(tmp_path) -> None:
     """``tpp_tvm.build`` with the SVE target gives a Relax VM executable for aarch64 (to load
     with TVM's runtime on an SVE machine)."""
@@ -245,12 +242,12 @@ def test_tpp_build_for_sve_exports_an_aarch64_library(tmp_path) -> None:
                for x in insns)
 
 
-@needs_cross
+@pytest.mark.requires_sve_runner
+@pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize("name", ["small_cnn", "bert"])
 def test_tiny_models_run_like_onnxruntime(name: str, tmp_path) -> None:
     """Convolutions, pooling, attention and layer norm too: the tiny CNN and BERT encoder,
     whole, at the shortest and the longest vector."""
-    ort = pytest.importorskip("onnxruntime")
     generator = {"small_cnn": models.small_cnn, "bert": models.bert_encoder}[name]
     model = generator(**models.TINY_ARGS[name])
     tgt = target("sve", num_cores=1)
@@ -260,7 +257,7 @@ def test_tiny_models_run_like_onnxruntime(name: str, tmp_path) -> None:
     rng = np.random.default_rng(2)
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
              .astype("float32") for i in model.graph.input}
-    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    want = run_onnxruntime(model, feeds)
     for vl_bytes in (16, 256):
         got = plan.run(lib, list(feeds.values()), vl_bytes=vl_bytes)
         for g, w in zip(got, want, strict=True):

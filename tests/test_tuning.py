@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import checks
 import numpy as np
 import pytest
 import tvm
@@ -21,8 +22,7 @@ from tpp_tvm import cli, models
 from tpp_tvm.relay_passes.lower import LoweringReport
 from tpp_tvm.tuning import TuningLogError, driver, open_logs, resolve_logs, target_tag
 
-pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
-                                reason="tuned TPP kernels run AVX-512 code; no AVX-512 here")
+pytestmark = pytest.mark.requires_avx512  # tuned TPP kernels run AVX-512 code
 TARGET = tpp_tvm.target(num_cores=1)
 
 
@@ -140,10 +140,13 @@ def test_rpc_tracker_and_two_servers_on_loopback(tmp_path):
     from tvm import rpc
     from tvm.rpc.tracker import Tracker
 
-    tracker = Tracker("127.0.0.1", port=9190, port_end=9290, silent=True)
-    servers = [rpc.Server("127.0.0.1", port=9300, port_end=9400, key="tpp-test",
+    # Ports the kernel says are free now (each range is that one port), not fixed numbers
+    # that a second run of the suite, or anything else on the machine, may hold.
+    tracker_port, *server_ports = checks.free_ports(3)
+    tracker = Tracker("127.0.0.1", port=tracker_port, port_end=tracker_port + 1, silent=True)
+    servers = [rpc.Server("127.0.0.1", port=port, port_end=port + 1, key="tpp-test",
                           tracker_addr=("127.0.0.1", tracker.port), silent=True)
-               for _ in range(2)]
+               for port in server_ports]
     try:
         for _ in range(50):  # the servers register with the tracker asynchronously
             summary = rpc.connect_tracker("127.0.0.1", tracker.port).summary()

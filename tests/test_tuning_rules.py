@@ -23,8 +23,7 @@ from tpp_tvm.schedules.tuning_rules import (
 )
 from tpp_tvm.target import isa_of
 
-pytestmark = pytest.mark.skipif(not tpp_tvm.host_isa().avx512f,
-                                reason="the TPP rules tensorize AVX-512 kernels; no AVX-512 here")
+pytestmark = pytest.mark.requires_avx512  # the TPP rules tensorize AVX-512 kernels
 TARGET = tpp_tvm.target(num_cores=1)
 
 
@@ -194,10 +193,10 @@ def test_conv_design_tensorizes_filter_taps_as_gemm_calls():
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.requires_torch  # the model generator exports from torch
 def test_a_models_convolution_tasks_get_tpp_designs():
     """The pipeline lays filters out HWIO (N innermost), so the convolution subgraphs a
     model is tuned on are contractions for the TPP rule, not left to the stock tiling."""
-    pytest.importorskip("torch", reason="the model generator exports from torch")
     from tpp_tvm import models
     from tpp_tvm.tuning.tasks import subgraph_tasks
 

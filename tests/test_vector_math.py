@@ -16,11 +16,9 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from tpp_tvm.intrinsics import vector_math as vm
-from tpp_tvm.target import host_isa, target
+from tpp_tvm.target import target
 
-pytestmark = pytest.mark.skipif(
-    not host_isa().avx512f, reason="running AVX-512 kernels needs an AVX-512 host"
-)
+pytestmark = pytest.mark.requires_avx512
 
 TINY = float(np.finfo(np.float32).tiny)
 DENORMAL = 2.0**-149

@@ -8,6 +8,7 @@ the math independently.
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import tvm
 from scipy import special
@@ -177,16 +178,24 @@ def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float
     if got.dtype.name == "bfloat16" and spec.kind in ("unary", "binary") and spec.op != "copy":
         # Computed in fp32, rounded once to bf16: within one bf16 rounding (2^-8 relative)
         # of the exact value, plus the fp32 vector math's own error.
-        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2.0**-7,
-                                   atol=2.0**-7 * scale, err_msg=spec.name("avx512"))
+        checks.assert_close_scaled(got.astype(np.float64), want, 2.0**-7,
+                                   err_msg=spec.name("avx512"))
         return
     if got.dtype != np.float32:
         np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=spec.name(isa))
         return
-    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale,
-                               err_msg=spec.name(isa))
+    checks.assert_close_scaled(got, want, rtol, err_msg=spec.name(isa))
+
+
+def check(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> None:
+    """Run the TPP on random inputs (:func:`run`) and assert it matches numpy."""
+    got, want = run(spec, seed, isa)
+    assert_matches(spec, got, want, isa=isa)
+
+
+def assembly(spec: TPPSpec, isa: str = "avx512") -> str:
+    """The assembly of the tensorized TPP, compiled for ``isa`` (no need to run it here)."""
+    return build(spec, isa)[0].inspect_source("asm")
 
 
 def tile_loops(sch: s_tir.Schedule, spec: TPPSpec, big: TPPSpec):
