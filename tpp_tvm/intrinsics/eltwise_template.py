@@ -30,19 +30,15 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
+from .geometry import bcast_shape, free_strides, pool_geometry, transform_out_shape, whole
 from .spec import (
     MAX_EQUATION_STEPS,
     OPS,
     TPPSpec,
-    bcast_shape,
     dtype_of,
     equation_operands,
-    free_strides,
-    pool_geometry,
     reduce_combine,
     reduce_identity,
-    transform_out_shape,
-    whole,
 )
 from .vector_isa import VectorISA
 from .vector_math import FAST

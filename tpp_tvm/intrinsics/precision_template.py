@@ -17,8 +17,9 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
+from .geometry import whole
 from .llvm_ir import CONVERSIONS, convert_step, module_text
-from .spec import TPPSpec, quant_expr, whole
+from .spec import TPPSpec, quant_expr
 from .vector_isa import VectorISA
 
 

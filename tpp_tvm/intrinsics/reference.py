@@ -12,21 +12,23 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .spec import (
-    OPS,
-    TPPSpec,
+from .geometry import (
     bcast_index,
     bcast_shape,
     contraction_geometry,
+    pool_geometry,
+    transform_out_shape,
+)
+from .spec import (
+    OPS,
+    TPPSpec,
     describe,
     dtype_of,
     equation_expr,
     equation_operands,
-    pool_geometry,
     quant_expr,
     reduce_combine,
     reduce_identity,
-    transform_out_shape,
 )
 
 #: Name of the TE stage (and so of the block) that :func:`te_compute` returns.
