@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tvm import tirx
 from tvm.script import tirx as T
 
-if TYPE_CHECKING:  # spec.py still holds the describers, which use this module
-    from .spec import TPPSpec
+from .spec import TPPSpec, equation_operands
 
 
 def whole(buf: tirx.Buffer):
@@ -140,3 +138,9 @@ def transform_out_shape(spec: TPPSpec) -> tuple[int, ...]:
         return (spec.n, spec.m)
     v = 2 if spec.op == "vnni2" else 4
     return (-(-spec.m // v), spec.n, v)
+
+
+def equation_operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
+    """Shapes of an equation's extra operands, in parameter order: a bias is a row ``(N,)``,
+    a residual an ``(M, N)`` tile."""
+    return [(spec.n,) if k == "bias" else (spec.m, spec.n) for k in equation_operands(spec.steps)]

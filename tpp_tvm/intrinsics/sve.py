@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from .brgemm_template import brgemm_impl
+from . import kinds
 from .spec import TPPSpec
 from .vector_isa import VectorISA
 
@@ -31,8 +31,4 @@ SVE = VectorISA(
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:
     """The SVE implementation PrimFunc of ``spec``."""
-    if spec.kind == "brgemm":
-        return brgemm_impl(spec, SVE)
-    from .eltwise_template import eltwise_impl
-
-    return eltwise_impl(spec, SVE)
+    return kinds.implement(spec, SVE)
