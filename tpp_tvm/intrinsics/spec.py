@@ -26,12 +26,13 @@ Conventions, as in LIBXSMM's TPP spec:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tvm import tirx
 
-from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
 
 #: Short dtype names used in intrinsic names (``tpp.<op>.<dtype>.<isa>...``).
 DTYPE_SHORT = {
@@ -245,11 +246,19 @@ class TPPSpec:
     """One concrete primitive: op, dtype, tile shape and flags.
 
     ``m``/``n`` are the tile's rows/columns (for GEMM/BRGEMM, C's); ``k`` and ``batch``
-    only for contractions. ``out_dtype`` for converting copies and for contractions'
-    accumulator (defaults to ``dtype``, int32 for int8 inputs). ``b_dtype`` is a
-    contraction's B dtype when it differs from A's (u8 x s8). Low-precision contractions
-    (see :data:`CONTRACTION_DTYPES`) take B in VNNI layout: ``vnni`` consecutive k of one
-    column are adjacent, B is ``(K / vnni, N, vnni)``, and K is a multiple of ``vnni``.
+    only for contractions (the reduction and the batch) and pooling (the window's taps and
+    rows). ``out_dtype`` for converting copies and quantization (defaults to ``dtype``);
+    a contraction's output is its accumulator type, fp32 (int32 for int8 inputs).
+    ``b_dtype`` is a contraction's B dtype when it differs from A's (u8 x s8).
+    Low-precision contractions (see :data:`CONTRACTION_DTYPES`) take B in VNNI layout:
+    ``vnni`` consecutive k of one column are adjacent, B is ``(K / vnni, N, vnni)``, and K
+    is a multiple of ``vnni``. ``stride`` (conv_brgemm, pool_max) and ``tap_stride``
+    (pool_max) are in elements.
+
+    A spec is canonical: a field that does not apply to its kind keeps its default, and a
+    value equal to its default is stored as the default (``b_dtype`` = ``dtype``,
+    ``out_dtype`` = the natural output type, ``tap_stride`` = ``n``), so that
+    :meth:`name` says everything about a spec and :meth:`from_name` is its exact inverse.
     """
 
     op: str
@@ -309,6 +318,43 @@ class TPPSpec:
             raise UnsupportedShapeError(
                 f"TPP equation: unknown steps {bad}; steps are {', '.join(EQUATION_STEPS)}"
             )
+        self._check_unused_fields()
+        self._canonicalize()
+
+    def _check_unused_fields(self) -> None:
+        """Extents a kind has no use for must keep their defaults (the name omits them)."""
+        unused = []
+        if self.kind not in ("brgemm", "pool"):
+            unused += [f"k={self.k}"] * (self.k != 0) + [f"batch={self.batch}"] * (self.batch != 1)
+        if self.kind != "brgemm" and self.beta != 1:
+            unused.append(f"beta={self.beta}")
+        if self.kind != "pool" and self.tap_stride != 0:
+            unused.append(f"tap_stride={self.tap_stride}")
+        if self.kind == "brgemm" and self.out_dtype not in (None, "", self._natural_out()):
+            raise UnsupportedDTypeError(
+                f"TPP {self.op} {self.dtype}: accumulates in {self._natural_out()}; "
+                f"out_dtype {self.out_dtype} is not supported"
+            )
+        if unused:
+            raise UnsupportedShapeError(
+                f"TPP {self.op}: takes no {', '.join(unused)} (k and batch are for "
+                "contractions and pooling, beta for contractions, tap_stride for pooling)"
+            )
+
+    def _canonicalize(self) -> None:
+        """Values equal to their defaults become the defaults (one spec, one name)."""
+        if self.out_dtype in ("", self._natural_out()):
+            object.__setattr__(self, "out_dtype", None)
+        if self.b_dtype == self.dtype:
+            object.__setattr__(self, "b_dtype", None)
+        if self.tap_stride == self.n:
+            object.__setattr__(self, "tap_stride", 0)
+
+    def _natural_out(self) -> str:
+        """The output dtype without ``out_dtype``: a contraction's accumulator, else dtype."""
+        if self.kind == "brgemm":
+            return "int32" if self.dtype in ("int8", "uint8") else "float32"
+        return self.dtype
 
     def _check_contraction_dtypes(self) -> None:
         pair = (self.dtype, self.b_dtype or self.dtype)
@@ -354,14 +400,17 @@ class TPPSpec:
     @property
     def acc_dtype(self) -> str:
         """Output dtype: ``out_dtype`` or, for contractions, the accumulator type."""
-        if self.out_dtype:
-            return self.out_dtype
-        if self.kind == "brgemm":
-            return "int32" if self.dtype in ("int8", "uint8") else "float32"
-        return self.dtype
+        return self.out_dtype or self._natural_out()
 
     def name(self, isa: str) -> str:
-        """``tpp.<op>.<dtype>[<b_dtype>].<isa>.m<M>n<N>[k<K>b<batch>][.beta0][.bcast_<b>][.to_<dt>]``."""
+        """The intrinsic name of this spec on ``isa``; :meth:`from_name` inverts it.
+
+        ``tpp.<op>.<dtype>[<b_dtype>].<isa>.m<M>n<N><extents>[.beta0][.bcast_<b>][.<steps>]
+        [.to_<out_dtype>]``, dtypes short (:data:`DTYPE_SHORT`); extents are
+        ``k<K>[b<batch>][s<stride>]`` for contractions (no batch for gemm, a stride for
+        conv_brgemm) and ``r<batch>x<k>s<stride>t<taps>`` for pooling; equation steps are
+        joined by ``_`` (``__`` where a step boundary would read as one step: gelu, tanh).
+        """
         dts = DTYPE_SHORT[self.dtype]
         if self.b_dtype and self.b_dtype != self.dtype:
             dts += DTYPE_SHORT[self.b_dtype]
@@ -377,13 +426,104 @@ class TPPSpec:
         if self.bcast != "none":
             parts.append(f"bcast_{self.bcast}")
         if self.steps:
-            parts.append("_".join(self.steps))
+            parts.append(_join_steps(self.steps))
         if self.out_dtype and self.out_dtype != self.dtype and self.kind != "brgemm":
             parts.append(f"to_{DTYPE_SHORT[self.out_dtype]}")
         return ".".join(parts)
 
+    @classmethod
+    def from_name(cls, name: str) -> tuple[TPPSpec, str]:
+        """``(spec, isa)`` such that ``spec.name(isa) == name``; a ``ValueError`` if no spec
+        has that name. Tuning records name their intrinsics; this rebuilds them."""
+        try:
+            spec, isa = _parse_name(name)
+        except (TPPError, ValueError) as err:
+            raise ValueError(f"{name!r} is not a TPP intrinsic name: {err}") from None
+        if spec.name(isa) != name:
+            raise ValueError(f"{name!r} is not a TPP intrinsic name; the nearest is "
+                             f"{spec.name(isa)!r}")
+        return spec, isa
+
     def with_shape(self, m: int, n: int) -> TPPSpec:
         return replace(self, m=m, n=n)
+
+
+_LONG_DTYPE = {short: long for long, short in DTYPE_SHORT.items()}
+#: The extents of a name's tile field, each letter followed by its value.
+_TILE = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)(?:k(?P<k>\d+))?(?:b(?P<batch>\d+))?"
+                   r"(?:r(?P<rows>\d+)x(?P<taps>\d+))?(?:s(?P<stride>\d+))?"
+                   r"(?:t(?P<tap_stride>\d+))?")
+
+
+def _parse_name(name: str) -> tuple[TPPSpec, str]:
+    """The spec a name spells, read field by field (:meth:`TPPSpec.name`'s grammar)."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[0] != "tpp":
+        raise ValueError("expected tpp.<op>.<dtype>.<isa>.m<M>n<N>...")
+    _, op, dts, isa, tile, *flags = parts
+    if op not in OPS:
+        raise ValueError(f"unknown TPP {op!r}")
+    fields: dict = dict(zip(("dtype", "b_dtype"), _parse_dtypes(dts)))
+    hit = _TILE.fullmatch(tile)
+    if hit is None:
+        raise ValueError(f"tile {tile!r} is not m<M>n<N> followed by extents")
+    ext = {key: int(v) for key, v in hit.groupdict().items() if v is not None}
+    fields.update(m=ext.pop("m"), n=ext.pop("n"), stride=ext.pop("stride", 1))
+    if "rows" in ext:  # a pooling window of rows x taps
+        fields.update(batch=ext.pop("rows"), k=ext.pop("taps"))
+    fields.update(ext)
+    for flag in flags:
+        if flag == "beta0":
+            fields["beta"] = 0
+        elif flag.startswith("bcast_"):
+            fields["bcast"] = flag[len("bcast_"):]
+        elif flag.startswith("to_"):
+            fields["out_dtype"] = _parse_dtypes(flag[len("to_"):])[0]
+        elif "steps" not in fields:
+            fields["steps"] = _split_steps(flag)
+        else:
+            raise ValueError(f"unexpected field {flag!r}")
+    return TPPSpec(op, **fields), isa
+
+
+def _parse_dtypes(text: str) -> tuple[str, str | None]:
+    """(dtype, b_dtype) of a short dtype field: ``f32``, or ``u8i8`` for u8 x s8."""
+    if text in _LONG_DTYPE:
+        return _LONG_DTYPE[text], None
+    for cut in range(1, len(text)):
+        if text[:cut] in _LONG_DTYPE and text[cut:] in _LONG_DTYPE:
+            return _LONG_DTYPE[text[:cut]], _LONG_DTYPE[text[cut:]]
+    raise ValueError(f"unknown dtype {text!r}; short dtypes are {', '.join(_LONG_DTYPE)}")
+
+
+def _longest_step(text: str) -> str | None:
+    """The longest equation step ``text`` starts with, as a whole ``_``-separated word."""
+    fits = [s for s in EQUATION_STEPS if text == s or text.startswith(s + "_")]
+    return max(fits, key=len, default=None)
+
+
+def _join_steps(steps: tuple[str, ...]) -> str:
+    """Steps joined by ``_``, or ``__`` where the step and the rest would read as a longer
+    step (``gelu``, ``tanh`` next to ``gelu_tanh``), so that :func:`_split_steps` inverts it."""
+    text = steps[-1]
+    for step in reversed(steps[:-1]):
+        joined = f"{step}_{text}"
+        text = joined if _longest_step(joined) == step else f"{step}__{text}"
+    return text
+
+
+def _split_steps(text: str) -> tuple[str, ...]:
+    """The steps :func:`_join_steps` joined into ``text`` (longest step names first)."""
+    steps = []
+    while text:
+        step = _longest_step(text)
+        if step is None:
+            raise ValueError(f"{text!r} does not start with an equation step")
+        steps.append(step)
+        text = text[len(step) + 1:]
+        if text.startswith("_"):  # a marked boundary
+            text = text[1:]
+    return tuple(steps)
 
 
 # ---------------------------------------------------------------------------
