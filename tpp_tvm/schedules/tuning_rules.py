@@ -24,7 +24,6 @@ import importlib
 import inspect
 import itertools
 import logging
-import re
 import sys
 from dataclasses import dataclass
 
@@ -40,7 +39,7 @@ from ..intrinsics.registry import on_short_stack
 from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
 from .contraction import product_loads as _product_loads
-from .elementwise import candidate_steps, match_equation, tensorize_equation
+from .elementwise import match_equation, tensorize_equation
 from .gemm import TILE_EFFICIENCY
 
 log = logging.getLogger(__name__)
@@ -348,33 +347,16 @@ def pack_weights(sch: Schedule, block: SBlockRV, roles: ContractionRoles, nr: in
     return True
 
 
-_NAME = re.compile(r"^tpp\.(gemm|conv_brgemm|equation|reduce_\w+)\.f32\.(\w+)\.m(\d+)n(\d+)"
-                   r"(?:k(\d+))?(?:b(\d+))?(?:s(\d+))?")
-
-
 def register_trace_intrinsics(names) -> None:
     """Register the TPP intrinsics named in tuning records, so a record's trace replays
-    in a process that has not generated them (names come from :meth:`TPPSpec.name`)."""
+    in a process that has not generated them. A name is read back into its spec
+    (:meth:`TPPSpec.from_name`, any TPP and dtype); other strings are skipped."""
     for name in map(str, names):
-        hit = _NAME.match(name)
-        if not hit:
+        try:
+            spec, isa = TPPSpec.from_name(name)
+        except ValueError:
             continue
-        op, isa, m, n, k, batch, stride = hit.groups()
-        if op == "gemm":
-            specs = [TPPSpec("gemm", "float32", m=int(m), n=int(n), k=int(k), beta=b)
-                     for b in (0, 1)]
-        elif op == "conv_brgemm":
-            specs = [TPPSpec(op, "float32", m=int(m), n=int(n), k=int(k), batch=int(batch),
-                             stride=int(stride), beta=0)]
-        elif op.startswith("reduce_"):
-            specs = [TPPSpec(op, "float32", m=int(m), n=int(n))]
-        else:
-            specs = [TPPSpec("equation", "float32", m=int(m), n=int(n), steps=steps)
-                     for steps in candidate_steps()]
-        for spec in specs:
-            if spec.name(isa) == name:
-                intrinsic(spec, isa)
-                break
+        intrinsic(spec, isa)
 
 
 @derived_object
