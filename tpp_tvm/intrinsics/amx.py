@@ -21,6 +21,8 @@ from .llvm_ir import amx_brgemm
 from .spec import TPPSpec
 
 AMX = replace(avx512.AVX512, name="amx", dot_brgemm=amx_brgemm)
+#: The vector unit the registry reports for this ISA.
+VECTOR_ISA = AMX
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:

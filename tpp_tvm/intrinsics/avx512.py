@@ -15,6 +15,8 @@ from .spec import TPPSpec
 from .vector_isa import VectorISA
 
 AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm)
+#: The vector unit the registry reports for this ISA.
+VECTOR_ISA = AVX512
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:

@@ -14,10 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tvm import tirx
 from tvm.s_tir import TensorIntrin
+from tvm.target import Target
 
 from ..errors import UnsupportedISAError
+from ..target import isa_of
 from .kinds import describe, examples
 from .spec import DTYPE_SHORT, TPPSpec
+from .vector_isa import VectorISA
 
 #: ISAs with a TPP implementation module in this package.
 ISAS = ("avx512", "amx", "sve")
@@ -26,14 +29,33 @@ _lock = threading.RLock()
 _names: dict[str, tuple[TPPSpec, str]] = {}
 
 
-def _implementer(isa: str):
+def _isa_module(isa: str):
     if isa not in ISAS:
         raise UnsupportedISAError(f"unknown TPP ISA {isa!r}; supported: {', '.join(ISAS)}")
     try:
-        module = importlib.import_module(f"{__package__}.{isa}")
+        return importlib.import_module(f"{__package__}.{isa}")
     except ModuleNotFoundError as err:
         raise UnsupportedISAError(f"no {isa} implementation of the TPPs is available") from err
-    return module.implement
+
+
+def _implementer(isa: str):
+    return _isa_module(isa).implement
+
+
+def vector_isa(isa: str) -> VectorISA:
+    """The vector unit ``isa``'s implementations are written for: the one source of lane
+    and register counts for schedules too."""
+    return _isa_module(isa).VECTOR_ISA
+
+
+def target_vector_isa(target: Target | str | dict | None) -> VectorISA:
+    """The vector unit of ``target``'s TPP ISA. ``None`` and CPU targets with no TPP ISA
+    (no AVX-512 or SVE) get AVX-512's: their plain loops are vectorized at its width,
+    which narrower units run as two or four registers."""
+    try:
+        return vector_isa(isa_of(target) if target is not None else "avx512")
+    except UnsupportedISAError:
+        return vector_isa("avx512")
 
 
 def implementation(spec: TPPSpec, isa: str = "avx512") -> tirx.PrimFunc:

@@ -17,13 +17,12 @@ from __future__ import annotations
 from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
+from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import equation_expr
 from .gemm import _try_tensorize
 
 #: Largest row block; a block of rows x H fp32 should stay well inside L1.
 MAX_ROWS = 16
-#: fp32 lanes of the vectors the untensorized fallback is split into.
-VECTOR_LANES = 16
 
 
 def row_block(rows: int, width: int) -> int:
@@ -43,10 +42,11 @@ def _tensorize_rows(sch: s_tir.Schedule, name: str, spec: TPPSpec, isa: str) -> 
     if not _try_tensorize(sch, loops[1], spec, isa, name):
         # One-row blocks (a prime row count) keep TIR: whole vectors, LLVM does the tail.
         # Vectorizing the whole row made a <3199 x float> vector (4.5 ns an element).
+        lanes = vector_isa(isa).schedule_lanes("float32")
         try:
             extent = sch.get(loops[-1]).extent
-            if isinstance(extent, tirx.IntImm) and int(extent) % VECTOR_LANES == 0:
-                sch.vectorize(sch.split(loops[-1], [None, VECTOR_LANES])[1])
+            if isinstance(extent, tirx.IntImm) and int(extent) % lanes == 0:
+                sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
         except Exception:  # noqa: BLE001 - a reduction loop: leave it to LLVM
             pass
 

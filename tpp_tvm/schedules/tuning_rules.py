@@ -35,7 +35,7 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from ..intrinsics import TPPSpec, intrinsic
-from ..intrinsics.registry import on_short_stack
+from ..intrinsics.registry import on_short_stack, vector_isa
 from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
 from .contraction import product_loads as _product_loads
@@ -44,34 +44,34 @@ from .gemm import TILE_EFFICIENCY
 
 log = logging.getLogger(__name__)
 
-#: Vector lanes of fp32 on the ISAs the rule tiles for (AVX-512; SVE at 128-bit minimum
-#: still packs 16-wide tiles well).
-_LANES = 16
-_VREGS = 32
 #: Design spaces per contraction: the best register tiles, K blocks and loop orders.
 MAX_TILES = 3
 MAX_K_BLOCKS = 2
 LOOP_ORDERS = ("rows_outer", "cols_outer", "k_outer")
 
 
-def register_tiles(m: int, n: int, limit: int = MAX_TILES) -> list[tuple[int, int]]:
+def register_tiles(m: int, n: int, limit: int = MAX_TILES,
+                   isa: str = "avx512") -> list[tuple[int, int]]:
     """Register tiles (mr, nr) dividing (m, n), best first.
 
     Known tiles are ranked by their measured efficiency (the GEMM schedule's table);
-    others fit ``mr * ceil(nr/16) + ceil(nr/16)`` accumulators and B rows in the 32
-    vector registers and rank by FMA chains (more independent accumulators hide latency).
+    others fit ``mr * ceil(nr/lanes) + ceil(nr/lanes)`` accumulators and B rows in the
+    ISA's vector registers (``lanes``: its fp32 schedule lanes, C's accumulators are 32-bit)
+    and rank by FMA chains (more independent accumulators hide latency).
     """
+    unit = vector_isa(isa)
+    lanes, vregs = unit.schedule_lanes("float32"), unit.num_vregs
     scored = []
     for nr in range(8, min(n, 64) + 1):
         if n % nr:
             continue
-        nv = -(-nr // _LANES)
+        nv = -(-nr // lanes)
         for mr in range(2, min(m, 14) + 1):
-            if m % mr or (mr + 1) * nv > _VREGS:
+            if m % mr or (mr + 1) * nv > vregs:
                 continue
             eff = TILE_EFFICIENCY.get((mr, nr))
             if eff is None:  # unmeasured: accumulator chains x lane use, scaled below table
-                eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * _LANES)
+                eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * lanes)
             scored.append((eff, mr * nr, (mr, nr)))
     scored.sort(reverse=True)
     return [tile for _, _, tile in scored[:limit]]
@@ -109,7 +109,7 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
         spaces = []
         ext = roles.extents
         for (mr, nr), kc, order in itertools.product(
-            register_tiles(ext[roles.inner_m], ext[roles.inner_n]),
+            register_tiles(ext[roles.inner_m], ext[roles.inner_n], isa=self.isa),
             k_blocks(ext[roles.inner_k]), LOOP_ORDERS,
         ):
             space = sch.copy()
@@ -124,7 +124,8 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
         taps = conv_taps(sch, block, roles)
         if taps is not None:
             for (mr, nr), order in itertools.product(
-                register_tiles(ext[roles.inner_m], ext[roles.inner_n]), LOOP_ORDERS[:2],
+                register_tiles(ext[roles.inner_m], ext[roles.inner_n], isa=self.isa),
+                LOOP_ORDERS[:2],
             ):
                 space = sch.copy()
                 try:
@@ -139,16 +140,16 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
             log.debug("contraction %s: no TPP design fits; stock tiling",
                       sch.get(block).name_hint)
             return self.fallback.apply(sch, block) if self.fallback else [sch]
-        if self.fallback is not None and not _vector_friendly(roles, sch, block):
+        if self.fallback is not None and not _vector_friendly(roles, self.isa):
             # A TPP tile cannot fill vectors here (an NCHW convolution's pixel row of 28 as
             # N): the stock tiling competes in the same search.
             spaces += self.fallback.apply(sch.copy(), block)
         return spaces
 
 
-def _vector_friendly(roles: ContractionRoles, sch: Schedule, block: SBlockRV) -> bool:
+def _vector_friendly(roles: ContractionRoles, isa: str) -> bool:
     """Whether the TPP's N (the contiguous output dim) is a whole number of vectors."""
-    return roles.extents[roles.inner_n] % _LANES == 0
+    return roles.extents[roles.inner_n] % vector_isa(isa).schedule_lanes("float32") == 0
 
 
 def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr: int,
