@@ -5,8 +5,10 @@ A *kind* is the operand structure a family of ops shares (unary ``Y = f(X)``, bi
 per kind states, for every op of its family, everything that follows from the datasheet
 (``spec.py``): the TIR description ``tensorize`` matches, the operand shapes and dtypes, the
 TE form schedules build blocks from, which ISA template implements it, and the catalogue's
-representative tiles. It is the shape of a dlight rule: nothing else in the package tests
-which kind a spec is, so a new kind is one class and one entry in ``kinds.KINDS``.
+representative tiles. It is the shape of a dlight rule: apart from the datasheet's own
+rules (which fields a kind takes, how it is named: ``TPPSpec``), nothing tests which kind a
+spec is, so a new kind is its ops in ``OPS``, one class here and one entry in
+``kinds.KINDS``.
 
 Descriptions are the math, written once per kind with the op's scalar function plugged in;
 implementations stay in the per-ISA templates (``*_template.py``), to which :meth:`implement`
