@@ -289,6 +289,22 @@ def test_trace_intrinsic_names_register_from_the_name():
     assert tvm.s_tir.TensorIntrin.get(names[2]) is not None
 
 
+def test_trace_intrinsics_of_any_tpp_and_dtype_register_from_the_name():
+    """Names are read back with ``TPPSpec.from_name``: low precision, layout TPPs and the
+    chain gelu then tanh (not gelu_tanh) come back as exactly their specs."""
+    from tpp_tvm.intrinsics.registry import _names
+
+    specs = [TPPSpec("gemm", "bfloat16", m=6, n=32, k=64, beta=0),
+             TPPSpec("gemm", "uint8", b_dtype="int8", m=4, n=32, k=64),
+             TPPSpec("transpose", m=8, n=16),
+             TPPSpec("equation", m=4, n=16, steps=("gelu", "tanh"))]
+    names = [s.name("avx512") for s in specs]
+    for n in names:
+        _names.pop(n, None)
+    register_trace_intrinsics([*names, "tpp.dense", "tpp.gemm.f32.avx512"])
+    assert [_names[n][0] for n in names] == specs
+
+
 def test_row_reductions_become_reduce_tpps():
     X = te.placeholder((6, 4, 96), name="X")
     j = te.reduce_axis((0, 96), "j")

@@ -15,8 +15,8 @@ from scipy import special
 from tvm import s_tir
 
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.intrinsics.geometry import contraction_geometry, pool_geometry
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
-from tpp_tvm.intrinsics.spec import contraction_geometry, pool_geometry
 from tpp_tvm.target import target
 
 

@@ -21,13 +21,15 @@ from .llvm_ir import amx_brgemm
 from .spec import TPPSpec
 
 AMX = replace(avx512.AVX512, name="amx", dot_brgemm=amx_brgemm)
+#: The vector unit the registry reports for this ISA.
+VECTOR_ISA = AMX
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:
     """The AMX implementation PrimFunc of ``spec`` (tiles for bf16/int8 GEMM/BRGEMM; a
     convolution's strided rows are not tile rows, so conv BRGEMMs use the AVX-512 dot
     product)."""
-    if spec.kind == "brgemm" and spec.vnni > 1 and spec.op != "conv_brgemm":
+    if spec.vnni > 1 and spec.op != "conv_brgemm":  # VNNI-packed B: a low-precision GEMM
         return brgemm_impl(spec, AMX)
     return avx512.implement(spec)
 

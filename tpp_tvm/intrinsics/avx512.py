@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from .brgemm_template import brgemm_impl
+from . import kinds
 from .llvm_ir import dot_brgemm
 from .spec import TPPSpec
 from .vector_isa import VectorISA
 
 AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm)
+#: The vector unit the registry reports for this ISA.
+VECTOR_ISA = AVX512
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:
     """The AVX-512 implementation PrimFunc of ``spec``."""
-    if spec.kind == "brgemm":
-        return brgemm_impl(spec, AVX512)
-    from .eltwise_template import eltwise_impl
-
-    return eltwise_impl(spec, AVX512)
+    return kinds.implement(spec, AVX512)

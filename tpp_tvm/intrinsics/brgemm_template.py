@@ -23,8 +23,9 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as TB
 
 from ..errors import UnsupportedDTypeError
+from .geometry import contraction_geometry, free_strides, operand_reads
 from .llvm_ir import module_text
-from .spec import TPPSpec, contraction_geometry, free_strides, operand_reads
+from .spec import TPPSpec
 from .vector_isa import VectorISA
 
 

@@ -1,9 +1,11 @@
 """Element-wise, reduction and layout TPPs, written once for every vector ISA.
 
-One template per kind of TPP (zero, unary, unary_bwd, binary, muladd, reduce, transform);
-the op only contributes its math, as a function of vector expressions: the fast form from
-``vector_math.FAST`` where the exact one would become per-lane libm calls, else the
-description's own ``OPS[op].fn``. Rows are walked one at a time; along a row, ``N // lanes``
+One template per kind of TPP (zero, unary, unary_bwd, binary, muladd, reduce, transpose,
+VNNI packing, equation, pool; the kind's class in ``kinds/`` picks it, and each template
+checks the dtypes it implements); the op only contributes its math, as a function of
+vector expressions: the fast form from ``vector_math.FAST`` where the exact one would
+become per-lane libm calls, else the description's own ``OPS[op].fn``. Rows are walked
+one at a time; along a row, ``N // lanes``
 full vectors use plain vector loads/stores and the remaining ``N % lanes`` columns one
 masked load/store (an AVX-512 k-mask, an SVE predicate), so every M, N is exact and no
 memory outside a tile is touched. Each implementation declares exactly the description's
@@ -30,24 +32,27 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
+from .geometry import (
+    bcast_shape,
+    equation_operand_shapes,
+    free_strides,
+    pool_geometry,
+    transform_out_shape,
+    whole,
+)
 from .spec import (
     MAX_EQUATION_STEPS,
     OPS,
     TPPSpec,
-    bcast_shape,
     dtype_of,
     equation_operands,
-    free_strides,
-    pool_geometry,
     reduce_combine,
     reduce_identity,
-    transform_out_shape,
-    whole,
 )
 from .vector_isa import VectorISA
 from .vector_math import FAST
 
-#: Kinds whose math is arithmetic: fp32 only for now (the vector math is fp32).
+#: Dtypes of the templates that compute (the vector math is fp32 only for now).
 _COMPUTE_DTYPES = ("float32",)
 #: Dtypes the vectorized data-movement TPPs (zero, copy) move. Not bfloat16: TVM's bf16
 #: legalization widens bf16 vectors to fp32 but not the operands of masked loads/stores.
@@ -63,14 +68,9 @@ _CONVERSIONS = {
 }
 
 
-def check_supported(spec: TPPSpec, isa: VectorISA) -> None:
-    """Raise ``UnsupportedDTypeError`` unless the templates implement ``spec``'s dtypes."""
-    if spec.kind == "transform":
-        allowed = _TRANSFORM_DTYPES
-    elif spec.kind == "zero" or spec.op == "copy":
-        allowed = _MOVE_DTYPES
-    else:
-        allowed = _COMPUTE_DTYPES
+def _check_supported(spec: TPPSpec, isa: VectorISA, allowed: tuple[str, ...]) -> None:
+    """Raise ``UnsupportedDTypeError`` unless ``spec``'s dtype is one of ``allowed`` (what
+    the calling template implements) and its output dtype is a conversion copy makes."""
     if spec.dtype not in allowed:
         raise UnsupportedDTypeError(
             f"TPP {spec.op} on {isa.name}: dtype {spec.dtype} is not supported; "
@@ -149,7 +149,9 @@ def _mat(dtype: str) -> dict:
     return {"dtype": dtype, "offset_factor": 1, "strides": [T.int32(), 1]}
 
 
-def _zero(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def zero_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """``zero``: full vector stores along each row, one masked store for the tail."""
+    _check_supported(spec, isa, _MOVE_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     row = _Row(isa, dt, N)
     zero = row.splat(tirx.const(0, dt))
@@ -169,7 +171,9 @@ def _zero(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
-def _unary(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def unary_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Unary TPPs (copy also converting, see ``_CONVERSIONS``): the vector math per vector."""
+    _check_supported(spec, isa, _MOVE_DTYPES if spec.op == "copy" else _COMPUTE_DTYPES)
     M, N, dt, odt = spec.m, spec.n, spec.dtype, spec.acc_dtype
     row = _Row(isa, dt, N)
     fn = vector_fn(spec.op)
@@ -194,7 +198,9 @@ def _unary(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
-def _unary_bwd(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def unary_bwd_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Backward unary TPPs: dX = f(dY, S) per vector."""
+    _check_supported(spec, isa, _COMPUTE_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     row = _Row(isa, dt, N)
     fn = vector_fn(spec.op)
@@ -240,12 +246,22 @@ def _bcast_operand(spec: TPPSpec, row: _Row):
     return vec, tail, strides
 
 
-def _binary(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """Binary ops Z = f(X, Y) and muladd Z = X * Y + Z (which also reads Z), Y broadcast."""
+def binary_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Binary TPPs Z = f(X, Y), Y broadcast by ``bcast``."""
+    return _binary(spec, isa, accumulate=False)
+
+
+def muladd_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """muladd Z = X * Y + Z, Y broadcast by ``bcast``."""
+    return _binary(spec, isa, accumulate=True)
+
+
+def _binary(spec: TPPSpec, isa: VectorISA, accumulate: bool) -> tirx.PrimFunc:
+    """Binary ops Z = f(X, Y), or with ``accumulate`` muladd (which also reads Z)."""
+    _check_supported(spec, isa, _COMPUTE_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     row = _Row(isa, dt, N)
     fn = vector_fn(spec.op)
-    accumulate = spec.kind == "muladd"
     yshape = bcast_shape(spec)
     y_vec, y_tail, y_strides = _bcast_operand(spec, row)
 
@@ -294,7 +310,9 @@ def _horizontal(op: str, vec: tirx.Expr, row: _Row) -> tirx.Expr:
     return vec
 
 
-def _reduce(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def reduce_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Reductions: vector accumulators in registers, over rows or along each row."""
+    _check_supported(spec, isa, _COMPUTE_DTYPES)
     M, N, dt, op = spec.m, spec.n, spec.dtype, spec.op
     fn = vector_fn(op)
     over_rows = op.endswith("_rows")
@@ -353,10 +371,6 @@ def _reduce(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
-def _transform(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    return _transpose(spec, isa) if spec.op == "transpose" else _vnni(spec, isa)
-
-
 def _swap_lanes(b: int, lanes: int, upper: bool) -> list[tirx.Expr]:
     """Shuffle indices (over two concatenated vectors) of one block-swap transpose step.
 
@@ -371,7 +385,10 @@ def _swap_lanes(b: int, lanes: int, upper: bool) -> list[tirx.Expr]:
     return [tirx.const(i, "int32") for i in idx]
 
 
-def _transpose(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def transpose_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Transpose: register blocks, gathers or a plain loop, whichever this ISA, dtype and
+    tile do best."""
+    _check_supported(spec, isa, _TRANSFORM_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     L = isa.lanes(dt)
     if isa.gather and dt in ("float32", "int32"):
@@ -508,7 +525,9 @@ def _transpose_loop(spec: TPPSpec) -> tirx.PrimFunc:
     return impl
 
 
-def _vnni(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def vnni_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """VNNI packing: interleaving stores where the ISA has them, else a plain loop."""
+    _check_supported(spec, isa, _TRANSFORM_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     KO, _, V = transform_out_shape(spec)
     if V in isa.interleaved_store and dt in _MOVE_DTYPES:
@@ -578,17 +597,18 @@ def _vnni_interleaved(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
-def _equation(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """Equation: each vector of X goes through every step in registers, then one store.
 
     The running value lives in a one-vector local buffer so each step's math (which may
     repeat its argument, e.g. gelu) reads a register, not a re-expanded expression.
     """
+    _check_supported(spec, isa, _COMPUTE_DTYPES)
     M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
     row = _Row(isa, dt, N)
     vt = isa.vtype(dt)
     kinds = equation_operands(steps)
-    shapes = [(N,) if k == "bias" else (M, N) for k in kinds]
+    shapes = equation_operand_shapes(spec)
     slots = list(steps) + [None] * (MAX_EQUATION_STEPS - len(steps))
     operand_of = {}  # slot -> index into the operand list
     for slot, step in enumerate(steps):
@@ -675,8 +695,9 @@ def _equation(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
-def _pool(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+def pool_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """Max pooling: per output pixel and vector of channels, max over the window's taps."""
+    _check_supported(spec, isa, _COMPUTE_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     row = _Row(isa, dt, N)
     geo = pool_geometry(spec)
@@ -714,37 +735,3 @@ def _pool(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     return impl
 
-
-_TEMPLATES = {
-    "zero": _zero,
-    "unary": _unary,
-    "unary_bwd": _unary_bwd,
-    "binary": _binary,
-    "muladd": _binary,
-    "reduce": _reduce,
-    "transform": _transform,
-    "equation": _equation,
-    "pool": _pool,
-}
-
-
-def eltwise_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """The implementation PrimFunc of a non-contraction TPP on ``isa``."""
-    from .precision_template import (
-        bf16_map_impl,
-        convert_impl,
-        is_bf16_map,
-        is_llvm_conversion,
-        quant_impl,
-    )
-
-    if spec.kind == "quant":
-        return quant_impl(spec, isa)
-    if is_bf16_map(spec):
-        return bf16_map_impl(spec, isa, vector_fn(spec.op))
-    if is_llvm_conversion(spec):
-        return convert_impl(spec, isa)
-    if spec.kind not in _TEMPLATES:
-        raise ValueError(f"TPP {spec.op} (kind {spec.kind}) has no element-wise template")
-    check_supported(spec, isa)
-    return _TEMPLATES[spec.kind](spec, isa)

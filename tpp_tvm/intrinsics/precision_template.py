@@ -17,8 +17,9 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
+from .geometry import whole
 from .llvm_ir import CONVERSIONS, convert_step, module_text
-from .spec import TPPSpec, quant_expr, whole
+from .spec import TPPSpec, quant_expr
 from .vector_isa import VectorISA
 
 
@@ -109,16 +110,15 @@ def is_llvm_conversion(spec: TPPSpec) -> bool:
     return spec.op == "copy" and (spec.dtype, spec.acc_dtype) in CONVERSIONS
 
 
-def bf16_map_impl(spec: TPPSpec, isa: VectorISA, fn) -> tirx.PrimFunc:
-    """Unary and binary TPPs on bf16 tiles: each vector is widened to fp32 on load (an LLVM
-    conversion step into a one-vector fp32 scratch), computed with the fp32 vector math
-    ``fn(x)`` / ``fn(x, y)``, and rounded back to bf16 on store. Binary ops take their
-    second operand (any broadcast) the same way; a column or scalar one is one bf16 value,
-    widened in TIR and splatted."""
+def bf16_map_impl(spec: TPPSpec, isa: VectorISA, fn, binary: bool) -> tirx.PrimFunc:
+    """Unary and (``binary``) binary TPPs on bf16 tiles: each vector is widened to fp32 on
+    load (an LLVM conversion step into a one-vector fp32 scratch), computed with the fp32
+    vector math ``fn(x)`` / ``fn(x, y)``, and rounded back to bf16 on store. Binary ops take
+    their second operand (any broadcast) the same way; a column or scalar one is one bf16
+    value, widened in TIR and splatted."""
     M, N, bc = spec.m, spec.n, spec.bcast
     L = _fixed_lanes(isa, spec)
     full, tail = N // L, N % L
-    binary = spec.kind == "binary"
     widths = [L] + ([tail] if tail else [])
     up = {w: convert_step("bfloat16", "float32", L, w) for w in widths}
     down = {w: convert_step("float32", "bfloat16", L, w) for w in widths}
@@ -195,6 +195,6 @@ def _bf16_binary(M, N, L, full, tail, yshape, y_strides, ir_text, body) -> tirx.
 
 
 def is_bf16_map(spec: TPPSpec) -> bool:
-    """Whether ``spec`` is a bf16 -> bf16 unary or binary TPP (computed in fp32)."""
-    return (spec.kind in ("unary", "binary") and spec.dtype == "bfloat16"
-            and spec.acc_dtype == "bfloat16" and spec.op != "copy")
+    """Whether a unary or binary ``spec`` computes bf16 -> bf16 (in fp32, by
+    :func:`bf16_map_impl`); copies move bits instead."""
+    return spec.dtype == "bfloat16" and spec.acc_dtype == "bfloat16" and spec.op != "copy"

@@ -1,10 +1,10 @@
 """TPPs as TE computations: the form in which schedules (and tests) meet a TPP.
 
 ``te_compute(spec)`` states a TPP's math as a TE computation built from the same pieces as
-its description (``OPS[op].fn``, ``bcast_index``, ``reduce_combine``/``reduce_identity``), so
-a block made from it tensorizes with the TPP's intrinsic by construction. Two TPPs update
-their output in place (``muladd``, and ``gemm``/``brgemm`` with beta 1), which TE cannot
-express: :func:`workload` gives those as the description itself on compact buffers.
+its description (its kind's, see ``kinds/``), so a block made from it tensorizes with the
+TPP's intrinsic by construction. Two TPPs update their output in place (``muladd``, and
+``gemm``/``brgemm`` with beta 1), which TE cannot express: :func:`workload` gives those as
+the description itself on compact buffers.
 """
 
 from __future__ import annotations
@@ -12,22 +12,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .spec import (
-    OPS,
-    TPPSpec,
-    bcast_index,
-    bcast_shape,
-    contraction_geometry,
-    describe,
-    dtype_of,
-    equation_expr,
-    equation_operands,
-    pool_geometry,
-    quant_expr,
-    reduce_combine,
-    reduce_identity,
-    transform_out_shape,
-)
+from .kinds import describe, kind_of
+from .spec import TPPSpec
 
 #: Name of the TE stage (and so of the block) that :func:`te_compute` returns.
 BLOCK = "tpp"
@@ -35,50 +21,17 @@ BLOCK = "tpp"
 
 def operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
     """Shapes of the description's parameters, in order (inputs first, output last)."""
-    m, n, kind = spec.m, spec.n, spec.kind
-    if kind == "brgemm":
-        geo = contraction_geometry(spec)
-        return [geo.a_shape, geo.b_shape, (m, n)]
-    if kind == "zero":
-        return [(m, n)]
-    if kind == "unary":
-        return [(m, n), (m, n)]
-    if kind == "unary_bwd":
-        return [(m, n), (m, n), (m, n)]
-    if kind in ("binary", "muladd"):
-        return [(m, n), bcast_shape(spec), (m, n)]
-    if kind == "reduce":
-        return [(m, n), (n,) if spec.op.endswith("_rows") else (m,)]
-    if kind == "pool":
-        return [pool_geometry(spec).a_shape, (m, n)]
-    if kind == "quant":
-        return [(m, n), (n,), (n,), (m, n)]
-    if kind == "equation":
-        extra = [(n,) if k == "bias" else (m, n) for k in equation_operands(spec.steps)]
-        return [(m, n), *extra, (m, n)]
-    return [(m, n), transform_out_shape(spec)]
+    return kind_of(spec).operand_shapes(spec)
 
 
 def operand_dtypes(spec: TPPSpec) -> list[str]:
     """Dtypes of the description's parameters, in order."""
-    if spec.kind == "brgemm":
-        return [spec.dtype, spec.b_dtype or spec.dtype, spec.acc_dtype]
-    if spec.kind == "quant":
-        return [spec.dtype, "float32", "float32", spec.acc_dtype]
-    return [spec.dtype] * (len(operand_shapes(spec)) - 1) + [spec.acc_dtype]
+    return kind_of(spec).operand_dtypes(spec)
 
 
 def in_place(spec: TPPSpec) -> bool:
     """Whether the TPP reads its output's old value (TE cannot express it)."""
-    return spec.kind == "muladd" or (spec.kind == "brgemm" and spec.beta == 1)
-
-
-def _reducer(op: str):
-    return te.comm_reducer(
-        lambda acc, val: reduce_combine(op, acc, val),
-        lambda dtype: reduce_identity(op, dtype),
-        name=op,
-    )
+    return kind_of(spec).in_place(spec)
 
 
 def te_compute(
@@ -92,80 +45,15 @@ def te_compute(
     (TE's reduction initializes C), which a schedule turns into beta 1 with
     ``decompose_reduction``.
     """
-    if spec.kind == "muladd":
-        raise ValueError(f"TPP {spec.op} updates its output in place: TE cannot express it")
-    shapes, dtypes = operand_shapes(spec), operand_dtypes(spec)
+    kind = kind_of(spec)
     if inputs is None:
+        shapes, dtypes = kind.operand_shapes(spec), kind.operand_dtypes(spec)
         inputs = [
             te.placeholder(s, d, name=f"in{i}")
             for i, (s, d) in enumerate(zip(shapes[:-1], dtypes[:-1]))
         ]
-    oshape, odt, op, kind = shapes[-1], dtypes[-1], spec.op, spec.kind
-    fn = OPS[op].fn
-    if kind == "zero":
-        out = te.compute(oshape, lambda i, j: tirx.const(0, odt), name=name)
-    elif kind == "unary":
-        x = inputs[0]
-        out = te.compute(oshape, lambda i, j: _convert(fn(x[i, j]), odt), name=name)
-    elif kind == "unary_bwd":
-        dy, s = inputs
-        out = te.compute(oshape, lambda i, j: fn(dy[i, j], s[i, j]), name=name)
-    elif kind == "binary":
-        x, y = inputs
-        out = te.compute(
-            oshape, lambda i, j: fn(x[i, j], y[bcast_index(spec.bcast, i, j)]), name=name
-        )
-    elif kind == "quant":
-        x, sc, off = inputs
-        out = te.compute(oshape, lambda i, j: quant_expr(op, x[i, j], sc[j], off[j], odt),
-                         name=name)
-    elif kind == "reduce":
-        x, red = inputs[0], _reducer(op)
-        if op.endswith("_rows"):
-            r = te.reduce_axis((0, spec.m), "r")
-            out = te.compute(oshape, lambda j: red(fn(x[r, j]), axis=r), name=name)
-        else:
-            r = te.reduce_axis((0, spec.n), "r")
-            out = te.compute(oshape, lambda i: red(fn(x[i, r]), axis=r), name=name)
-    elif kind == "pool":
-        a, geo = inputs[0], pool_geometry(spec)
-        rs = [te.reduce_axis((0, e), f"r{d}") for d, e in enumerate(geo.batch)]
-        out = te.compute(oshape, lambda i, j: te.max(a[geo.a_index(rs, i, j)], axis=rs),
-                         name=name)
-    elif kind == "equation":
-        x, ops = inputs[0], inputs[1:]
-        kinds = equation_operands(spec.steps)
-        out = te.compute(oshape, lambda i, j: equation_expr(spec.steps, x[i, j], [
-            p[j] if k == "bias" else p[i, j] for p, k in zip(ops, kinds)
-        ]), name=name)
-    elif op == "transpose":
-        x = inputs[0]
-        out = te.compute(oshape, lambda j, i: x[i, j], name=name)
-    elif kind == "transform":
-        x, (_, _, v), m = inputs[0], oshape, spec.m
-        out = te.compute(
-            oshape,
-            lambda ko, j, vv: tirx.if_then_else(
-                ko * v + vv < m, x[tirx.min(ko * v + vv, m - 1), j], tirx.const(0, odt)
-            ),
-            name=name,
-        )
-    else:
-        a, b = inputs
-        geo = contraction_geometry(spec)
-        rs = [te.reduce_axis((0, e), f"r{d}") for d, e in enumerate(geo.batch)]
-        k = te.reduce_axis((0, geo.k), "k")
-
-        def mac(i, j):
-            av, bv = a[geo.a_index(rs, i, k)], b[geo.b_index(rs, k, j)]
-            return _convert(av, odt) * _convert(bv, odt)
-
-        out = te.compute(oshape, lambda i, j: te.sum(mac(i, j), axis=[*rs, k]), name=name)
-    return list(inputs), out
-
-
-def _convert(x: tirx.Expr, dtype: str) -> tirx.Expr:
-    return x if dtype_of(x) == dtype else tirx.Cast(dtype, x)
+    inputs = list(inputs)
+    return inputs, kind.te_compute(spec, inputs, name)
 
 
 def workload(spec: TPPSpec) -> tirx.PrimFunc:

@@ -14,9 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tvm import tirx
 from tvm.s_tir import TensorIntrin
+from tvm.target import Target
 
 from ..errors import UnsupportedISAError
-from .spec import BCASTS, DTYPE_SHORT, OPS, QUANT_DTYPES, TPPSpec, describe
+from ..target import isa_of
+from .kinds import describe, examples
+from .spec import DTYPE_SHORT, TPPSpec
+from .vector_isa import VectorISA
 
 #: ISAs with a TPP implementation module in this package.
 ISAS = ("avx512", "amx", "sve")
@@ -25,14 +29,33 @@ _lock = threading.RLock()
 _names: dict[str, tuple[TPPSpec, str]] = {}
 
 
-def _implementer(isa: str):
+def _isa_module(isa: str):
     if isa not in ISAS:
         raise UnsupportedISAError(f"unknown TPP ISA {isa!r}; supported: {', '.join(ISAS)}")
     try:
-        module = importlib.import_module(f"{__package__}.{isa}")
+        return importlib.import_module(f"{__package__}.{isa}")
     except ModuleNotFoundError as err:
         raise UnsupportedISAError(f"no {isa} implementation of the TPPs is available") from err
-    return module.implement
+
+
+def _implementer(isa: str):
+    return _isa_module(isa).implement
+
+
+def vector_isa(isa: str) -> VectorISA:
+    """The vector unit ``isa``'s implementations are written for: the one source of lane
+    and register counts for schedules too."""
+    return _isa_module(isa).VECTOR_ISA
+
+
+def target_vector_isa(target: Target | str | dict | None) -> VectorISA:
+    """The vector unit of ``target``'s TPP ISA. ``None`` and CPU targets with no TPP ISA
+    (no AVX-512 or SVE) get AVX-512's: their plain loops are vectorized at its width,
+    which narrower units run as two or four registers."""
+    try:
+        return vector_isa(isa_of(target) if target is not None else "avx512")
+    except UnsupportedISAError:
+        return vector_isa("avx512")
 
 
 def implementation(spec: TPPSpec, isa: str = "avx512") -> tirx.PrimFunc:
@@ -69,24 +92,9 @@ def spec_of(name: str) -> TPPSpec:
 
 
 def catalogue(dtype: str = "float32") -> list[TPPSpec]:
-    """Every primitive of the TPP set at a representative tile (with tails: N=37)."""
-    specs = []
-    for op, d in OPS.items():
-        if d.kind == "brgemm":
-            specs.append(TPPSpec(op, dtype, m=6, n=64, k=64, batch=1 if op == "gemm" else 4))
-            specs.append(TPPSpec(op, dtype, m=6, n=64, k=64, beta=0,
-                                 batch=1 if op == "gemm" else 4))
-        elif d.kind in ("binary", "muladd"):
-            specs.extend(TPPSpec(op, dtype, m=8, n=37, bcast=b) for b in BCASTS)
-        elif d.kind == "pool":  # a 3x3 stride-2 window over rows of 37 channels
-            specs.append(TPPSpec(op, dtype, m=8, n=37, batch=3, k=3, stride=74))
-        elif d.kind == "equation":
-            specs.extend(TPPSpec(op, dtype, m=8, n=37, steps=steps) for steps in EXAMPLE_EQUATIONS)
-        elif d.kind == "quant":  # their dtypes are part of the op
-            specs.extend(TPPSpec(op, a, m=8, n=37, out_dtype=b) for a, b in QUANT_DTYPES[op])
-        else:
-            specs.append(TPPSpec(op, dtype, m=8, n=37))
-    return specs
+    """Every primitive of the TPP set at a representative tile (with tails: N=37), as each
+    kind chooses its examples (``TPPKind.examples``)."""
+    return examples(dtype)
 
 
 def low_precision_catalogue() -> list[TPPSpec]:
@@ -104,24 +112,14 @@ def low_precision_catalogue() -> list[TPPSpec]:
     return specs
 
 
-#: Equations in the catalogue: the GEMM/convolution epilogues the graph pass emits.
-EXAMPLE_EQUATIONS = (
-    ("bias", "gelu"),
-    ("bias", "residual"),
-    ("bias", "residual", "relu"),
-    ("residual", "relu"),
-    ("tanh", "square"),
-)
-
 #: ISAs whose whole catalogue is registered by :func:`registered` (AMX has no fp32 set).
 _CATALOGUE_ISAS = ("avx512", "sve")
 
 
 def portable(spec: TPPSpec) -> bool:
     """Whether every ISA implements ``spec``: fp32 in and out. Low-precision and
-    quantization TPPs exist for AVX-512 (and AMX) only so far."""
-    return (spec.kind != "quant" and spec.dtype == "float32" and spec.vnni <= 1
-            and spec.out_dtype in (None, "", "float32"))
+    quantization TPPs (none is fp32 to fp32) exist for AVX-512 (and AMX) only so far."""
+    return spec.dtype == "float32" and spec.acc_dtype == "float32"
 
 
 def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:

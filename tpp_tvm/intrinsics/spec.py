@@ -2,10 +2,12 @@
 
 A TPP is a 2D tensor operator on a tile of M rows by N columns (row-major, each
 operand with its own leading dimension). This module is the datasheet: for every
-primitive it states the math, the operand shapes, the dtypes and the flags, and it
-generates the TIR *description* that TVM's ``tensorize`` matches against a block.
-ISA implementations (``avx512.py``, ``amx.py``, ``sve.py``) provide the other half of
-each tensor intrinsic and never change what a TPP means.
+primitive it states the math, the operand shapes, the dtypes and the flags, and how a
+concrete primitive is named. What follows from it lives beside it: operand geometry in
+``geometry.py``; per kind of TPP (``kinds/``) the TIR *description* that TVM's
+``tensorize`` matches against a block, the TE form and the catalogue tiles. ISA
+implementations (``avx512.py``, ``amx.py``, ``sve.py``) provide the other half of each
+tensor intrinsic and never change what a TPP means.
 
 Conventions, as in LIBXSMM's TPP spec:
 
@@ -24,13 +26,13 @@ Conventions, as in LIBXSMM's TPP spec:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tvm import tirx
-from tvm.script import tirx as T
 
-from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
 
 #: Short dtype names used in intrinsic names (``tpp.<op>.<dtype>.<isa>...``).
 DTYPE_SHORT = {
@@ -244,11 +246,19 @@ class TPPSpec:
     """One concrete primitive: op, dtype, tile shape and flags.
 
     ``m``/``n`` are the tile's rows/columns (for GEMM/BRGEMM, C's); ``k`` and ``batch``
-    only for contractions. ``out_dtype`` for converting copies and for contractions'
-    accumulator (defaults to ``dtype``, int32 for int8 inputs). ``b_dtype`` is a
-    contraction's B dtype when it differs from A's (u8 x s8). Low-precision contractions
-    (see :data:`CONTRACTION_DTYPES`) take B in VNNI layout: ``vnni`` consecutive k of one
-    column are adjacent, B is ``(K / vnni, N, vnni)``, and K is a multiple of ``vnni``.
+    only for contractions (the reduction and the batch) and pooling (the window's taps and
+    rows). ``out_dtype`` for converting copies and quantization (defaults to ``dtype``);
+    a contraction's output is its accumulator type, fp32 (int32 for int8 inputs).
+    ``b_dtype`` is a contraction's B dtype when it differs from A's (u8 x s8).
+    Low-precision contractions (see :data:`CONTRACTION_DTYPES`) take B in VNNI layout:
+    ``vnni`` consecutive k of one column are adjacent, B is ``(K / vnni, N, vnni)``, and K
+    is a multiple of ``vnni``. ``stride`` (conv_brgemm, pool_max) and ``tap_stride``
+    (pool_max) are in elements.
+
+    A spec is canonical: a field that does not apply to its kind keeps its default, and a
+    value equal to its default is stored as the default (``b_dtype`` = ``dtype``,
+    ``out_dtype`` = the natural output type, ``tap_stride`` = ``n``), so that
+    :meth:`name` says everything about a spec and :meth:`from_name` is its exact inverse.
     """
 
     op: str
@@ -308,6 +318,43 @@ class TPPSpec:
             raise UnsupportedShapeError(
                 f"TPP equation: unknown steps {bad}; steps are {', '.join(EQUATION_STEPS)}"
             )
+        self._check_unused_fields()
+        self._canonicalize()
+
+    def _check_unused_fields(self) -> None:
+        """Extents a kind has no use for must keep their defaults (the name omits them)."""
+        unused = []
+        if self.kind not in ("brgemm", "pool"):
+            unused += [f"k={self.k}"] * (self.k != 0) + [f"batch={self.batch}"] * (self.batch != 1)
+        if self.kind != "brgemm" and self.beta != 1:
+            unused.append(f"beta={self.beta}")
+        if self.kind != "pool" and self.tap_stride != 0:
+            unused.append(f"tap_stride={self.tap_stride}")
+        if self.kind == "brgemm" and self.out_dtype not in (None, "", self._natural_out()):
+            raise UnsupportedDTypeError(
+                f"TPP {self.op} {self.dtype}: accumulates in {self._natural_out()}; "
+                f"out_dtype {self.out_dtype} is not supported"
+            )
+        if unused:
+            raise UnsupportedShapeError(
+                f"TPP {self.op}: takes no {', '.join(unused)} (k and batch are for "
+                "contractions and pooling, beta for contractions, tap_stride for pooling)"
+            )
+
+    def _canonicalize(self) -> None:
+        """Values equal to their defaults become the defaults (one spec, one name)."""
+        if self.out_dtype in ("", self._natural_out()):
+            object.__setattr__(self, "out_dtype", None)
+        if self.b_dtype == self.dtype:
+            object.__setattr__(self, "b_dtype", None)
+        if self.tap_stride == self.n:
+            object.__setattr__(self, "tap_stride", 0)
+
+    def _natural_out(self) -> str:
+        """The output dtype without ``out_dtype``: a contraction's accumulator, else dtype."""
+        if self.kind == "brgemm":
+            return "int32" if self.dtype in ("int8", "uint8") else "float32"
+        return self.dtype
 
     def _check_contraction_dtypes(self) -> None:
         pair = (self.dtype, self.b_dtype or self.dtype)
@@ -353,14 +400,17 @@ class TPPSpec:
     @property
     def acc_dtype(self) -> str:
         """Output dtype: ``out_dtype`` or, for contractions, the accumulator type."""
-        if self.out_dtype:
-            return self.out_dtype
-        if self.kind == "brgemm":
-            return "int32" if self.dtype in ("int8", "uint8") else "float32"
-        return self.dtype
+        return self.out_dtype or self._natural_out()
 
     def name(self, isa: str) -> str:
-        """``tpp.<op>.<dtype>[<b_dtype>].<isa>.m<M>n<N>[k<K>b<batch>][.beta0][.bcast_<b>][.to_<dt>]``."""
+        """The intrinsic name of this spec on ``isa``; :meth:`from_name` inverts it.
+
+        ``tpp.<op>.<dtype>[<b_dtype>].<isa>.m<M>n<N><extents>[.beta0][.bcast_<b>][.<steps>]
+        [.to_<out_dtype>]``, dtypes short (:data:`DTYPE_SHORT`); extents are
+        ``k<K>[b<batch>][s<stride>]`` for contractions (no batch for gemm, a stride for
+        conv_brgemm) and ``r<batch>x<k>s<stride>t<taps>`` for pooling; equation steps are
+        joined by ``_`` (``__`` where a step boundary would read as one step: gelu, tanh).
+        """
         dts = DTYPE_SHORT[self.dtype]
         if self.b_dtype and self.b_dtype != self.dtype:
             dts += DTYPE_SHORT[self.b_dtype]
@@ -376,162 +426,110 @@ class TPPSpec:
         if self.bcast != "none":
             parts.append(f"bcast_{self.bcast}")
         if self.steps:
-            parts.append("_".join(self.steps))
+            parts.append(_join_steps(self.steps))
         if self.out_dtype and self.out_dtype != self.dtype and self.kind != "brgemm":
             parts.append(f"to_{DTYPE_SHORT[self.out_dtype]}")
         return ".".join(parts)
+
+    @classmethod
+    def from_name(cls, name: str) -> tuple[TPPSpec, str]:
+        """``(spec, isa)`` such that ``spec.name(isa) == name``; a ``ValueError`` if no spec
+        has that name. Tuning records name their intrinsics; this rebuilds them."""
+        try:
+            spec, isa = _parse_name(name)
+        except (TPPError, ValueError) as err:
+            raise ValueError(f"{name!r} is not a TPP intrinsic name: {err}") from None
+        if spec.name(isa) != name:
+            raise ValueError(f"{name!r} is not a TPP intrinsic name; the nearest is "
+                             f"{spec.name(isa)!r}")
+        return spec, isa
 
     def with_shape(self, m: int, n: int) -> TPPSpec:
         return replace(self, m=m, n=n)
 
 
+_LONG_DTYPE = {short: long for long, short in DTYPE_SHORT.items()}
+#: The extents of a name's tile field, each letter followed by its value.
+_TILE = re.compile(r"m(?P<m>\d+)n(?P<n>\d+)(?:k(?P<k>\d+))?(?:b(?P<batch>\d+))?"
+                   r"(?:r(?P<rows>\d+)x(?P<taps>\d+))?(?:s(?P<stride>\d+))?"
+                   r"(?:t(?P<tap_stride>\d+))?")
+
+
+def _parse_name(name: str) -> tuple[TPPSpec, str]:
+    """The spec a name spells, read field by field (:meth:`TPPSpec.name`'s grammar)."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[0] != "tpp":
+        raise ValueError("expected tpp.<op>.<dtype>.<isa>.m<M>n<N>...")
+    _, op, dts, isa, tile, *flags = parts
+    if op not in OPS:
+        raise ValueError(f"unknown TPP {op!r}")
+    fields: dict = dict(zip(("dtype", "b_dtype"), _parse_dtypes(dts)))
+    hit = _TILE.fullmatch(tile)
+    if hit is None:
+        raise ValueError(f"tile {tile!r} is not m<M>n<N> followed by extents")
+    ext = {key: int(v) for key, v in hit.groupdict().items() if v is not None}
+    fields.update(m=ext.pop("m"), n=ext.pop("n"), stride=ext.pop("stride", 1))
+    if "rows" in ext:  # a pooling window of rows x taps
+        fields.update(batch=ext.pop("rows"), k=ext.pop("taps"))
+    fields.update(ext)
+    for flag in flags:
+        if flag == "beta0":
+            fields["beta"] = 0
+        elif flag.startswith("bcast_"):
+            fields["bcast"] = flag[len("bcast_"):]
+        elif flag.startswith("to_"):
+            fields["out_dtype"] = _parse_dtypes(flag[len("to_"):])[0]
+        elif "steps" not in fields:
+            fields["steps"] = _split_steps(flag)
+        else:
+            raise ValueError(f"unexpected field {flag!r}")
+    return TPPSpec(op, **fields), isa
+
+
+def _parse_dtypes(text: str) -> tuple[str, str | None]:
+    """(dtype, b_dtype) of a short dtype field: ``f32``, or ``u8i8`` for u8 x s8."""
+    if text in _LONG_DTYPE:
+        return _LONG_DTYPE[text], None
+    for cut in range(1, len(text)):
+        if text[:cut] in _LONG_DTYPE and text[cut:] in _LONG_DTYPE:
+            return _LONG_DTYPE[text[:cut]], _LONG_DTYPE[text[cut:]]
+    raise ValueError(f"unknown dtype {text!r}; short dtypes are {', '.join(_LONG_DTYPE)}")
+
+
+def _longest_step(text: str) -> str | None:
+    """The longest equation step ``text`` starts with, as a whole ``_``-separated word."""
+    fits = [s for s in EQUATION_STEPS if text == s or text.startswith(s + "_")]
+    return max(fits, key=len, default=None)
+
+
+def _join_steps(steps: tuple[str, ...]) -> str:
+    """Steps joined by ``_``, or ``__`` where the step and the rest would read as a longer
+    step (``gelu``, ``tanh`` next to ``gelu_tanh``), so that :func:`_split_steps` inverts it."""
+    text = steps[-1]
+    for step in reversed(steps[:-1]):
+        joined = f"{step}_{text}"
+        text = joined if _longest_step(joined) == step else f"{step}__{text}"
+    return text
+
+
+def _split_steps(text: str) -> tuple[str, ...]:
+    """The steps :func:`_join_steps` joined into ``text`` (longest step names first)."""
+    steps = []
+    while text:
+        step = _longest_step(text)
+        if step is None:
+            raise ValueError(f"{text!r} does not start with an equation step")
+        steps.append(step)
+        text = text[len(step) + 1:]
+        if text.startswith("_"):  # a marked boundary
+            text = text[1:]
+    return tuple(steps)
+
+
 # ---------------------------------------------------------------------------
-# Descriptions. One TVMScript template per kind; the op's math is plugged in.
-# Every 2D operand has a symbolic leading dimension so the TPP matches sub-tiles.
+# The math shared by descriptions, TE forms and implementations of reductions and
+# equations (descriptions themselves: ``kinds/``; operand shapes: ``geometry.py``).
 # ---------------------------------------------------------------------------
-
-
-def whole(buf: tirx.Buffer):
-    """The region covering all of ``buf`` (for ``T.reads``/``T.writes``)."""
-    return buf[tuple(slice(0, e) for e in buf.shape)]
-
-
-def bcast_shape(spec: TPPSpec) -> tuple[int, ...]:
-    """Shape of the second operand of a binary TPP for its broadcast flag."""
-    return {"none": (spec.m, spec.n), "row": (spec.n,), "col": (spec.m,), "scalar": (1,)}[
-        spec.bcast
-    ]
-
-
-def bcast_index(bcast: str, i, j) -> tuple:
-    """Index of the second operand for element (i, j) under ``bcast``."""
-    return {"none": (i, j), "row": (j,), "col": (i,), "scalar": (0,)}[bcast]
-
-
-def _describe_map(M: int, N: int, dt: str, odt: str, body: Fn) -> tirx.PrimFunc:
-    """Y = body(X) element by element on an (M, N) tile (unary TPPs, operand-free equations)."""
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, y: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        Y = T.match_buffer(y, (M, N), odt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(X[0:M, 0:N])
-            T.writes(Y[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    Y[vi, vj] = body(X[vi, vj])
-
-    return desc
-
-
-def _describe_unary(spec: TPPSpec) -> tirx.PrimFunc:
-    fn, odt = OPS[spec.op].fn, spec.acc_dtype
-
-    def body(x):
-        y = fn(x)
-        return tirx.Cast(odt, y) if odt != spec.dtype else y
-
-    return _describe_map(spec.m, spec.n, spec.dtype, odt, body)
-
-
-def _describe_zero(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt = spec.m, spec.n, spec.dtype
-
-    @T.prim_func(s_tir=True)
-    def desc(y: T.handle):
-        Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads()
-            T.writes(Y[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    Y[vi, vj] = tirx.const(0, dt)
-
-    return desc
-
-
-def operands_in_use_order(fn: Fn, *bufs, m: int = 0, n: int = 0) -> list:
-    """Whole-tile regions of ``bufs`` in the order ``fn`` first reads them.
-
-    Tensorize compares region lists in order, and a TE computation lists them in the order
-    its expression reads them (``relu_inv`` reads S before dY), so descriptions must too.
-    """
-    probes = [tirx.Var(f"p{i}", "float32") for i in range(len(bufs))]
-    order = []
-    for var in tirx.analysis.undefined_vars(fn(*probes)):  # in order of appearance
-        idx = next(i for i, p in enumerate(probes) if p.same_as(var))
-        if idx not in order:
-            order.append(idx)
-    order += [i for i in range(len(bufs)) if i not in order]
-    return [whole(bufs[i]) for i in order]
-
-
-def _describe_unary_bwd(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt = spec.m, spec.n, spec.dtype
-    fn = OPS[spec.op].fn
-
-    @T.prim_func(s_tir=True)
-    def desc(dy: T.handle, s: T.handle, dx: T.handle):
-        DY = T.match_buffer(dy, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        S = T.match_buffer(s, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        DX = T.match_buffer(dx, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(*operands_in_use_order(fn, DY, S))
-            T.writes(DX[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    DX[vi, vj] = fn(DY[vi, vj], S[vi, vj])
-
-    return desc
-
-
-def _describe_binary(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, bc = spec.m, spec.n, spec.dtype, spec.bcast
-    fn = OPS[spec.op].fn
-    yshape = bcast_shape(spec)
-    y_strides = [T.int32(), 1] if bc == "none" else [1]
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, y: T.handle, z: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        Y = T.match_buffer(y, yshape, dt, offset_factor=1, strides=y_strides)
-        Z = T.match_buffer(z, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(X[0:M, 0:N], whole(Y))
-            T.writes(Z[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    Z[vi, vj] = fn(X[vi, vj], Y[bcast_index(bc, vi, vj)])
-
-    return desc
-
-
-def _describe_muladd(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, bc = spec.m, spec.n, spec.dtype, spec.bcast
-    yshape = bcast_shape(spec)
-    y_strides = [T.int32(), 1] if bc == "none" else [1]
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, y: T.handle, z: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        Y = T.match_buffer(y, yshape, dt, offset_factor=1, strides=y_strides)
-        Z = T.match_buffer(z, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(
-                X[0:M, 0:N], whole(Y), Z[0:M, 0:N]
-            )
-            T.writes(Z[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    Z[vi, vj] = X[vi, vj] * Y[bcast_index(bc, vi, vj)] + Z[vi, vj]
-
-    return desc
 
 
 def reduce_identity(op: str, dtype: str) -> tirx.Expr:
@@ -542,282 +540,6 @@ def reduce_identity(op: str, dtype: str) -> tirx.Expr:
 def reduce_combine(op: str, acc, val):
     """How a reduction TPP folds one mapped element into its accumulator."""
     return tirx.max(acc, val) if "_max_" in op else acc + val
-
-
-def _describe_quant(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, odt, op = spec.m, spec.n, spec.dtype, spec.acc_dtype, spec.op
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        S = T.match_buffer(s, (N,), "float32", offset_factor=1)
-        Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
-        Y = T.match_buffer(y, (M, N), odt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(X[0:M, 0:N], S[0:N], Off[0:N])
-            T.writes(Y[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    Y[vi, vj] = quant_expr(op, X[vi, vj], S[vj], Off[vj], odt)
-
-    return desc
-
-
-def _describe_reduce(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, op = spec.m, spec.n, spec.dtype, spec.op
-    fn = OPS[op].fn
-    over_rows = op.endswith("_rows")
-    L = N if over_rows else M
-    init = reduce_identity(op, dt)
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, y: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        Y = T.match_buffer(y, (L,), dt, offset_factor=1)
-        with T.sblock("root"):
-            T.reads(X[0:M, 0:N])
-            T.writes(Y[0:L])
-            if over_rows:
-                for j, i in T.grid(N, M):
-                    with T.sblock("tpp"):
-                        vj, vi = T.axis.remap("SR", [j, i])
-                        T.reads(Y[vj], X[vi, vj])
-                        T.writes(Y[vj])
-                        with T.init():
-                            Y[vj] = init
-                        Y[vj] = reduce_combine(op, Y[vj], fn(X[vi, vj]))
-            else:
-                for i, j in T.grid(M, N):
-                    with T.sblock("tpp"):
-                        vi, vj = T.axis.remap("SR", [i, j])
-                        T.reads(Y[vi], X[vi, vj])
-                        T.writes(Y[vi])
-                        with T.init():
-                            Y[vi] = init
-                        Y[vi] = reduce_combine(op, Y[vi], fn(X[vi, vj]))
-
-    return desc
-
-
-def transform_out_shape(spec: TPPSpec) -> tuple[int, ...]:
-    """Output shape of a transform TPP."""
-    if spec.op == "transpose":
-        return (spec.n, spec.m)
-    v = 2 if spec.op == "vnni2" else 4
-    return (-(-spec.m // v), spec.n, v)
-
-
-def _describe_transform(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt = spec.m, spec.n, spec.dtype
-    oshape = transform_out_shape(spec)
-    zero = tirx.const(0, dt)
-
-    if spec.op == "transpose":
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, y: T.handle):
-            X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-            Y = T.match_buffer(y, (N, M), dt, offset_factor=1, strides=[T.int32(), 1])
-            with T.sblock("root"):
-                T.reads(X[0:M, 0:N])
-                T.writes(Y[0:N, 0:M])
-                for j, i in T.grid(N, M):
-                    with T.sblock("tpp"):
-                        vj, vi = T.axis.remap("SS", [j, i])
-                        Y[vj, vi] = X[vi, vj]
-
-        return desc
-
-    KO, _, V = oshape
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, y: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        Y = T.match_buffer(y, (KO, N, V), dt, offset_factor=1, strides=[T.int32(), V, 1])
-        with T.sblock("root"):
-            # Rows past M are never read (the if_then_else), but region analysis of a
-            # blockized workload ignores the condition and covers KO*V rows: say the same.
-            T.reads(X[0 : KO * V, 0:N])
-            T.writes(Y[0:KO, 0:N, 0:V])
-            for ko, j, v in T.grid(KO, N, V):
-                with T.sblock("tpp"):
-                    vko, vj, vv = T.axis.remap("SSS", [ko, j, v])
-                    T.reads(X[vko * V + vv, vj])
-                    Y[vko, vj, vv] = T.if_then_else(
-                        vko * V + vv < M, X[T.min(vko * V + vv, M - 1), vj], zero
-                    )
-
-    return desc
-
-
-def operand_reads(beta0: bool, C, A, B) -> list:
-    """Regions a contraction reads: C too unless beta is 0 (C is only written)."""
-    return [whole(A), whole(B)] if beta0 else [whole(C), whole(A), whole(B)]
-
-
-@dataclass(frozen=True)
-class ContractionGeometry:
-    """Operand shapes and addressing of a GEMM-family TPP, shared by description and impls.
-
-    ``batch`` are the reduction dims besides the innermost ``k`` (none for GEMM, the batch
-    for BRGEMM, the filter rows for a convolution's BRGEMM, none when it has one row; plus
-    K / vnni for a VNNI-packed B, whose innermost reduction is then the ``vnni`` pack);
-    ``a_index(rs, i, k)`` / ``b_index(rs, k, j)``
-    give the element of A / B that row i / column j meets at reduction point (rs, k).
-    """
-
-    batch: tuple[int, ...]
-    a_shape: tuple[int, ...]
-    b_shape: tuple[int, ...]
-    a_index: Callable[..., tuple]
-    b_index: Callable[..., tuple]
-    k: int = 0
-    b_strides: Callable[[], list] | None = None
-
-    def b_buffer_strides(self) -> list:
-        """B's strides for ``match_buffer``: free, but a VNNI pack of a column is contiguous
-        with the next column's (one vector load covers lanes x vnni elements)."""
-        return self.b_strides() if self.b_strides else free_strides(len(self.b_shape))
-
-
-def contraction_geometry(spec: TPPSpec) -> ContractionGeometry:
-    """The geometry of ``spec`` (a gemm, brgemm or conv_brgemm)."""
-    M, N, K, V = spec.m, spec.n, spec.k, spec.vnni
-    if V > 1:
-        return _vnni_geometry(spec)
-    if spec.op == "gemm":
-        return ContractionGeometry((), (M, K), (K, N), lambda rs, i, k: (i, k),
-                                   lambda rs, k, j: (k, j), K)
-    if spec.op == "brgemm":
-        R = spec.batch
-        return ContractionGeometry((R,), (R, M, K), (R, K, N), lambda rs, i, k: (rs[0], i, k),
-                                   lambda rs, k, j: (rs[0], k, j), K)
-    R, st, span = spec.batch, spec.stride, (M - 1) * spec.stride + K
-    if R == 1:  # a unit reduction loop cannot be tensorized: no batch dim at all
-        return ContractionGeometry((), (span,), (K, N), lambda rs, i, k: (i * st + k,),
-                                   lambda rs, k, j: (k, j), K)
-    return ContractionGeometry((R,), (R, span), (R, K, N),
-                               lambda rs, i, k: (rs[0], i * st + k),
-                               lambda rs, k, j: (rs[0], k, j), K)
-
-
-def _vnni_geometry(spec: TPPSpec) -> ContractionGeometry:
-    """GEMM/BRGEMM/conv BRGEMM with B packed ``(K/V, N, V)``: k splits into (k // V, k % V),
-    the first a batch-like dim, the second the innermost reduction (one dot-product lane)."""
-    M, N, K, V = spec.m, spec.n, spec.k, spec.vnni
-    KO = K // V
-    if spec.op == "gemm":
-        return ContractionGeometry(
-            (KO,), (M, K), (KO, N, V), lambda rs, i, v: (i, rs[-1] * V + v),
-            lambda rs, v, j: (rs[-1], j, v), V, lambda: [T.int32(), V, 1])
-    if spec.op == "conv_brgemm":
-        R, st, span = spec.batch, spec.stride, (M - 1) * spec.stride + K
-        if R == 1:
-            return ContractionGeometry(
-                (KO,), (span,), (KO, N, V), lambda rs, i, v: (i * st + rs[-1] * V + v,),
-                lambda rs, v, j: (rs[-1], j, v), V, lambda: [T.int32(), V, 1])
-        return ContractionGeometry(
-            (R, KO), (R, span), (R, KO, N, V),
-            lambda rs, i, v: (rs[0], i * st + rs[-1] * V + v),
-            lambda rs, v, j: (rs[0], rs[-1], j, v), V, lambda: [T.int32(), T.int32(), V, 1])
-    R = spec.batch
-    return ContractionGeometry(
-        (R, KO), (R, M, K), (R, KO, N, V), lambda rs, i, v: (rs[0], i, rs[-1] * V + v),
-        lambda rs, v, j: (rs[0], rs[-1], j, v), V, lambda: [T.int32(), T.int32(), V, 1])
-
-
-def free_strides(ndim: int) -> list:
-    """Symbolic strides for all but the innermost (unit-stride) dimension."""
-    return [T.int32() for _ in range(ndim - 1)] + [1]
-
-
-def pool_geometry(spec: TPPSpec) -> ContractionGeometry:
-    """Window geometry of a pooling TPP: reduction dims (window rows, taps), A's shape and
-    ``a_index(rs, i, j)``; dims of extent 1 are dropped (TVM cannot tensorize unit loops).
-    ``b_*`` are unused."""
-    M, N, R, S, st, tap = spec.m, spec.n, spec.batch, spec.k, spec.stride, spec.taps
-    span = (M - 1) * st + (S - 1) * tap + N
-    dims = tuple(e for e in (R, S) if e > 1)
-
-    def a_index(rs, i, j):
-        it = iter(rs)
-        r = next(it) if R > 1 else 0
-        s = next(it) if S > 1 else 0
-        flat = i * st + s * tap + j
-        return (r, flat) if R > 1 else (flat,)
-
-    return ContractionGeometry(dims, (R, span) if R > 1 else (span,), (), a_index, None)
-
-
-def _describe_pool(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt = spec.m, spec.n, spec.dtype
-    geo = pool_geometry(spec)
-    dims = (M, N, *geo.batch)
-    kinds = "SS" + "R" * len(geo.batch)
-    lowest = tirx.min_value(dt)
-
-    def a_at(vs):
-        return geo.a_index(vs[2:], vs[0], vs[1])
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, y: T.handle):
-        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
-                           strides=free_strides(len(geo.a_shape)))
-        Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(whole(A))
-            T.writes(Y[0:M, 0:N])
-            for ivs in T.grid(*dims):
-                with T.sblock("tpp"):
-                    vs = T.meta_var(T.axis.remap(kinds, ivs))
-                    T.reads(Y[vs[0], vs[1]], A[a_at(vs)])
-                    T.writes(Y[vs[0], vs[1]])
-                    with T.init():
-                        Y[vs[0], vs[1]] = lowest
-                    Y[vs[0], vs[1]] = tirx.max(Y[vs[0], vs[1]], A[a_at(vs)])
-
-    return desc
-
-
-def _describe_contraction(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, acc = spec.m, spec.n, spec.dtype, spec.acc_dtype
-    bdt = spec.b_dtype or dt
-    geo = contraction_geometry(spec)
-    beta0 = spec.beta == 0
-    dims = (M, N, *geo.batch, geo.k)
-    kinds = "SS" + "R" * (len(geo.batch) + 1)
-
-    def mac(a, b):
-        return tirx.Cast(acc, a) * tirx.Cast(acc, b) if acc != dt else a * b
-
-    def a_at(vs):
-        return geo.a_index(vs[2:-1], vs[0], vs[-1])
-
-    def b_at(vs):
-        return geo.b_index(vs[2:-1], vs[-1], vs[1])
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, geo.a_shape, dt, offset_factor=1,
-                           strides=free_strides(len(geo.a_shape)))
-        B = T.match_buffer(b, geo.b_shape, bdt, offset_factor=1,
-                           strides=geo.b_buffer_strides())
-        C = T.match_buffer(c, (M, N), acc, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(*operand_reads(beta0, C, A, B))
-            T.writes(C[0:M, 0:N])
-            for ivs in T.grid(*dims):
-                with T.sblock("tpp"):
-                    vs = T.meta_var(T.axis.remap(kinds, ivs))
-                    T.reads(C[vs[0], vs[1]], A[a_at(vs)], B[b_at(vs)])
-                    T.writes(C[vs[0], vs[1]])
-                    if beta0:
-                        with T.init():
-                            C[vs[0], vs[1]] = tirx.const(0, acc)
-                    C[vs[0], vs[1]] = C[vs[0], vs[1]] + mac(A[a_at(vs)], B[b_at(vs)])
-
-    return desc
 
 
 #: Longest equation (each step is one pass over registers, not memory).
@@ -849,73 +571,3 @@ def equation_expr(steps: tuple[str, ...], x: tirx.Expr, operands: list[tirx.Expr
     for step in steps:
         v = equation_step(step, v, next(it) if step in ("bias", "residual") else None)
     return v
-
-
-def _describe_equation(spec: TPPSpec) -> tirx.PrimFunc:
-    M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
-    kinds = equation_operands(steps)
-    shapes = [(N,) if k == "bias" else (M, N) for k in kinds]
-
-    def body(X, ops, i, j):
-        return equation_expr(steps, X[i, j], [
-            P[j] if k == "bias" else P[i, j] for P, k in zip(ops, kinds)
-        ])
-
-    def strides(shape):
-        return [1] if len(shape) == 1 else [T.int32(), 1]
-
-    if len(kinds) == 0:
-        return _describe_map(M, N, dt, dt, lambda x: equation_expr(steps, x, []))
-    if len(kinds) == 1:
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, p: T.handle, y: T.handle):
-            X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-            P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
-            Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-            with T.sblock("root"):
-                T.reads(whole(X), whole(P))
-                T.writes(Y[0:M, 0:N])
-                for i, j in T.grid(M, N):
-                    with T.sblock("tpp"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        Y[vi, vj] = body(X, [P], vi, vj)
-
-        return desc
-
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, p: T.handle, q: T.handle, y: T.handle):
-        X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
-        Q = T.match_buffer(q, shapes[1], dt, offset_factor=1, strides=strides(shapes[1]))
-        Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(whole(X), whole(P), whole(Q))
-            T.writes(Y[0:M, 0:N])
-            for i, j in T.grid(M, N):
-                with T.sblock("tpp"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    Y[vi, vj] = body(X, [P, Q], vi, vj)
-
-    return desc
-
-
-_DESCRIBERS = {
-    "unary": _describe_unary,
-    "zero": _describe_zero,
-    "unary_bwd": _describe_unary_bwd,
-    "binary": _describe_binary,
-    "muladd": _describe_muladd,
-    "reduce": _describe_reduce,
-    "transform": _describe_transform,
-    "equation": _describe_equation,
-    "pool": _describe_pool,
-    "quant": _describe_quant,
-}
-
-
-def describe(spec: TPPSpec) -> tirx.PrimFunc:
-    """The TIR description (the math) of ``spec``, for ``TensorIntrin.register``."""
-    if spec.kind == "brgemm":
-        return _describe_contraction(spec)
-    return _DESCRIBERS[spec.kind](spec)

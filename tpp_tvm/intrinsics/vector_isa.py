@@ -20,7 +20,9 @@ from tvm.script import tirx as T
 class VectorISA:
     """A SIMD unit: ``vector_bits`` wide (None when scalable, e.g. SVE), ``num_vregs`` registers.
 
-    ``min_vector_bits`` is the width used to size register blocking for a scalable ISA.
+    ``min_vector_bits`` is the width used to size register blocking for a scalable ISA;
+    ``schedule_vector_bits`` the fixed width its schedules vectorize plain loops to (see
+    :meth:`schedule_lanes`).
     ``dot_brgemm(a_dtype, b_dtype, m, n, kgroups, batch, beta)`` gives the ISA's
     low-precision (VNNI dot-product) BRGEMM microkernel as an LLVM IR function
     (``llvm_ir.IRFunction``); None when this package has none for the ISA.
@@ -35,6 +37,7 @@ class VectorISA:
     vector_bits: int | None
     num_vregs: int
     min_vector_bits: int = 128
+    schedule_vector_bits: int | None = None
     dot_brgemm: Callable | None = None
     horizontal: Mapping[str, str] = field(default_factory=dict)
     gather: str | None = None
@@ -54,6 +57,18 @@ class VectorISA:
     def static_lanes(self, dtype: str) -> int:
         """Lanes at the (minimum) vector length, for sizing register blocks."""
         return (self.vector_bits or self.min_vector_bits) // _bits(dtype)
+
+    def schedule_lanes(self, dtype: str) -> int:
+        """Lanes of ``dtype`` that schedules work in: the length of the loops they vectorize
+        outside TPPs and the column unit of the register tiles they size.
+
+        One register on a fixed-width ISA. TIR vectorizes a loop only to a fixed length (a
+        scalable loop with a tail is scalarised), so a scalable ISA states the fixed width
+        its schedules use instead (``schedule_vector_bits``), which LLVM splits into its
+        registers.
+        """
+        bits = self.vector_bits or self.schedule_vector_bits or self.min_vector_bits
+        return bits // _bits(dtype)
 
     def vtype(self, dtype: str) -> str:
         """The TIR vector dtype string (``float32x16``, ``float32xvscalex4``)."""

@@ -26,10 +26,10 @@ from tvm.s_tir.dlight.base.common_schedules import try_inline
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from ..intrinsics.registry import target_vector_isa
+
 log = logging.getLogger(__name__)
 
-#: Elements per vector for fp32 on AVX-512; inner loops are split to this width.
-VECTOR = 16
 #: Below this many elements a kernel stays single-threaded (fork/join costs more).
 MIN_PARALLEL_WORK = 4096
 
@@ -39,8 +39,15 @@ def _extent(sch: s_tir.Schedule, loop) -> int | None:
     return int(ext) if isinstance(ext, tirx.IntImm) else None
 
 
-def _parallel_vectorize(sch: s_tir.Schedule, block) -> None:
-    """Fuse a spatial block's loops, parallelize the outer part, vectorize the inner."""
+def _vector_lanes(target: Target) -> int:
+    """Width inner loops are split to: the target ISA's fp32 lanes, for every dtype (the
+    loop of a narrower dtype is split the same; LLVM packs its vectors)."""
+    return target_vector_isa(target).schedule_lanes("float32")
+
+
+def _parallel_vectorize(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """Fuse a spatial block's loops, parallelize the outer part, vectorize the inner
+    ``lanes`` wide."""
     loops = sch.get_loops(block)
     if not loops:
         return
@@ -48,8 +55,8 @@ def _parallel_vectorize(sch: s_tir.Schedule, block) -> None:
     if any(e is None for e in extents):
         return
     inner = loops[-1]
-    if extents[-1] % VECTOR == 0 and extents[-1] >= VECTOR:
-        _, inner = sch.split(inner, [None, VECTOR])
+    if extents[-1] % lanes == 0 and extents[-1] >= lanes:
+        _, inner = sch.split(inner, [None, lanes])
         sch.vectorize(inner)
         loops = sch.get_loops(block)[:-1]
     elif len(loops) > 1:
@@ -103,8 +110,9 @@ class Injective(CPUScheduleRule):
         small = [i for i in infos[:-1] if out is not None
                  and (_written_elements(sch, i.block_rv) or out) * 8 <= out]
         rest = try_inline(sch, [i for i in infos if all(i is not s for s in small)])
+        lanes = _vector_lanes(target)
         for info in [*small, *rest]:
-            _parallel_vectorize(sch, info.block_rv)
+            _parallel_vectorize(sch, info.block_rv, lanes)
         return sch
 
 

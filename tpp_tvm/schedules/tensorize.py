@@ -16,11 +16,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..intrinsics import TPPSpec, intrinsic
+from ..intrinsics.registry import vector_isa
 
 log = logging.getLogger(__name__)
-
-#: fp32 lanes of the vectors an untensorized row-block stage is split into.
-VECTOR_LANES = 16
 
 
 def try_tensorize(sch: s_tir.Schedule, loop: LoopRV, spec: TPPSpec, isa: str, what: str
@@ -71,8 +69,9 @@ def tensorize_row_block(sch: s_tir.Schedule, name: str, spec: TPPSpec, isa: str)
         # One-row blocks (a prime row count) keep TIR: whole vectors, LLVM does the tail.
         try:
             extent = sch.get(loops[-1]).extent
-            if isinstance(extent, tirx.IntImm) and int(extent) % VECTOR_LANES == 0:
-                sch.vectorize(sch.split(loops[-1], [None, VECTOR_LANES])[1])
+            lanes = vector_isa(isa).schedule_lanes("float32")
+            if isinstance(extent, tirx.IntImm) and int(extent) % lanes == 0:
+                sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
         except Exception:  # noqa: BLE001 - a reduction loop: leave it to LLVM
             pass
 

@@ -24,7 +24,6 @@ import importlib
 import inspect
 import itertools
 import logging
-import re
 import sys
 from dataclasses import dataclass
 
@@ -36,43 +35,43 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from ..intrinsics import TPPSpec, intrinsic
-from ..intrinsics.registry import on_short_stack
+from ..intrinsics.registry import on_short_stack, vector_isa
 from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
 from .contraction import product_loads as _product_loads
-from .elementwise import candidate_steps, match_equation, tensorize_equation
+from .elementwise import match_equation, tensorize_equation
 from .gemm_plan import TILE_EFFICIENCY
 
 log = logging.getLogger(__name__)
 
-#: Vector lanes of fp32 on the ISAs the rule tiles for (AVX-512; SVE at 128-bit minimum
-#: still packs 16-wide tiles well).
-_LANES = 16
-_VREGS = 32
 #: Design spaces per contraction: the best register tiles, K blocks and loop orders.
 MAX_TILES = 3
 MAX_K_BLOCKS = 2
 LOOP_ORDERS = ("rows_outer", "cols_outer", "k_outer")
 
 
-def register_tiles(m: int, n: int, limit: int = MAX_TILES) -> list[tuple[int, int]]:
+def register_tiles(m: int, n: int, limit: int = MAX_TILES,
+                   isa: str = "avx512") -> list[tuple[int, int]]:
     """Register tiles (mr, nr) dividing (m, n), best first.
 
     Known tiles are ranked by their measured efficiency (the GEMM schedule's table);
-    others fit ``mr * ceil(nr/16) + ceil(nr/16)`` accumulators and B rows in the 32
-    vector registers and rank by FMA chains (more independent accumulators hide latency).
+    others fit ``mr * ceil(nr/lanes) + ceil(nr/lanes)`` accumulators and B rows in the
+    ISA's vector registers (``lanes``: its fp32 schedule lanes, C's accumulators are 32-bit)
+    and rank by FMA chains (more independent accumulators hide latency).
     """
+    unit = vector_isa(isa)
+    lanes, vregs = unit.schedule_lanes("float32"), unit.num_vregs
     scored = []
     for nr in range(8, min(n, 64) + 1):
         if n % nr:
             continue
-        nv = -(-nr // _LANES)
+        nv = -(-nr // lanes)
         for mr in range(2, min(m, 14) + 1):
-            if m % mr or (mr + 1) * nv > _VREGS:
+            if m % mr or (mr + 1) * nv > vregs:
                 continue
             eff = TILE_EFFICIENCY.get((mr, nr))
             if eff is None:  # unmeasured: accumulator chains x lane use, scaled below table
-                eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * _LANES)
+                eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * lanes)
             scored.append((eff, mr * nr, (mr, nr)))
     scored.sort(reverse=True)
     return [tile for _, _, tile in scored[:limit]]
@@ -110,7 +109,7 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
         spaces = []
         ext = roles.extents
         for (mr, nr), kc, order in itertools.product(
-            register_tiles(ext[roles.inner_m], ext[roles.inner_n]),
+            register_tiles(ext[roles.inner_m], ext[roles.inner_n], isa=self.isa),
             k_blocks(ext[roles.inner_k]), LOOP_ORDERS,
         ):
             space = sch.copy()
@@ -125,7 +124,8 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
         taps = conv_taps(sch, block, roles)
         if taps is not None:
             for (mr, nr), order in itertools.product(
-                register_tiles(ext[roles.inner_m], ext[roles.inner_n]), LOOP_ORDERS[:2],
+                register_tiles(ext[roles.inner_m], ext[roles.inner_n], isa=self.isa),
+                LOOP_ORDERS[:2],
             ):
                 space = sch.copy()
                 try:
@@ -140,16 +140,16 @@ class ContractionTPP(ms.schedule_rule.PyScheduleRule):
             log.debug("contraction %s: no TPP design fits; stock tiling",
                       sch.get(block).name_hint)
             return self.fallback.apply(sch, block) if self.fallback else [sch]
-        if self.fallback is not None and not _vector_friendly(roles, sch, block):
+        if self.fallback is not None and not _vector_friendly(roles, self.isa):
             # A TPP tile cannot fill vectors here (an NCHW convolution's pixel row of 28 as
             # N): the stock tiling competes in the same search.
             spaces += self.fallback.apply(sch.copy(), block)
         return spaces
 
 
-def _vector_friendly(roles: ContractionRoles, sch: Schedule, block: SBlockRV) -> bool:
+def _vector_friendly(roles: ContractionRoles, isa: str) -> bool:
     """Whether the TPP's N (the contiguous output dim) is a whole number of vectors."""
-    return roles.extents[roles.inner_n] % _LANES == 0
+    return roles.extents[roles.inner_n] % vector_isa(isa).schedule_lanes("float32") == 0
 
 
 def tile_contraction(sch: Schedule, block: SBlockRV, roles: ContractionRoles, mr: int,
@@ -348,33 +348,16 @@ def pack_weights(sch: Schedule, block: SBlockRV, roles: ContractionRoles, nr: in
     return True
 
 
-_NAME = re.compile(r"^tpp\.(gemm|conv_brgemm|equation|reduce_\w+)\.f32\.(\w+)\.m(\d+)n(\d+)"
-                   r"(?:k(\d+))?(?:b(\d+))?(?:s(\d+))?")
-
-
 def register_trace_intrinsics(names) -> None:
     """Register the TPP intrinsics named in tuning records, so a record's trace replays
-    in a process that has not generated them (names come from :meth:`TPPSpec.name`)."""
+    in a process that has not generated them. A name is read back into its spec
+    (:meth:`TPPSpec.from_name`, any TPP and dtype); other strings are skipped."""
     for name in map(str, names):
-        hit = _NAME.match(name)
-        if not hit:
+        try:
+            spec, isa = TPPSpec.from_name(name)
+        except ValueError:
             continue
-        op, isa, m, n, k, batch, stride = hit.groups()
-        if op == "gemm":
-            specs = [TPPSpec("gemm", "float32", m=int(m), n=int(n), k=int(k), beta=b)
-                     for b in (0, 1)]
-        elif op == "conv_brgemm":
-            specs = [TPPSpec(op, "float32", m=int(m), n=int(n), k=int(k), batch=int(batch),
-                             stride=int(stride), beta=0)]
-        elif op.startswith("reduce_"):
-            specs = [TPPSpec(op, "float32", m=int(m), n=int(n))]
-        else:
-            specs = [TPPSpec("equation", "float32", m=int(m), n=int(n), steps=steps)
-                     for steps in candidate_steps()]
-        for spec in specs:
-            if spec.name(isa) == name:
-                intrinsic(spec, isa)
-                break
+        intrinsic(spec, isa)
 
 
 @derived_object

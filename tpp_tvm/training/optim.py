@@ -22,8 +22,6 @@ from tvm.script.ir_builder import tirx as T
 
 from ..errors import TPPError
 
-#: Inner vector width of the update loops (fp32 AVX-512 lanes).
-VECTOR = 16
 #: Below this many elements a parameter's update stays on one thread.
 MIN_PARALLEL = 16384
 
@@ -115,13 +113,15 @@ def _check_range(opt: str, name: str, value: float, low: float, high: float | No
         raise OptimizerConfigError(f"{opt}: {name}={value} out of range; must be {bound}")
 
 
-def optimizer_kernel(opt: Optimizer, shapes: list[tuple[int, ...]]) -> tirx.PrimFunc:
+def optimizer_kernel(opt: Optimizer, shapes: list[tuple[int, ...]],
+                     lanes: int) -> tirx.PrimFunc:
     """The fused in-place update of all parameters: one PrimFunc, one call per step.
 
     Parameters in order: params, grads, states (per state kind, all params), scalars.
     Params and states are updated in place (``call_tir_inplace``): no new buffers per
-    step. Each parameter is one parallel, 16-wide vectorized loop over its elements that
-    writes the new states, then the new parameter from them, in one pass.
+    step. Each parameter is one parallel loop over its elements, vectorized ``lanes`` wide
+    (the target ISA's fp32 lanes, ``VectorISA.schedule_lanes``), that writes the new
+    states, then the new parameter from them, in one pass.
     """
     n_states = len(opt.state_names)
     n_scalars = len(opt.scalars(1))
@@ -139,11 +139,12 @@ def optimizer_kernel(opt: Optimizer, shapes: list[tuple[int, ...]]) -> tirx.Prim
                 # 1-D views of the N-D buffers (same data).
                 flat = [T.decl_buffer((size,), "float32", data=b.data)
                         for b in (params[i], grads[i], *(states[k][i] for k in range(n_states)))]
-                _update_loop(opt, flat, hv, size)
+                _update_loop(opt, flat, hv, size, lanes)
     return ib.get()
 
 
-def _update_loop(opt: Optimizer, flat: list[tirx.Buffer], h: list, size: int) -> None:
+def _update_loop(opt: Optimizer, flat: list[tirx.Buffer], h: list, size: int,
+                 lanes: int) -> None:
     """Elements [0, size) of one parameter: vector body (parallel when large) + tail."""
     def body(idx) -> None:
         p, g, *states = flat
@@ -152,12 +153,12 @@ def _update_loop(opt: Optimizer, flat: list[tirx.Buffer], h: list, size: int) ->
             T.buffer_store(buf, value, [idx])
         T.buffer_store(p, opt.new_param(p[idx], g[idx], [s[idx] for s in states], h), [idx])
 
-    vectors = size // VECTOR
+    vectors = size // lanes
     if vectors:
         outer = T.parallel(0, vectors) if size >= MIN_PARALLEL else T.serial(0, vectors)
         with outer as o:
-            with T.vectorized(0, VECTOR) as v:
-                body(o * VECTOR + v)
-    if size % VECTOR:
-        with T.serial(vectors * VECTOR, size) as j:
+            with T.vectorized(0, lanes) as v:
+                body(o * lanes + v)
+    if size % lanes:
+        with T.serial(vectors * lanes, size) as j:
             body(j)

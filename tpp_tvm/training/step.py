@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 
 from ..errors import UnsupportedShapeError
+from ..intrinsics.registry import target_vector_isa
 from ..relay_passes.lower import LoweringReport
 from ..relay_passes.pipeline import build
 from ..runtime import configure_threads, target_threads
@@ -67,8 +68,12 @@ def _inline(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule:
     return relax.transform.ConvertToDataflow()(relax.transform.CanonicalizeBindings()(mod))
 
 
-def training_module(model: Model, loss: str, optimizer: Optimizer) -> tvm.IRModule:
-    """The Relax module of one training step (see the module docstring for its signature)."""
+def training_module(model: Model, loss: str, optimizer: Optimizer,
+                    target: tvm.target.Target | None = None) -> tvm.IRModule:
+    """The Relax module of one training step (see the module docstring for its signature).
+
+    ``target`` sets the vector width of the optimizer update (its ISA's fp32 lanes;
+    AVX-512's when None)."""
     build_loss, _, _ = loss_spec(loss)
     forward = model.mod["main"]
     out_ty = forward.ret_ty if hasattr(forward, "ret_ty") else forward.body.ty
@@ -90,18 +95,19 @@ def training_module(model: Model, loss: str, optimizer: Optimizer) -> tvm.IRModu
     loss_fn = mod["loss"]
     grad_params = list(loss_fn.params[len(inputs) + 1:])
     mod = relax.transform.Gradient("loss", require_grads=grad_params, target_index=0)(mod)
-    mod = _add_step(mod, inputs, labels, params, optimizer)
+    lanes = target_vector_isa(target).schedule_lanes("float32")
+    mod = _add_step(mod, inputs, labels, params, optimizer, lanes)
     del mod[mod.get_global_var("loss")]
     return mod
 
 
 def _add_step(mod: tvm.IRModule, inputs: list[relax.Var], labels: relax.Var,
-              params: list[relax.Var], optimizer: Optimizer) -> tvm.IRModule:
+              params: list[relax.Var], optimizer: Optimizer, lanes: int) -> tvm.IRModule:
     """``main``: the loss and gradients (``loss_adjoint``, inlined), then the in-place
     optimizer update of every parameter and state in one kernel call."""
     shapes = [_shape(p.ty) for p in params]
     n_states = len(optimizer.state_names)
-    opt_func = optimizer_kernel(optimizer, shapes).without_attr("global_symbol").with_attrs(
+    opt_func = optimizer_kernel(optimizer, shapes, lanes).without_attr("global_symbol").with_attrs(
         {"op_pattern": 8, "tirx.is_scheduled": True, "tirx.noalias": True})
     s_inputs = [_fresh(v) for v in inputs]
     s_labels = _fresh(labels)
@@ -204,7 +210,7 @@ def compile_training_step(model: Model, loss: str = "mse",
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     t0 = time.perf_counter()
-    mod = training_module(model, loss, optimizer)
+    mod = training_module(model, loss, optimizer, tgt)
     report = LoweringReport()
     exe = build(mod, tgt, report=report)
     return TrainingStep(exe, model, loss, optimizer, report, target_threads(tgt),
