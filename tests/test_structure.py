@@ -205,3 +205,32 @@ def test_package_importing_its_submodules_is_no_cycle(tmp_path):
         "pkg/b.py": "import os\n", "pkg/c/__init__.py": "from pkg.c import d\n",
         "pkg/c/d.py": "from ..a import x\n"})
     assert find_cycles(import_graph(root)) == []
+
+
+def test_architecture_doc_names_every_module():
+    """docs/architecture.md stays true: every module it names exists, and every module of
+    the package is named there (by file, or by its folder for whole sub-packages)."""
+    import fnmatch
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "architecture.md").read_text()
+    tokens = {t.removeprefix("tpp_tvm/") for t in re.findall(r"`([\w*/]+(?:\.py|/))`", doc)
+              if not t.startswith("tests/")}
+    modules = [p.relative_to(root / "tpp_tvm").as_posix()
+               for p in (root / "tpp_tvm").rglob("*.py")]
+
+    def names(token: str, module: str) -> bool:
+        return any(fnmatch.fnmatch(m, token)
+                   for m in (module, module.rsplit("/", 1)[-1], module.split("/", 1)[-1]))
+
+    files = {t for t in tokens if t.endswith(".py")}
+    packages = {t for t in tokens if t.endswith("/")} - {"relay_passes/", "schedules/",
+                                                          "intrinsics/"}
+    stale = sorted(t for t in files if not any(names(t, m) for m in modules))
+    assert not stale, f"docs/architecture.md names modules that do not exist: {stale}"
+    missing = sorted(m for m in modules
+                     if not (m.endswith("/__init__.py") or any(names(t, m) for t in files)
+                             or any(("/" + m).startswith("/" + p) or ("/" + p) in ("/" + m)
+                                    for p in packages)))
+    assert not missing, f"modules missing from docs/architecture.md: {missing}"
