@@ -236,7 +236,7 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     w_rsc = weight.value.numpy()[:, :, 0, :]  # HWIO with I = 1
     r, s, c = w_rsc.shape
     shape = _conv_shape(x, call.attrs, c, r, s)
-    sch = depthwise_conv_schedule(shape, bias="bias" in matched,
+    sch = depthwise_conv_schedule(shape, isa, bias="bias" in matched,
                                   activation=matched.get("activation"),
                                   residual="residual" in matched,
                                   post_activation=matched.get("post_activation"))

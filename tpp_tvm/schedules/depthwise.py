@@ -15,12 +15,9 @@ from __future__ import annotations
 from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
+from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import OPS
 from .conv import ConvShape
-
-#: Channels per vector (fp32 AVX-512); the channel count must be a multiple (every
-#: depthwise layer of MobileNet, EfficientNet and ConvNeXt is), other counts stay on TVM.
-LANES = 16
 
 
 def depthwise_te(shape: ConvShape, bias: bool, activation: str | None, residual: bool,
@@ -68,15 +65,19 @@ def depthwise_te(shape: ConvShape, bias: bool, activation: str | None, residual:
     return inputs, te.compute(acc.shape, epilogue, name="out")
 
 
-def depthwise_conv_schedule(shape: ConvShape, *, bias: bool = False,
+def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool = False,
                             activation: str | None = None, residual: bool = False,
                             post_activation: str | None = None) -> s_tir.Schedule:
-    """The scheduled depthwise convolution PrimFunc (parameters as :func:`depthwise_te`)."""
+    """The scheduled depthwise convolution PrimFunc (parameters as :func:`depthwise_te`).
+
+    Channels are the vector lanes of ``isa``: the channel count must be a multiple of them
+    (every depthwise layer of MobileNet, EfficientNet and ConvNeXt is); others stay on TVM."""
     if shape.r * shape.s < 2:
         raise UnsupportedShapeError("depthwise conv2d: a 1x1 window is a channel scale")
-    if shape.c % LANES:
+    lanes = vector_isa(isa).schedule_lanes("float32")
+    if shape.c % lanes:
         raise UnsupportedShapeError(
-            f"depthwise conv2d: {shape.c} channels; the kernel takes multiples of {LANES}")
+            f"depthwise conv2d: {shape.c} channels; the kernel takes multiples of {lanes}")
     inputs, out = depthwise_te(shape, bias, activation, residual, post_activation)
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
     # Padding as its own pass: made per output row instead (compute_at), the rows' overlap
@@ -84,13 +85,13 @@ def depthwise_conv_schedule(shape: ConvShape, *, bias: bool = False,
     pad = sch.get_sblock("padded")
     b, i, j, k = sch.get_loops(pad)
     sch.parallel(sch.fuse(b, i))
-    sch.vectorize(sch.split(k, [None, LANES])[1])
+    sch.vectorize(sch.split(k, [None, lanes])[1])
     out_block = sch.get_sblock("out")
     b, i, j, k = sch.get_loops(out_block)
     rows = sch.fuse(b, i)
     jb = pixel_block(shape.ow)
     jo, ji = sch.split(j, [None, jb])
-    ko, ki = sch.split(k, [None, LANES])
+    ko, ki = sch.split(k, [None, lanes])
     sch.reorder(jo, ko, ji, ki)
     sch.parallel(rows)
     acc = sch.get_sblock("acc")
