@@ -74,3 +74,37 @@ def test_bf16_gemm_keeps_its_vector_temporary_with_tvm() -> None:
     default = _workspace_uses(gemm.schedule.mod)
     tpp = _workspace_uses(gemm.schedule.mod, tir_pipeline=PIPELINE)
     assert 0 < tpp < default
+
+
+def _vectorized_map(fn):
+    from tvm import s_tir, te
+
+    x = te.placeholder((8, 256), "float32", name="x")
+    y = te.compute(x.shape, lambda i, j: fn(x[i, j] - 0.5), name="y")
+    sch = s_tir.Schedule(te.create_prim_func([x, y]))
+    _, j = sch.get_loops(sch.get_sblock("y"))
+    sch.vectorize(sch.split(j, [None, 16])[1])
+    return sch.mod
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "erf", "sigmoid"])
+def test_transcendentals_lower_to_simd_not_libm(name: str) -> None:
+    """Vectorized exp/tanh/erf outside a TPP become vector_math SIMD in the tpp pipeline
+    (no per-lane libm call), accurate to fp32; TVM's own pipeline keeps its lowering."""
+    import math
+    import re
+
+    fn = getattr(tvm.tirx, name)
+    ref = {"exp": np.exp, "tanh": np.tanh, "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+           "erf": np.vectorize(math.erf)}[name]
+    tgt = target(num_cores=1)
+    lib = compile_kernels(_vectorized_map(fn), tgt)
+    a = np.random.default_rng(0).standard_normal((8, 256)).astype("float32") * 6
+    out = tvm.runtime.tensor(np.zeros_like(a))
+    lib["main"](tvm.runtime.tensor(a), out)
+    expected = ref(a.astype("float64") - 0.5)
+    assert np.abs(out.numpy() - expected).max() <= 2e-6 * max(1.0, np.abs(expected).max())
+    libm = re.compile(r"call\w*\s+(expf|tanhf|erff)\b")
+    assert not libm.search(lib.mod.inspect_source("asm"))
+    plain = tvm.compile(_vectorized_map(fn), target=tgt)
+    assert libm.search(plain.mod.inspect_source("asm")), "TVM's own build changed too"

@@ -14,6 +14,13 @@ Buffers this small belong on the stack: this pass marks constant-size allocation
 after TVM's default lowering. :func:`compile_kernels` is ``tvm.compile`` with it; the
 Relax ``build`` and the tuning builder pass the same pipeline name.
 
+Transcendentals outside TPPs (``exp``, ``tanh``, ``erf`` in a default-scheduled kernel, a
+TE epilogue or a row's untensorized tail) would reach LLVM as ``llvm.exp.v16f32``, which
+x86 has no instruction for: LLVM scalarizes it into 16 libm calls (a depthwise conv's SiLU
+epilogue ran 8x longer than the convolution). Inside this pipeline's ``LowerIntrin``, fp32
+calls lower to the ``vector_math`` forms the TPPs use (plain SIMD, a few ulp) instead; other
+builds in the process keep TVM's lowering.
+
 The pipeline also refuses, before LLVM sees them, kernels that import LLVM IR needing CPU
 features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 aborts the whole
 process inside LLVM): :func:`required_features` reads them off the imported functions'
@@ -23,12 +30,14 @@ process inside LLVM): :func:`required_features` reads them off the imported func
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.runtime import Executable
 from tvm.tirx import compilation_pipeline
 
+from tpp_tvm.intrinsics import vector_math
 from tpp_tvm.target import require_features
 
 #: Largest buffer kept on the stack. Worker threads have MiB-sized stacks; a register
@@ -166,6 +175,42 @@ def stack_allocate_small_buffers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFu
     return func if body is func.body else func.with_body(body)
 
 
+#: TIR ops lowered to their ``vector_math`` form (fp32) while this pipeline finalizes.
+FAST_OPS = ("exp", "tanh", "erf")
+_fast_depth = 0
+
+
+@contextmanager
+def _fast_transcendentals():
+    global _fast_depth
+    _fast_depth += 1
+    try:
+        yield
+    finally:
+        _fast_depth -= 1
+
+
+def _fast_lowering(name: str):
+    default = tvm.ir.Op.get(f"tirx.{name}").get_attr("llvm.FLowerIntrinsic")
+    fast = getattr(vector_math, name)
+
+    def lower(call: tirx.Call) -> tirx.Expr:
+        if _fast_depth == 0 or not vector_math.dtype_of(call).startswith("float32"):
+            return default(call) if default is not None else call
+        x = call.args[0]
+        if isinstance(x, tirx.Var | tirx.FloatImm | tirx.Broadcast):
+            return fast(x)
+        v = tirx.Var("tpp_x", vector_math.dtype_of(x))  # the forms read x several times: compute it once
+        return tirx.Let(v, x, fast(v))
+
+    return lower
+
+
+for _name in FAST_OPS:
+    tvm.tirx.op.register_intrin_lowering(f"tirx.{_name}", "llvm", f=_fast_lowering(_name),
+                                          level=99)
+
+
 def _tpp_pipeline():
     base, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default")
 
@@ -174,7 +219,17 @@ def _tpp_pipeline():
         check_target_features(mod)
         return stack_allocate_small_buffers(base(mod))
 
-    return pipeline, finalize_host, finalize_device
+    def finalize_host_fast() -> tvm.transform.Pass:
+        passes = finalize_host()
+
+        @tvm.transform.module_pass(opt_level=0, name="tpp.FinalizeHost")
+        def finalize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+            with _fast_transcendentals():
+                return passes(mod)
+
+        return finalize
+
+    return pipeline, finalize_host_fast, finalize_device
 
 
 compilation_pipeline.register_tir_pipeline(PIPELINE, _tpp_pipeline)

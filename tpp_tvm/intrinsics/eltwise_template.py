@@ -25,7 +25,6 @@ scalable vector has no compile-time lanes to shuffle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -42,7 +41,6 @@ from .geometry import (
 )
 from .spec import (
     MAX_EQUATION_STEPS,
-    OPS,
     TPPSpec,
     dtype_of,
     equation_operands,
@@ -50,7 +48,7 @@ from .spec import (
     reduce_identity,
 )
 from .vector_isa import VectorISA
-from .vector_math import FAST
+from .vector_math import vector_fn
 
 #: Dtypes of the templates that compute (the vector math is fp32 only for now).
 _COMPUTE_DTYPES = ("float32",)
@@ -83,11 +81,6 @@ def _check_supported(spec: TPPSpec, isa: VectorISA, allowed: tuple[str, ...]) ->
             f"TPP {spec.op} on {isa.name}: conversion {spec.dtype}->{out} is not supported; "
             f"copy converts {supported}"
         )
-
-
-def vector_fn(op: str) -> Callable[..., tirx.Expr]:
-    """The math of ``op`` on vectors: its fast vector form if it has one, else the spec's."""
-    return FAST.get(op) or OPS[op].fn
 
 
 @dataclass(frozen=True)

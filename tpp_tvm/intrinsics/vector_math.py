@@ -48,7 +48,7 @@ from collections.abc import Callable
 import tvm
 from tvm import tirx
 
-from .spec import const, dtype_of
+from .spec import OPS, const, dtype_of
 
 Expr = tirx.Expr
 
@@ -314,3 +314,10 @@ FAST: dict[str, Callable[..., Expr]] = {
     "gelu_inv": gelu_inv,
     "relu_inv": _relu_inv,
 }
+
+
+def vector_fn(op: str) -> Callable[..., Expr]:
+    """The math of ``op`` for code that will be vectorized: its fast vector form if it has
+    one, else the spec's. Any TE stage applying a TPP op outside a TPP (an epilogue that
+    stays TIR) uses this: ``OPS[op].fn``'s ``exp`` would become 16 libm calls a vector."""
+    return FAST.get(op) or OPS[op].fn

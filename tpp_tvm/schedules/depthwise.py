@@ -16,7 +16,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics.registry import vector_isa
-from ..intrinsics.spec import OPS
+from ..intrinsics.vector_math import vector_fn
 from .conv import ConvShape
 
 
@@ -47,8 +47,8 @@ def depthwise_te(shape: ConvShape, bias: bool, activation: str | None, residual:
     bias_t = te.placeholder((sh.c,), "float32", name="bias") if bias else None
     res_t = te.placeholder(acc.shape, "float32", name="residual") if residual else None
     inputs += [t for t in (bias_t, res_t) if t is not None]
-    act = OPS[activation].fn if activation else None
-    post = OPS[post_activation].fn if post_activation else None
+    act = vector_fn(activation) if activation else None
+    post = vector_fn(post_activation) if post_activation else None
 
     def epilogue(*i):
         v = acc(*i)

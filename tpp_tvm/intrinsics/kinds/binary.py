@@ -5,11 +5,12 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..eltwise_template import binary_impl, muladd_impl, vector_fn
+from ..eltwise_template import binary_impl, muladd_impl
 from ..geometry import bcast_index, bcast_shape, whole
 from ..precision_template import bf16_map_impl, is_bf16_map
 from ..spec import BCASTS, OPS, TPPSpec
 from ..vector_isa import VectorISA
+from ..vector_math import vector_fn
 from .base import TPPKind
 
 

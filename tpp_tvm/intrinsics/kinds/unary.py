@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from ..eltwise_template import unary_impl, vector_fn
+from ..eltwise_template import unary_impl
 from ..precision_template import bf16_map_impl, convert_impl, is_bf16_map, is_llvm_conversion
 from ..spec import OPS, TPPSpec
 from ..vector_isa import VectorISA
+from ..vector_math import vector_fn
 from .base import TPPKind, convert, describe_map
 
 
