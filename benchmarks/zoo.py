@@ -8,9 +8,10 @@ every runtime on the same random input. Layer counts of the deep models are cut 
 per-layer work, widths and operators are the real architecture's.
 
 The parent compiles each model once with tpp_tvm (``compile_onnx``, exported to the cache
-folder); one worker process per thread count then loads every runtime for a model and
-times them interleaved (round-robin, median of the rounds), since thread pools are sized
-once per process. Correctness is the max abs error relative to max |ORT output|::
+folder); one worker process per runtime and thread count then times every model (median
+of the rounds). Runtimes never share a process: OpenVINO's worker threads alone, idle
+between calls, made tpp_tvm and ONNX Runtime 1.5x slower at 1 thread on a 2-vCPU machine.
+Correctness is the max abs error relative to max |ORT output|::
 
     python benchmarks/zoo.py                         # all models, 1 and 2 threads
     python benchmarks/zoo.py --models gpt2,vit --threads 1 --rounds 10
@@ -228,7 +229,7 @@ def _runners(name: str, threads: int, impls: list[str]
 
 
 def run_worker(names: list[str], threads: int, rounds: int, impls: list[str]) -> list[dict]:
-    """Time ``impls`` on each model, interleaved round-robin in this process."""
+    """Time ``impls`` on each model in this process (round-robin if several)."""
     rows = []
     for name in names:
         feeds = MODELS[name].inputs(np.random.default_rng(1))
@@ -267,9 +268,8 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
     lines = ["# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager",
              "", f"CPU: {cpu}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
-             "Median ms of the rounds (1 thread: all runtimes interleaved in one process; "
-             "more: one process per runtime); ratios are peer time / tpp_tvm time "
-             "(> 1: tpp_tvm faster); err is max |tpp_tvm - ORT| / max |ORT|.", ""]
+             "Median ms of the rounds, one process per runtime; ratios are peer time / "
+             "tpp_tvm time (> 1: tpp_tvm faster); err is max |tpp_tvm - ORT| / max |ORT|.", ""]
     for t in threads:
         lines += [f"## {t} thread{'s' if t > 1 else ''}", "",
                   "| model | layers | tpp_tvm | ORT | OpenVINO f32 | torch | ORT/tpp | "
@@ -323,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for t in threads:
         env = {**os.environ, "TVM_NUM_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
-        # One thread: every runtime in one process, rounds interleaved. More: one process
-        # per runtime, since idle worker threads of one runtime (TVM's and OpenMP's spin
-        # after each call) took cores from the next one in the same process (ORT ran BERT
-        # slower at 2 threads than at 1 that way).
-        groups = [list(IMPLS)] if t == 1 else [[impl] for impl in IMPLS]
+        # One process per runtime: idle worker threads of one runtime (TVM's, OpenMP's,
+        # OpenVINO's spin after each call) take cores from the next one in the same
+        # process (ORT ran BERT slower at 2 threads than at 1; with OpenVINO loaded,
+        # tpp_tvm and ORT ran EfficientNet 1.5x slower at 1 thread).
+        groups = [[impl] for impl in IMPLS]
         for impls in groups:
             cmd = [sys.executable, __file__, "--models", ",".join(ok), "--rounds",
                    str(args.rounds), "--worker", str(t), "--impls", ",".join(impls)]
