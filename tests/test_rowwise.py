@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 import tvm
 
-from tpp_tvm.schedules.rowwise import layer_norm_schedule, row_block, softmax_schedule
+from tpp_tvm.schedules.rowwise import (
+    layer_norm_schedule,
+    padded_rows,
+    row_block,
+    softmax_schedule,
+)
 from tpp_tvm.target import isa_of, target
 
 TARGET = target(num_cores=1)
@@ -47,3 +52,33 @@ def test_row_block_divides_and_falls_back_to_one_row() -> None:
     assert row_block(64, 768) == 8 and row_block(49, 64) == 7
     assert row_block(197, 768) == 1 and row_block(1, 16) == 1
     assert all(rows % row_block(rows, 384) == 0 for rows in range(1, 300))
+
+
+def test_padded_rows_only_where_no_block_divides() -> None:
+    assert padded_rows(196, 768) == 196 and padded_rows(1, 768) == 1
+    assert padded_rows(197, 768) > 197 and row_block(padded_rows(197, 768), 768) > 1
+    assert padded_rows(49, 4096) > 49 and row_block(padded_rows(49, 4096), 4096) > 1
+
+
+def test_prime_row_counts_run_padded_in_a_model() -> None:
+    """ViT's 197 tokens: layer norm, softmax and an element-wise GELU + residual run on
+    zero-padded rows, whose outputs are dropped; results match ONNX Runtime."""
+    import checks
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    shape = [1, 197, 64]
+    g, b = (numpy_helper.from_array(rng.standard_normal(64).astype("float32"), n)
+            for n in ("g", "b"))
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1),
+             helper.make_node("Softmax", ["ln"], ["sm"], axis=-1),
+             helper.make_node("Add", ["sm", "x"], ["s"]),
+             helper.make_node("Gelu", ["s"], ["y"], domain="")]
+    graph = helper.make_graph(
+        nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [g, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    feeds = {"x": rng.standard_normal(shape).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-5)
+    lowered = compiled.report()
+    assert "tpp.layer_norm" in lowered and "tpp.softmax" in lowered, lowered

@@ -200,7 +200,8 @@ def _fast_lowering(name: str):
         x = call.args[0]
         if isinstance(x, tirx.Var | tirx.FloatImm | tirx.Broadcast):
             return fast(x)
-        v = tirx.Var("tpp_x", vector_math.dtype_of(x))  # the forms read x several times: compute it once
+        # The forms read x several times: compute it once.
+        v = tirx.Var("tpp_x", vector_math.dtype_of(x))
         return tirx.Let(v, x, fast(v))
 
     return lower

@@ -27,7 +27,12 @@ from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
-from ..schedules.rowwise import equation_schedule, layer_norm_schedule, softmax_schedule
+from ..schedules.rowwise import (
+    equation_schedule,
+    layer_norm_schedule,
+    padded_rows,
+    softmax_schedule,
+)
 from .patterns import TPPPattern, pattern_table
 from .tuned import composite_kernel, emit_tuned
 
@@ -278,14 +283,30 @@ def _conv_runtime_weight(bb: relax.BlockBuilder, matched: dict[str, relax.Expr],
     return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
 
 
+def _rows_in(bb: relax.BlockBuilder, x2: relax.Expr, rows: int, padded: int) -> relax.Expr:
+    """(rows, width) ``x2`` with zero rows appended up to ``padded``."""
+    return x2 if padded == rows else bb.emit(relax.op.nn.pad(x2, [0, padded - rows, 0, 0]))
+
+
+def _rows_out(bb: relax.BlockBuilder, out: relax.Expr, rows: int, padded: int) -> relax.Expr:
+    """The first ``rows`` rows of a padded kernel output."""
+    return out if padded == rows else bb.emit(
+        relax.op.strided_slice(out, axes=[0], begin=[0], end=[rows]))
+
+
 def _rowwise_kernel(bb: relax.BlockBuilder, x: relax.Expr, name: str, schedule, args: list
                     ) -> relax.Expr:
-    """A row-wise kernel over ``x`` flattened to rows (the first of ``args``), reshaped back."""
+    """A row-wise kernel over ``x`` flattened to rows (the first of ``args``), reshaped back;
+    run on zero-padded rows where the row count has no block size (:func:`padded_rows`)."""
     xs = _shape(x)
     rows, width = int(np.prod(xs[:-1])), xs[-1]
-    gv = bb.add_func(as_relax_kernel(schedule(rows, width).mod["main"]), name.replace(".", "_"))
+    padded = padded_rows(rows, width)
+    gv = bb.add_func(as_relax_kernel(schedule(padded, width).mod["main"]),
+                     name.replace(".", "_"))
     x2 = bb.emit(relax.op.reshape(x, (rows, width))) if len(xs) != 2 else x
-    out = bb.emit(relax.call_tir(gv, [x2, *args], relax.TensorType((rows, width), "float32")))
+    out = bb.emit(relax.call_tir(gv, [_rows_in(bb, x2, rows, padded), *args],
+                                 relax.TensorType((padded, width), "float32")))
+    out = _rows_out(bb, out, rows, padded)
     return relax.op.reshape(out, xs) if len(xs) != 2 else out
 
 
@@ -340,22 +361,23 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     x = matched["lhs"]
     xs = _shape(x)
     width, rows = xs[-1], int(np.prod(xs[:-1]))
+    padded = padded_rows(rows, width)
     steps: list[str] = []
     kinds: list[str] = []
-    args = [bb.emit(relax.op.reshape(x, (rows, width)))]
+    args = [_rows_in(bb, bb.emit(relax.op.reshape(x, (rows, width))), rows, padded)]
     if "operand" in matched:
         y = matched["operand"]
         kind = "residual" if _shape(y) == xs else "bias"
         steps.append(kind)
         kinds.append(kind)
-        args.append(bb.emit(relax.op.reshape(y, (rows, width) if kind == "residual"
-                                             else (width,))))
+        args.append(_rows_in(bb, bb.emit(relax.op.reshape(y, (rows, width))), rows, padded)
+                    if kind == "residual" else bb.emit(relax.op.reshape(y, (width,))))
     if matched.get("activation"):
         steps.append(matched["activation"])
-    sch = equation_schedule(rows, width, tuple(steps), kinds, isa)
+    sch = equation_schedule(padded, width, tuple(steps), kinds, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
-    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((rows, width), "float32")))
-    return relax.op.reshape(out, xs)
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((padded, width), "float32")))
+    return relax.op.reshape(_rows_out(bb, out, rows, padded), xs)
 
 
 def _lower_max_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,

@@ -35,6 +35,16 @@ def row_block(rows: int, width: int) -> int:
     return 1
 
 
+def padded_rows(rows: int, width: int) -> int:
+    """Rows a row-wise kernel runs on: ``rows``, or, when no block size divides it (a prime
+    such as ViT's 197 tokens), the next count one does: one-row blocks cannot be
+    tensorized, and their plain TIR ran 7x slower (197 x 768 layer norm: 0.47 vs 0.07 ms).
+    The caller pads with zero rows and drops their outputs."""
+    if rows == 1 or row_block(rows, width) > 1:
+        return rows
+    return next(r for r in range(rows + 1, 2 * rows + 2) if row_block(r, width) > 1)
+
+
 def schedule_row_stages(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | None]],
                         mr: int, isa: str) -> s_tir.Schedule:
     """Block the output's rows, compute every stage per block (the block stays in L1
