@@ -72,3 +72,42 @@ def test_silu_in_either_order_is_one_activation() -> None:
         h = x @ w
         np.testing.assert_allclose(compiled(x=x)[0], h / (1 + np.exp(-h)), rtol=1e-4, atol=1e-5)
         assert "silu" in compiled.report()
+
+
+def test_identity_casts_do_not_break_attention() -> None:
+    """HF's ``softmax(...).to(float32)`` between softmax and the second matmul (two no-op
+    Casts in the export) still matches as one attention kernel; a real cast stays."""
+    from tpp_tvm.relay_passes.canonicalize import drop_identity_casts
+
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 13, 8)).astype("float32") for _ in range(3))
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "c"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+             helper.make_node("Cast", ["p"], ["p1"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["p1"], ["p2"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["p2", "v"], ["o"])]
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 13, 8])
+            for n in ("q", "k", "v")]
+    graph = helper.make_graph(nodes, "attn", info,
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT,
+                                                             [1, 2, 13, 8])],
+                              [numpy_helper.from_array(np.array(0.35, "float32"), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = checks.assert_runs_like_onnxruntime(model, {"q": q, "k": k, "v": v},
+                                                   rtol=1e-5, atol=1e-6)
+    assert "tpp.attention_mulscale: 1" in compiled.report()
+
+    from tvm import relax
+    from tvm.script import relax as R
+
+    @R.function
+    def f(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float16"):
+        a = R.astype(x, "float32")
+        b = R.astype(a, "float16")
+        return b
+
+    ops = [b.value.op.name for b in drop_identity_casts(f).body.blocks[0].bindings
+           if isinstance(b.value, relax.Call)]
+    assert ops == ["relax.astype"]  # the fp16 cast stays, the fp32 one is gone

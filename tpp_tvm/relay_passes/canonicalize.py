@@ -4,6 +4,9 @@ torch's ONNX export (opset < 20) writes GELU as ``x * (erf(x / sqrt 2) + 1) * 0.
 the tanh form as its polynomial); TVM's converter keeps that as five element-wise ops.
 Rewriting the chain back into ``R.nn.gelu`` lets the TPP patterns fuse it into a GEMM
 epilogue as one GELU TPP, and even unfused it becomes one kernel instead of five.
+Casts to the dtype a tensor already has go too: HF attention writes
+``softmax(..., dtype=float32).to(query.dtype)``, two no-op ``astype``s between the softmax
+and the second matmul that kept ViT's attention from matching as one kernel.
 """
 
 from __future__ import annotations
@@ -82,10 +85,24 @@ def rewrite_silu(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, lambda orig, m: relax.op.nn.silu(m[x]), func)
 
 
+def drop_identity_casts(func: relax.Function) -> relax.Function:
+    """``R.astype(x, dtype)`` where ``x`` already is ``dtype`` → ``x``."""
+    x = wildcard()
+    pattern = is_op("relax.astype")(x)
+
+    def rewriter(orig, m):
+        src = m[x].ty
+        same = str(getattr(src, "dtype", None)) == str(orig.attrs.dtype)
+        return m[x] if same else orig
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 @tvm.transform.module_pass(opt_level=0, name="tpp.CanonicalizeActivations")
 def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - pass name
     """Apply the activation rewrites to every Relax function of the module."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[gv] = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(func)))
+            mod[gv] = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(
+                drop_identity_casts(func))))
     return mod
