@@ -151,3 +151,27 @@ def test_broadcast_producers_are_computed_once_not_per_element() -> None:
     lib(tvm.runtime.tensor(xs), tvm.runtime.tensor(ss), out)
     np.testing.assert_allclose(out.numpy(), xs / (1 + np.exp(-ss))[:, None, None, :],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_ragged_transpose_is_vectorized_and_partitioned() -> None:
+    """3199 x 512 (wav2vec2's first conv output to NCW): the ragged last tile is split off
+    by loop partitioning so whole tiles vectorize; the result is the exact transpose."""
+    import numpy as np
+    import tvm
+    from tvm import te, tirx
+
+    from tpp_tvm.schedules.default import Transpose
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    x = te.placeholder((211, 512), name="x")
+    y = te.compute((512, 211), lambda i, j: x[j, i], name="y")
+    tgt = tpp_tvm.target(num_cores=1)
+    sch = Transpose().apply(te.create_prim_func([x, y]), tgt, False)
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("y"))]
+    assert loops[-1].kind == tirx.ForKind.VECTORIZED
+    assert "pragma_loop_partition_hint" in loops[1].annotations
+    lib = compile_kernels(sch.mod, tgt)
+    a = np.random.default_rng(0).standard_normal((211, 512)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((512, 211), "float32"))
+    lib["main"](tvm.runtime.tensor(a), out)
+    np.testing.assert_array_equal(out.numpy(), a.T)

