@@ -86,3 +86,34 @@ def test_prime_query_counts_run_padded_through_the_fused_kernel():
     feeds = {n: rng.standard_normal(shape).astype("float32") for n in "qkv"}
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert "tpp.attention" in compiled.report()
+
+
+def test_ragged_keys_with_a_mask_run_padded():
+    """13 keys with an additive padding mask: keys and values are zero-padded to 16, the
+    mask padded with -inf, so the padded keys get zero weight (against ORT)."""
+    from onnx import TensorProto, helper
+
+    from tpp_tvm.schedules.attention import padded_keys
+
+    assert padded_keys(197) == 208 and padded_keys(128) == 128
+    heads, seq, dim = 2, 13, 16
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "c"], ["z"]),
+             helper.make_node("Add", ["z", "m"], ["zm"]),
+             helper.make_node("Softmax", ["zm"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    shape = [1, heads, seq, dim]
+    inputs = [helper.make_tensor_value_info(n, f, shape) for n in "qkv"]
+    inputs.append(helper.make_tensor_value_info("m", f, [1, 1, 1, seq]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", f, None)],
+                              [helper.make_tensor("c", f, [], [4.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(14)
+    feeds = {n: rng.standard_normal(shape).astype("float32") for n in "qkv"}
+    mask = np.zeros((1, 1, 1, seq), "float32")
+    mask[..., -3:] = -1e9  # the last three keys are padding
+    feeds["m"] = mask
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    assert "tpp.attention_mask: 1" in compiled.report()

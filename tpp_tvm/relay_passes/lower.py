@@ -21,7 +21,12 @@ from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
 from ..kernels import numpy_dtype, pack_b_numpy
-from ..schedules.attention import AttentionShape, attention_schedule, padded_query_rows
+from ..schedules.attention import (
+    AttentionShape,
+    attention_schedule,
+    padded_keys,
+    padded_query_rows,
+)
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
@@ -335,18 +340,33 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched["scale_multiplies"] else 1.0 / c
     rows = padded_query_rows(qs[-2])
+    keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
         q3 = bb.emit(relax.op.nn.pad(q3, [0, 0, 0, rows - qs[-2], 0, 0]))
-    args = [q3, bb.emit(relax.op.reshape(kt, (bh, ks[-2], ks[-1])))]
+    kt3 = bb.emit(relax.op.reshape(kt, (bh, ks[-2], ks[-1])))
+    v3 = bb.emit(relax.op.reshape(v, (bh, ks[-1], qs[-1])))
+    if keys != ks[-1]:  # zero keys and values, masked out below
+        kt3 = bb.emit(relax.op.nn.pad(kt3, [0, 0, 0, 0, 0, keys - ks[-1]]))
+        v3 = bb.emit(relax.op.nn.pad(v3, [0, 0, 0, keys - ks[-1], 0, 0]))
+    args = [q3, kt3]
     heads = bh
+    masked = "mask" in matched or keys != ks[-1]
     if "mask" in matched:
         mask = matched["mask"]
         ms = _shape(mask)
         heads = bh // ms[0]
-        args.append(bb.emit(relax.op.reshape(mask, (ms[0], ms[-1]))))
-    args.append(bb.emit(relax.op.reshape(v, (bh, ks[-1], qs[-1]))))
-    shape = AttentionShape(bh, rows, ks[-1], qs[-1], heads, scale, "mask" in matched)
+        mask2 = bb.emit(relax.op.reshape(mask, (ms[0], ms[-1])))
+        if keys != ks[-1]:
+            mask2 = bb.emit(relax.op.nn.pad(mask2, [0, 0, 0, keys - ks[-1]],
+                                            pad_value=float("-inf")))
+        args.append(mask2)
+    elif masked:
+        pad_mask = np.zeros((1, keys), "float32")
+        pad_mask[:, ks[-1]:] = -np.inf
+        args.append(relax.const(pad_mask))
+    args.append(v3)
+    shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked)
     sch = attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))

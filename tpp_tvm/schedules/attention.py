@@ -49,6 +49,14 @@ def padded_query_rows(rows: int) -> int:
     return -(-rows // 8) * 8
 
 
+def padded_keys(keys: int) -> int:
+    """Keys the kernel runs on: ``keys`` when 16 divides it, else the next multiple of 16
+    (ViT's 197 keys as 208): a key block the whole ragged width spilled the score tile
+    (197 tokens ran at a third of the rate of 128). Padded keys get a -inf mask, so their
+    softmax weights are exactly zero."""
+    return keys if keys % 16 == 0 else -(-keys // 16) * 16
+
+
 def _col_block(cols: int) -> int:
     """Column block of both GEMMs: 32 (2 vectors) when it divides, else the whole width."""
     for nr in (32, 16):
