@@ -546,8 +546,9 @@ def clean_model(
 
 
 def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
-    """Replace inference-mode ``Dropout`` nodes whose mask nobody reads by ``Identity``;
-    the number replaced.
+    """Replace inference-mode ``Dropout`` nodes by ``Identity`` (and their mask, where
+    something reads it and the input's shape is static, by a constant of ``True``s: the
+    inference mask by the spec); the number replaced.
 
     Old exports (opset 9 model-zoo CNNs) leave Dropout in the inference graph; TVM converts
     it into a tuple (output, mask) that its ConvertLayout rejects with an ``InternalError``
@@ -555,11 +556,15 @@ def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
     used = {name for node in graph.node for name in node.input}
     used |= {out.name for out in graph.output}
     consts = {t.name for t in graph.initializer}
+    shapes = _static_shapes(graph)
     replaced = 0
-    for i, node in enumerate(graph.node):
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        nodes.append(node)
         if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
             continue
-        if len(node.output) > 1 and node.output[1] and node.output[1] in used:
+        mask = node.output[1] if len(node.output) > 1 and node.output[1] in used else None
+        if mask is not None and node.input[0] not in shapes:
             continue
         training = node.input[2] if len(node.input) > 2 else ""
         if training and training not in consts:
@@ -567,9 +572,16 @@ def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
         if training and numpy_helper.to_array(
                 next(t for t in graph.initializer if t.name == training)).any():
             continue
-        graph.node[i].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]],
-                                                name=node.name))
+        nodes[-1] = helper.make_node("Identity", [node.input[0]], [node.output[0]],
+                                     name=node.name)
+        if mask is not None:
+            ones = numpy_helper.from_array(np.ones(shapes[node.input[0]], bool))
+            nodes.append(helper.make_node("Constant", [], [mask], value=ones,
+                                          name=f"{node.name}_mask"))
         replaced += 1
+    if replaced:
+        del graph.node[:]
+        graph.node.extend(nodes)
     return replaced
 
 
