@@ -437,3 +437,18 @@ def test_inference_dropout_mask_output_is_all_true() -> None:
     y, mask = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))(x)
     np.testing.assert_array_equal(y, x)
     assert mask.dtype == bool and mask.shape == x.shape and mask.all()
+
+
+def test_optional_tensor_input_is_a_tensor() -> None:
+    """An ``optional(tensor)`` graph input that is given is read as the tensor (TVM's
+    importer does); it was refused as "not a tensor" (ONNX's optional_* node tests)."""
+    import tpp_tvm
+
+    opt = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])
+    model = _model([helper.make_node("OptionalGetElement", ["x"], ["t"]),
+                    helper.make_node("Relu", ["t"], ["y"])],
+                   [helper.make_value_info("x", helper.make_optional_type_proto(opt))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model.opset_import[0].version = 18
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(tpp_tvm.compile_onnx(model)(x)[0], np.maximum(x, 0))

@@ -49,7 +49,12 @@ import onnx.shape_inference
 import tvm
 from onnx import helper, numpy_helper
 
-from tpp_tvm.errors import ModelLoadError, UnsupportedOperatorError, UnsupportedShapeError
+from tpp_tvm.errors import (
+    ModelLoadError,
+    UnsupportedOperatorError,
+    UnsupportedShapeError,
+    describe_tvm_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +190,10 @@ def _static_input_shapes(
         raise ValueError(f"shape_dict names {unknown}, which are not model inputs {names}")
     shapes: dict[str, tuple[int, ...]] = {}
     for value in inputs:
+        optional = value.type.optional_type.elem_type
+        if value.type.HasField("optional_type") and optional.HasField("tensor_type"):
+            # An optional tensor that is given is a tensor (TVM's importer reads it so).
+            value.type.CopyFrom(optional)
         ttype = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
             raise UnsupportedShapeError(f"input {value.name!r} is not a tensor")
@@ -874,4 +883,10 @@ def from_onnx(
     # TVM's importer prints every input of a failing node to stdout; our error names the node.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Renaming name")
-        return importer.from_onnx(model.graph, _default_opset(model))
+        try:
+            return importer.from_onnx(model.graph, _default_opset(model))
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # outside a converter: graph inputs, outputs, constants
+            raise ModelLoadError(f"TVM's ONNX importer failed: {describe_tvm_error(exc)}"
+                                 ) from exc
