@@ -18,7 +18,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import ModelLoadError, UnsupportedShapeError
+from .errors import (
+    CompileError,
+    ExecutionError,
+    ModelLoadError,
+    TPPError,
+    UnsupportedShapeError,
+    describe_tvm_error,
+)
 from .relay_passes.lower import LoweringReport
 from .relay_passes.pipeline import build
 from .runtime import configure_threads, target_threads
@@ -96,10 +103,15 @@ class CompiledModel:
         return out
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
-        result = self._vm["main"](*self._convert(args, dict(kwargs)))
-        if isinstance(result, tvm.runtime.Tensor):
-            return [result.numpy()]
-        return [r.numpy() for r in result]
+        tensors = self._convert(args, dict(kwargs))
+        try:
+            result = self._vm["main"](*tensors)
+            if isinstance(result, tvm.runtime.Tensor):
+                return [result.numpy()]
+            return [r.numpy() for r in result]
+        except Exception as exc:  # inputs were checked: anything here is TVM's failure
+            raise ExecutionError(f"the compiled model failed while running: "
+                                 f"{describe_tvm_error(exc)}") from exc
 
     def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
         """Median seconds per call with inputs already converted."""
@@ -204,7 +216,13 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     report = LoweringReport()
-    exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
+    try:
+        exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
+    except TPPError:
+        raise
+    except Exception as exc:  # TVM's checks and LLVM: one clear error, the cause chained
+        raise CompileError(f"TVM's build failed on this model: {describe_tvm_error(exc)}"
+                           ) from exc
     data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
             "compile_seconds": getattr(report, "compile_seconds", 0.0)}
     if report.precision != "float32":
