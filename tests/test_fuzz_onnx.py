@@ -92,3 +92,19 @@ def test_mismatch_is_relative_to_the_output_magnitude() -> None:
     assert mismatch([big], [big + 50]) is not None
     assert mismatch([np.array([np.nan])], [np.array([np.nan])]) is None
     assert mismatch([big], [big[:1]]) is not None
+
+
+def test_gemm_with_a_scalar_bias() -> None:
+    """Found by the campaign (shrunk): Gemm's C given as a rank-0 constant made the dense
+    pattern's bias check index an empty shape (IndexError inside FuseOpsByPattern)."""
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", 1, [3, 5])],
+        [helper.make_tensor_value_info("y", 1, None)],
+        [numpy_helper.from_array(np.linspace(-1, 1, 35, dtype=np.float32).reshape(5, 7), "w"),
+         numpy_helper.from_array(np.array(-0.5, np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    assert mismatch(run_onnxruntime(model, {"x": x}), tpp_tvm.compile_onnx(model)(x)) is None
