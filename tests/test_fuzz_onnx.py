@@ -108,3 +108,25 @@ def test_gemm_with_a_scalar_bias() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     assert mismatch(run_onnxruntime(model, {"x": x}), tpp_tvm.compile_onnx(model)(x)) is None
+
+
+def test_attention_over_one_token_with_a_mask() -> None:
+    """Found by the campaign (shrunk): masked two-head attention over a single token. A
+    dlight rule raised an exception without a message, and the guard that should decline
+    it crashed on ``str(err).splitlines()[0]`` (IndexError)."""
+    from hypothesis import strategies as st
+    from onnx import helper
+    from onnx_graphs import Builder, _attention
+
+    answers = iter([2, False, True])  # heads, divide by sqrt(dh), with a mask
+
+    def draw(strategy: st.SearchStrategy) -> object:
+        return next(answers)
+
+    b = Builder(np.random.default_rng(0))
+    y = _attention(draw, b, "x", (1, 1, 8))
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 1, 8])],
+                              [helper.make_tensor_value_info(y, 1, None)], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(1).standard_normal((1, 1, 8)).astype(np.float32)
+    assert mismatch(run_onnxruntime(model, {"x": x}), tpp_tvm.compile_onnx(model)(x)) is None

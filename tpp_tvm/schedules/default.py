@@ -209,7 +209,9 @@ class Guarded(CPUScheduleRule):
         try:
             return self.rule.apply(func, target, tunable)
         except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule runs
-            log.debug("%s declined: %s", type(self.rule).__name__, str(err).splitlines()[0])
+            # An exception without a message (a bare assert in dlight) must not break this.
+            reason = (str(err).splitlines() or [type(err).__name__])[0]
+            log.debug("%s declined: %s", type(self.rule).__name__, reason)
             return None
 
 
