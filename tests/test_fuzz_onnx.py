@@ -130,3 +130,21 @@ def test_attention_over_one_token_with_a_mask() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = np.random.default_rng(1).standard_normal((1, 1, 8)).astype(np.float32)
     assert mismatch(run_onnxruntime(model, {"x": x}), tpp_tvm.compile_onnx(model)(x)) is None
+
+
+def test_one_by_one_conv_over_one_channel_then_sigmoid() -> None:
+    """Found by the campaign (shrunk): a 1x1 convolution over one input channel has only
+    unit reduction loops, so dlight's analysis calls the fused conv + sigmoid injective;
+    the Injective default schedule inlined the reduction and read an uninitialized
+    accumulator (sigmoid 0.62 instead of 0.50)."""
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1], strides=[1, 2]),
+         helper.make_node("Sigmoid", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", 1, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("y", 1, None)],
+        [numpy_helper.from_array(np.full((1, 1, 1, 1), 0.125, np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([[[[-0.13, 0.64], [0.10, -0.54]]]], np.float32)
+    assert mismatch(run_onnxruntime(model, {"x": x}), tpp_tvm.compile_onnx(model)(x)) is None
