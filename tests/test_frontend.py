@@ -407,3 +407,36 @@ def test_inference_dropout_after_a_conv_builds(opset: int, outputs: int) -> None
     assert "Dropout" not in [n.op_type for n in frontend.clean_model(model).graph.node]
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
     checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)
+
+
+def test_inference_dropout_mask_output_is_all_true() -> None:
+    """A Dropout whose mask is a graph output (ONNX's test_dropout_default_mask): the mask
+    of inference is all True by the spec; TVM's (output, mask) tuple made ConvertLayout
+    fail with an InternalError even without a convolution."""
+    import tpp_tvm
+
+    model = _model([helper.make_node("Dropout", ["x"], ["y", "mask"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("mask", TensorProto.BOOL, None)])
+    model.opset_import[0].version = 13
+    assert "Dropout" not in [n.op_type for n in frontend.clean_model(model).graph.node]
+    x = np.random.default_rng(1).standard_normal((3, 4, 5)).astype("float32")
+    y, mask = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))(x)
+    np.testing.assert_array_equal(y, x)
+    assert mask.dtype == bool and mask.shape == x.shape and mask.all()
+
+
+def test_optional_tensor_input_is_a_tensor() -> None:
+    """An ``optional(tensor)`` graph input that is given is read as the tensor (TVM's
+    importer does); it was refused as "not a tensor" (ONNX's optional_* node tests)."""
+    import tpp_tvm
+
+    opt = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])
+    model = _model([helper.make_node("OptionalGetElement", ["x"], ["t"]),
+                    helper.make_node("Relu", ["t"], ["y"])],
+                   [helper.make_value_info("x", helper.make_optional_type_proto(opt))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model.opset_import[0].version = 18
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(tpp_tvm.compile_onnx(model)(x)[0], np.maximum(x, 0))

@@ -8,6 +8,7 @@ model without compiling again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import ModelLoadError, UnsupportedShapeError
+from .errors import (
+    CompileError,
+    ExecutionError,
+    ModelLoadError,
+    TPPError,
+    UnsupportedShapeError,
+    describe_tvm_error,
+)
 from .relay_passes.lower import LoweringReport
 from .relay_passes.pipeline import build
 from .runtime import configure_threads, target_threads
@@ -83,15 +91,27 @@ class CompiledModel:
                     raise UnsupportedShapeError(
                         f"input {spec.name!r}: dtype {arr.dtype}, expected {spec.dtype}"
                     )
+                want = np.dtype(spec.dtype)
+                if want.kind in "iu" and arr.size and arr.dtype.kind in "iu" and (
+                        arr.min() < np.iinfo(want).min or arr.max() > np.iinfo(want).max):
+                    raise UnsupportedShapeError(
+                        f"input {spec.name!r}: {arr.dtype} values in [{arr.min()}, "
+                        f"{arr.max()}] do not fit the model's {spec.dtype}"
+                    )
                 arr = arr.astype(spec.dtype)
             out.append(tvm.runtime.tensor(np.ascontiguousarray(arr), tvm.cpu()))
         return out
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
-        result = self._vm["main"](*self._convert(args, dict(kwargs)))
-        if isinstance(result, tvm.runtime.Tensor):
-            return [result.numpy()]
-        return [r.numpy() for r in result]
+        tensors = self._convert(args, dict(kwargs))
+        try:
+            result = self._vm["main"](*tensors)
+            if isinstance(result, tvm.runtime.Tensor):
+                return [result.numpy()]
+            return [r.numpy() for r in result]
+        except Exception as exc:  # inputs were checked: anything here is TVM's failure
+            raise ExecutionError(f"the compiled model failed while running: "
+                                 f"{describe_tvm_error(exc)}") from exc
 
     def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
         """Median seconds per call with inputs already converted."""
@@ -141,23 +161,47 @@ class CompiledModel:
             raise ModelLoadError("this model was loaded from a library; export the original")
         self._module.export_library(str(path))
         meta = {"inputs": [vars(i) | {"shape": list(i.shape)} for i in self.inputs],
-                "report": self._report, "threads": self.threads}
+                "report": self._report, "threads": self.threads,
+                "sha256": _sha256(path)}
         Path(str(path) + _SIDECAR).write_text(json.dumps(meta, indent=1))
         return path
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def load(path: str | Path) -> CompiledModel:
-    """Load a model written by :meth:`CompiledModel.export`."""
+    """Load a model written by :meth:`CompiledModel.export`.
+
+    The library's checksum (kept in the sidecar) is checked before it is opened: the
+    dynamic loader dies of SIGBUS or SIGSEGV on a truncated or overwritten library, which
+    no exception could report."""
     path = Path(path)
     side = Path(str(path) + _SIDECAR)
-    if not path.exists():
+    if not path.is_file():
         raise ModelLoadError(f"no compiled model at {path}")
     if not side.exists():
         raise ModelLoadError(f"{path} has no {_SIDECAR} sidecar: was it written by export()?")
-    meta = json.loads(side.read_text())
-    module = tvm.runtime.load_module(str(path))
-    inputs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in meta["inputs"]]
-    return CompiledModel(module, inputs, meta["report"], meta.get("threads", 1))
+    try:
+        meta = json.loads(side.read_text())
+        inputs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in meta["inputs"]]
+        report = meta["report"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{side} is corrupt ({type(exc).__name__}: {exc})") from exc
+    if "sha256" in meta and _sha256(path) != meta["sha256"]:
+        raise ModelLoadError(f"{path} is corrupt: its checksum differs from the one export() "
+                             f"wrote in {side.name} (truncated or overwritten?)")
+    try:
+        module = tvm.runtime.load_module(str(path))
+        return CompiledModel(module, inputs, report, meta.get("threads", 1))
+    except Exception as exc:  # a library of another machine, or one without a checksum
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{path} is not a loadable compiled model: {first}") from exc
 
 
 def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
@@ -172,7 +216,13 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     report = LoweringReport()
-    exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
+    try:
+        exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
+    except TPPError:
+        raise
+    except Exception as exc:  # TVM's checks and LLVM: one clear error, the cause chained
+        raise CompileError(f"TVM's build failed on this model: {describe_tvm_error(exc)}"
+                           ) from exc
     data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
             "compile_seconds": getattr(report, "compile_seconds", 0.0)}
     if report.precision != "float32":

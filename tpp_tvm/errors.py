@@ -51,6 +51,27 @@ class ModelLoadError(TPPError):
     """
 
 
+class CompileError(TPPError):
+    """Raised when TVM's build fails on a model that tpp_tvm accepted (an ``InternalError``
+    or check failure inside TVM's passes or LLVM): the message names the failing check, the
+    original error is the ``__cause__``. TVM's own default build usually fails on the same
+    model (for example a cast to a 4-bit integer type it cannot lay out in memory)."""
+
+
+class ExecutionError(TPPError):
+    """Raised when a compiled model fails while it runs on inputs that passed the input
+    checks (TVM's VM rejected an argument or a kernel failed)."""
+
+
+def describe_tvm_error(exc: BaseException) -> str:
+    """One line for an exception from TVM: its type and the message's last line (TVM puts a
+    C++ traceback first)."""
+    lines = [t for t in str(exc).strip().splitlines() if t.strip()]
+    tail = next((t for t in reversed(lines) if not t.startswith(" ")), lines[-1] if lines
+                else "")
+    return f"{type(exc).__name__}: {tail.strip()[:400]}"
+
+
 def _register_with_tvm_ffi() -> None:
     """Let these errors cross TVM's FFI as themselves: one raised inside a Python pass that
     TVM runs (the TIR pipeline's feature check) reaches the caller as a ``TPPError``, not
@@ -58,7 +79,7 @@ def _register_with_tvm_ffi() -> None:
     import tvm_ffi
 
     for cls in (TPPError, UnsupportedISAError, UnsupportedDTypeError, UnsupportedShapeError,
-                UnsupportedOperatorError, ModelLoadError):
+                UnsupportedOperatorError, ModelLoadError, CompileError, ExecutionError):
         tvm_ffi.register_error(cls.__name__, cls)
 
 

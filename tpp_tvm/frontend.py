@@ -49,7 +49,12 @@ import onnx.shape_inference
 import tvm
 from onnx import helper, numpy_helper
 
-from tpp_tvm.errors import ModelLoadError, UnsupportedOperatorError, UnsupportedShapeError
+from tpp_tvm.errors import (
+    ModelLoadError,
+    UnsupportedOperatorError,
+    UnsupportedShapeError,
+    describe_tvm_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +90,7 @@ def load_model(model_or_path: ModelLike) -> onnx.ModelProto:
             raise ModelLoadError(f"cannot load ONNX model: {path} {what}")
         model = _parse(path.read_bytes(), str(path))
         if any(_uses_external_data(t) for t in model.graph.initializer):
-            onnx.load_external_data_for_model(model, str(path.parent))
+            _load_external_data(model, path)
         return model
     raise TypeError(
         f"expected an onnx.ModelProto, a path or bytes, got {type(model_or_path).__name__}"
@@ -94,6 +99,33 @@ def load_model(model_or_path: ModelLike) -> onnx.ModelProto:
 
 def _uses_external_data(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Read the initializers kept in files beside the model; a missing or short file is a
+    :class:`ModelLoadError` naming the tensor and the file (onnx raises a checker error, or
+    reads garbage past the end of a short file)."""
+    for tensor in model.graph.initializer:
+        if not _uses_external_data(tensor):
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        where = path.parent / location
+        if not location or not where.is_file():
+            raise ModelLoadError(
+                f"{path}: initializer {tensor.name!r} keeps its data in "
+                f"{location or '(no location)'!r}, which is missing (expected {where})"
+            )
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if end > where.stat().st_size:
+            raise ModelLoadError(
+                f"{path}: initializer {tensor.name!r} needs bytes up to {end} of {where}, "
+                f"which has only {where.stat().st_size}: truncated external data"
+            )
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:  # onnx's checker errors (a location outside the folder, ...)
+        raise ModelLoadError(f"{path}: cannot load its external data: {exc}") from exc
 
 
 def _parse(data: bytes, source: str) -> onnx.ModelProto:
@@ -107,7 +139,27 @@ def _parse(data: bytes, source: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{source} is not an ONNX model (no IR version or no graph)")
     if model.ir_version < 3:
         raise ModelLoadError(f"{source}: ONNX IR version {model.ir_version} is too old (< 3)")
+    check_versions(model, source)
     return model
+
+
+def check_versions(model: onnx.ModelProto, source: str = "the model") -> None:
+    """Refuse a model newer than the installed onnx knows: TVM's converter picks the newest
+    converter at or below the model's opset, so an unknown opset would silently get an older
+    version's semantics."""
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(
+            f"{source}: ONNX IR version {model.ir_version} is newer than this onnx "
+            f"{onnx.__version__} reads (up to {onnx.IR_VERSION}); upgrade onnx"
+        )
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx") and entry.version > newest:
+            raise ModelLoadError(
+                f"{source} imports ONNX opset {entry.version}, newer than the importer "
+                f"knows (onnx {onnx.__version__}: opsets up to {newest}); re-export it "
+                f"with opset <= {newest}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,6 +190,10 @@ def _static_input_shapes(
         raise ValueError(f"shape_dict names {unknown}, which are not model inputs {names}")
     shapes: dict[str, tuple[int, ...]] = {}
     for value in inputs:
+        optional = value.type.optional_type.elem_type
+        if value.type.HasField("optional_type") and optional.HasField("tensor_type"):
+            # An optional tensor that is given is a tensor (TVM's importer reads it so).
+            value.type.CopyFrom(optional)
         ttype = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
             raise UnsupportedShapeError(f"input {value.name!r} is not a tensor")
@@ -446,6 +502,20 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
+def _check_outputs(graph: onnx.GraphProto) -> None:
+    """A graph must have outputs, each computed by a node or given as an input/constant:
+    TVM's importer builds an empty function or fails with a ``KeyError`` otherwise."""
+    if not graph.output:
+        raise ModelLoadError("the model has no outputs: nothing to compute")
+    known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    known |= {name for node in graph.node for name in node.output}
+    missing = [o.name for o in graph.output if o.name not in known]
+    if missing:
+        raise ModelLoadError(
+            f"model output(s) {missing} are computed by no node and are no input or constant"
+        )
+
+
 def clean_model(
     model_or_path: ModelLike, shape_dict: Mapping[str, Sequence[int]] | None = None
 ) -> onnx.ModelProto:
@@ -455,6 +525,8 @@ def clean_model(
     does and why); the result is an ordinary ONNX model, so ONNX Runtime can run it too.
     """
     model = load_model(model_or_path)
+    check_versions(model)
+    _check_outputs(model.graph)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     _static_input_shapes(model, shape_dict)
@@ -483,8 +555,9 @@ def clean_model(
 
 
 def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
-    """Replace inference-mode ``Dropout`` nodes whose mask nobody reads by ``Identity``;
-    the number replaced.
+    """Replace inference-mode ``Dropout`` nodes by ``Identity`` (and their mask, where
+    something reads it and the input's shape is static, by a constant of ``True``s: the
+    inference mask by the spec); the number replaced.
 
     Old exports (opset 9 model-zoo CNNs) leave Dropout in the inference graph; TVM converts
     it into a tuple (output, mask) that its ConvertLayout rejects with an ``InternalError``
@@ -492,11 +565,15 @@ def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
     used = {name for node in graph.node for name in node.input}
     used |= {out.name for out in graph.output}
     consts = {t.name for t in graph.initializer}
+    shapes = _static_shapes(graph)
     replaced = 0
-    for i, node in enumerate(graph.node):
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        nodes.append(node)
         if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
             continue
-        if len(node.output) > 1 and node.output[1] and node.output[1] in used:
+        mask = node.output[1] if len(node.output) > 1 and node.output[1] in used else None
+        if mask is not None and node.input[0] not in shapes:
             continue
         training = node.input[2] if len(node.input) > 2 else ""
         if training and training not in consts:
@@ -504,9 +581,16 @@ def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
         if training and numpy_helper.to_array(
                 next(t for t in graph.initializer if t.name == training)).any():
             continue
-        graph.node[i].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]],
-                                                name=node.name))
+        nodes[-1] = helper.make_node("Identity", [node.input[0]], [node.output[0]],
+                                     name=node.name)
+        if mask is not None:
+            ones = numpy_helper.from_array(np.ones(shapes[node.input[0]], bool))
+            nodes.append(helper.make_node("Constant", [], [mask], value=ones,
+                                          name=f"{node.name}_mask"))
         replaced += 1
+    if replaced:
+        del graph.node[:]
+        graph.node.extend(nodes)
     return replaced
 
 
@@ -799,4 +883,10 @@ def from_onnx(
     # TVM's importer prints every input of a failing node to stdout; our error names the node.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Renaming name")
-        return importer.from_onnx(model.graph, _default_opset(model))
+        try:
+            return importer.from_onnx(model.graph, _default_opset(model))
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # outside a converter: graph inputs, outputs, constants
+            raise ModelLoadError(f"TVM's ONNX importer failed: {describe_tvm_error(exc)}"
+                                 ) from exc

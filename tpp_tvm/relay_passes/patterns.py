@@ -138,7 +138,8 @@ def _epilogue_check(a: dict, n: int) -> bool:
     if "bias" in a:
         bias = a["bias"]
         shape = [int(d) for d in bias.ty.shape.values] if _static_f32(bias) else None
-        if shape is None or shape[-1] != n or any(d != 1 for d in shape[:-1]):
+        # A rank-0 bias (Gemm's scalar C) is left to TVM: the kernels take a row of n.
+        if not shape or shape[-1] != n or any(d != 1 for d in shape[:-1]):
             return False
     if "residual" in a:
         if not _static_f32(a["residual"]):

@@ -17,6 +17,7 @@ Step 2 runs only for targets whose keys include ``"tpp"``; other targets get ste
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -47,6 +48,7 @@ from .patterns import pattern_table
 from .quantized import lower_quantized
 
 PIPELINE_NAME = "tpp"
+log = logging.getLogger(__name__)
 
 
 def quantized_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
@@ -69,9 +71,58 @@ def simplify_passes(isa: str | None = None, report: LoweringReport | None = None
         passes.append(quantized_pass(isa, report if report is not None else LoweringReport()))
     return passes + [
         relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
+        fold_constants(),
         CanonicalizeActivations,
     ]
+
+
+def fold_constants() -> tvm.transform.Pass:
+    """``FoldConstant``, undone where it leaves the module ill-formed.
+
+    On a ``dynamic_strided_slice`` of a statically shaped tensor (ONNX Slice with starts and
+    ends given at run time) TVM's FoldConstant emits a ``call_tir`` of a ``shape_func`` it
+    never adds to the module; the build then fails with an ``InternalError`` ("There is no
+    definition of shape_func") on a graph TVM's default build (which does not fold) runs."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.FoldConstant")
+    def _fold(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        folded = relax.transform.FoldConstant()(mod)
+        if _well_formed(folded) or not _well_formed(mod):
+            return folded
+        log.debug("FoldConstant left the module ill-formed; kept it unfolded")
+        return mod
+
+    return _fold
+
+
+def _well_formed(mod: tvm.IRModule) -> bool:
+    try:
+        relax.analysis.well_formed(mod)  # raises (ValueError) when ill-formed
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def nhwc_convolutions(report: LoweringReport | None = None) -> tvm.transform.Pass:
+    """Convolutions NHWC with HWIO filters (``ConvertLayout``), or left as they are where
+    TVM's ConvertLayout fails: it rejects tuple-valued ops (Unique, TopK, Split chains)
+    with an ``InternalError`` even in modules without a convolution. Convolutions left
+    NCHW fall back to TVM (the TPP patterns match NHWC), which the report says."""
+    convert = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.ConvertLayoutNHWC")
+    def _convert(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        try:
+            return convert(mod)
+        except Exception as err:  # noqa: BLE001 - correct on TVM's path, only slower
+            reason = str(err).strip().splitlines()[-1][:100] if str(err).strip() else \
+                type(err).__name__
+            log.info("ConvertLayout failed (%s); convolutions stay NCHW", reason)
+            if report is not None:
+                report.fallbacks["NHWC layout conversion (TVM's ConvertLayout failed)"] += 1
+            return mod
+
+    return _convert
 
 
 def partition_passes(isa: str, report: LoweringReport | None = None
@@ -81,12 +132,12 @@ def partition_passes(isa: str, report: LoweringReport | None = None
         *simplify_passes(isa, report),
         # Pooling over the whole input, 1-D and grouped convolutions as forms with kernels.
         CanonicalizeOperatorForms,
-        relax.transform.FoldConstant(),
+        fold_constants(),
         # Convolutions run NHWC on TPPs; layout transposes are inserted only at the edges.
         # Filters HWIO: output channels innermost, so a convolution subgraph's loop nest is
         # a contraction the tuning rules tile around a TPP (OHWI has K innermost).
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
-        relax.transform.FoldConstant(),
+        nhwc_convolutions(report),
+        fold_constants(),
         relax.transform.FuseOpsByPattern(
             [p.as_fusion_pattern() for p in pattern_table()],
             bind_constants=True,
@@ -115,8 +166,7 @@ def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
         if logs is not None:
             # Tuned kernels that pack their weights: the packing becomes its own call,
             # folded into the constant weights at build time.
-            passes += [relax.transform.SplitLayoutRewritePreproc(),
-                       relax.transform.FoldConstant()]
+            passes += [relax.transform.SplitLayoutRewritePreproc(), fold_constants()]
     else:
         passes = simplify_passes()
     passes += library_dispatch_passes(target) + legalize_passes(target)

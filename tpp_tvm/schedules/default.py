@@ -89,11 +89,31 @@ def _injective_blocks(rule: CPUScheduleRule, func: tirx.PrimFunc, target: Target
     None): what the Injective and Transpose rules both start from."""
     if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
         return None, None
+    # A reduction whose reduction loops all have extent 1 (a 1x1 convolution over one input
+    # channel) looks injective to dlight once normalized, and inlined it read an
+    # uninitialized accumulator: wrong results. Blocks with an init are reductions.
+    if _has_reduction(func):
+        return None, None
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     if infos is None or not all(info.is_injective() for info in infos):
         return None, None
     return sch, infos
+
+
+def _has_reduction(func: tirx.PrimFunc) -> bool:
+    """Whether a top-level block of ``func`` reduces (has an init or a reduction axis)."""
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - no root block (a hand-written shape function)
+        return False
+    for rv in blocks:
+        block = sch.get(rv)
+        if block.init is not None or any(
+                iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars):
+            return True
+    return False
 
 
 class Injective(CPUScheduleRule):
@@ -230,7 +250,9 @@ class Guarded(CPUScheduleRule):
         try:
             return self.rule.apply(func, target, tunable)
         except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule runs
-            log.debug("%s declined: %s", type(self.rule).__name__, str(err).splitlines()[0])
+            # An exception without a message (a bare assert in dlight) must not break this.
+            reason = (str(err).splitlines() or [type(err).__name__])[0]
+            log.debug("%s declined: %s", type(self.rule).__name__, reason)
             return None
 
 

@@ -20,6 +20,7 @@ public entry point; ``tpp_tvm.tuning.driver`` has the rest.
 """
 
 from .logs import (
+    ForeignTuningLogWarning,
     TuneLogs,
     TuningLogError,
     open_logs,
@@ -30,6 +31,7 @@ from .logs import (
 )
 
 __all__ = [
+    "ForeignTuningLogWarning",
     "TuneLogs",
     "TuningLogError",
     "open_logs",

@@ -36,6 +36,13 @@ class TuningLogError(TPPError):
     """A tuning log that is missing, unreadable or not a tuning log."""
 
 
+class ForeignTuningLogWarning(TuningLogError, UserWarning):
+    """A tuning log measured on another CPU: warned about and not applied (its records would
+    be looked up by loop nest alone, whatever CPU they were tuned for). It is a
+    :class:`TuningLogError` too, so ``warnings.simplefilter("error",
+    ForeignTuningLogWarning)`` turns it into a TPPError the CLI reports in one line."""
+
+
 def target_tag(target: tvm.target.Target) -> str:
     """Folder name of a target's logs: ISA and CPU model (``avx512-znver5``). Thread count
     is not part of it: a tuned kernel's parallel loop serves any number of threads."""
@@ -158,8 +165,9 @@ def open_logs(path: str | os.PathLike, target: tvm.target.Target) -> TuneLogs | 
         raise TuningLogError(f"tuning log {path} is corrupt ({err})") from err
     tag = meta.get("tag")
     if tag is not None and tag != target_tag(target):
-        warnings.warn(f"tuning log {path} was made for {tag}, not {target_tag(target)}: "
-                      "not applied (hand schedules used)", stacklevel=2)
+        warnings.warn(ForeignTuningLogWarning(
+            f"tuning log {path} was made for {tag}, not {target_tag(target)}: not applied "
+            "(hand schedules used)"), stacklevel=2)
         return None
     # Loading parses every record's trace, so the TPP intrinsics the traces name must be
     # registered first.
