@@ -281,3 +281,17 @@ def test_nan_and_inf_propagate_as_in_onnxruntime(name: str) -> None:
         np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w), err_msg="-Inf")
         finite = np.isfinite(w)
         np.testing.assert_allclose(g[finite], w[finite], rtol=1e-4, atol=1e-5)
+
+
+def test_sub_byte_input_is_a_dtype_error() -> None:
+    """An int4 input (ONNX's cast_INT4_* node tests): TVM's tensor copy raised an
+    InternalError (``TensorCopyFromBytes: size mismatch``); now it names the input."""
+    from tpp_tvm.errors import UnsupportedDTypeError
+
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.INT4, [5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = numpy_helper.to_array(helper.make_tensor("x", TensorProto.INT4, [5], [1, -2, 3, 0, 7]))
+    with pytest.raises((UnsupportedDTypeError, ModelLoadError), match="'x'|int4"):
+        tpp_tvm.compile_onnx(model)(x)

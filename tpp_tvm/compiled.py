@@ -23,6 +23,7 @@ from .errors import (
     ExecutionError,
     ModelLoadError,
     TPPError,
+    UnsupportedDTypeError,
     UnsupportedShapeError,
     describe_tvm_error,
 )
@@ -99,7 +100,12 @@ class CompiledModel:
                         f"{arr.max()}] do not fit the model's {spec.dtype}"
                     )
                 arr = arr.astype(spec.dtype)
-            out.append(tvm.runtime.tensor(np.ascontiguousarray(arr), tvm.cpu()))
+            try:
+                out.append(tvm.runtime.tensor(np.ascontiguousarray(arr), tvm.cpu()))
+            except Exception as exc:  # sub-byte types (int4, float4) TVM cannot copy in
+                raise UnsupportedDTypeError(
+                    f"input {spec.name!r}: TVM cannot take a {spec.dtype} tensor "
+                    f"({describe_tvm_error(exc)})") from exc
         return out
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
