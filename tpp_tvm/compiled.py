@@ -27,6 +27,7 @@ from .errors import (
     UnsupportedShapeError,
     describe_tvm_error,
 )
+from .profiling import peak_rss
 from .relay_passes.lower import LoweringReport
 from .relay_passes.pipeline import build
 from .runtime import configure_threads, target_threads
@@ -153,7 +154,10 @@ class CompiledModel:
             lines.append("Graph rewrites:")
             lines += [f"  {k}: {v}" for k, v in sorted(rewrites.items())]
         if "compile_seconds" in self._report:
-            lines.append(f"compile time: {self._report['compile_seconds']:.1f} s")
+            line = f"compile time: {self._report['compile_seconds']:.1f} s"
+            if "compile_peak_mib" in self._report:
+                line += f", peak memory {self._report['compile_peak_mib']:.0f} MiB (process RSS)"
+            lines.append(line)
         return "\n".join(lines)
 
     @property
@@ -223,14 +227,16 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     report = LoweringReport()
     try:
-        exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
+        with peak_rss() as memory:
+            exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
     except TPPError:
         raise
     except Exception as exc:  # TVM's checks and LLVM: one clear error, the cause chained
         raise CompileError(f"TVM's build failed on this model: {describe_tvm_error(exc)}"
                            ) from exc
     data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
-            "compile_seconds": getattr(report, "compile_seconds", 0.0)}
+            "compile_seconds": getattr(report, "compile_seconds", 0.0),
+            "compile_peak_mib": round(memory["peak_mib"], 1)}
     if report.precision != "float32":
         data["precision"] = report.precision
     if report.rewrites:

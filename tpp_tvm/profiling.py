@@ -6,8 +6,11 @@ Answers "where does the time go" without an external profiler: every VM call ins
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tvm import relax
 
@@ -38,3 +41,29 @@ def profile_vm(
         vm.set_instrument(None)
     rows = [(k, 1e3 * v / repeat, counts[k] // repeat) for k, v in totals.items()]
     return sorted(rows, key=lambda r: -r[1])
+
+
+@contextmanager
+def peak_rss(interval_s: float = 0.05) -> Iterator[dict]:
+    """Sample this process's resident memory while the block runs; on exit the yielded
+    dict holds ``peak_mib`` (the largest sample) and ``start_mib``. A sampler thread,
+    because ``ru_maxrss`` is the peak of the whole process so far, not of one compile."""
+    import psutil
+
+    proc = psutil.Process()
+    result = {"start_mib": proc.memory_info().rss / 2**20}
+    result["peak_mib"] = result["start_mib"]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(interval_s):
+            result["peak_mib"] = max(result["peak_mib"], proc.memory_info().rss / 2**20)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield result
+    finally:
+        done.set()
+        thread.join()
+        result["peak_mib"] = max(result["peak_mib"], proc.memory_info().rss / 2**20)
