@@ -67,12 +67,6 @@ _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-def _nan_kept(x: tirx.Expr, clamped: tirx.Expr) -> tirx.Expr:
-    """``clamped`` (a max/min of ``x``), but NaN where ``x`` is NaN: TVM lowers max(X, 0)
-    to X > 0 ? X : 0, which turns NaN into 0 where ONNX Runtime and torch propagate it."""
-    return tirx.Select(tirx.isnan(x), x, clamped)
-
-
 def _gelu(x):
     return const(x, 0.5) * x * (const(x, 1.0) + tirx.erf(x * const(x, _SQRT1_2)))
 
@@ -113,11 +107,10 @@ OPS: dict[str, OpDef] = {
     # unary
     "zero": OpDef("zero", None, "Y = 0"),
     "copy": OpDef("unary", lambda x: x, "Y = X, converting to out_dtype when given"),
-    "relu": OpDef("unary", lambda x: _nan_kept(x, tirx.max(x, const(x, 0.0))),
+    "relu": OpDef("unary", lambda x: tirx.max(x, const(x, 0.0)),
                   "Y = max(X, 0), NaN stays NaN"),
-    "relu6": OpDef("unary", lambda x: _nan_kept(
-        x, tirx.min(tirx.max(x, const(x, 0.0)), const(x, 6.0))),
-        "Y = min(max(X, 0), 6), NaN stays NaN"),
+    "relu6": OpDef("unary", lambda x: tirx.min(tirx.max(x, const(x, 0.0)), const(x, 6.0)),
+                   "Y = min(max(X, 0), 6), NaN stays NaN"),
     "gelu": OpDef("unary", _gelu, "Y = X/2 * (1 + erf(X/sqrt 2))"),
     "gelu_tanh": OpDef("unary", _gelu_tanh, "Y = X/2 * (1 + tanh(sqrt(2/pi)(X + 0.044715 X^3)))"),
     "tanh": OpDef("unary", tirx.tanh, "Y = tanh(X)"),

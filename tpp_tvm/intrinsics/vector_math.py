@@ -302,6 +302,16 @@ def _relu_inv(dy: Expr, x: Expr) -> Expr:
     return tirx.Select(x > const(x, 0.0), dy, splat(dy, 0.0))
 
 
+def _relu(x: Expr) -> Expr:
+    # TVM lowers max(X, 0) to X > 0 ? X : 0, which makes NaN 0 where ONNX Runtime keeps it;
+    # X < 0 ? 0 : X keeps it (and needs no isnan, which scalable vectors and bf16 lack).
+    return tirx.Select(x < splat(x, 0.0), splat(x, 0.0), x)
+
+
+def _relu6(x: Expr) -> Expr:
+    return tirx.Select(x > splat(x, 6.0), splat(x, 6.0), _relu(x))
+
+
 #: Vector forms the templates use instead of ``OPS[op].fn``: ops whose exact form would lower
 #: to per-lane libm calls (exp, tanh, erf) or does not type-check on vectors (relu_inv).
 FAST: dict[str, Callable[..., Expr]] = {
@@ -313,6 +323,8 @@ FAST: dict[str, Callable[..., Expr]] = {
     "gelu_tanh": gelu_tanh,
     "gelu_inv": gelu_inv,
     "relu_inv": _relu_inv,
+    "relu": _relu,
+    "relu6": _relu6,
 }
 
 
