@@ -30,6 +30,7 @@ process inside LLVM): :func:`required_features` reads them off the imported func
 from __future__ import annotations
 
 import re
+import threading
 from contextlib import contextmanager
 
 import tvm
@@ -177,17 +178,18 @@ def stack_allocate_small_buffers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFu
 
 #: TIR ops lowered to their ``vector_math`` form (fp32) while this pipeline finalizes.
 FAST_OPS = ("exp", "tanh", "erf")
-_fast_depth = 0
+#: Per thread: a build on another thread (TVM's own pipeline) keeps TVM's lowering.
+_fast_scope = threading.local()
 
 
 @contextmanager
 def _fast_transcendentals():
-    global _fast_depth
-    _fast_depth += 1
+    depth = getattr(_fast_scope, "depth", 0)
+    _fast_scope.depth = depth + 1
     try:
         yield
     finally:
-        _fast_depth -= 1
+        _fast_scope.depth = depth
 
 
 def _fast_lowering(name: str):
@@ -195,7 +197,8 @@ def _fast_lowering(name: str):
     fast = getattr(vector_math, name)
 
     def lower(call: tirx.Call) -> tirx.Expr:
-        if _fast_depth == 0 or not vector_math.dtype_of(call).startswith("float32"):
+        if not getattr(_fast_scope, "depth", 0) or \
+                not vector_math.dtype_of(call).startswith("float32"):
             return default(call) if default is not None else call
         x = call.args[0]
         if isinstance(x, tirx.Var | tirx.FloatImm | tirx.Broadcast):

@@ -329,7 +329,8 @@ FAST: dict[str, Callable[..., Expr]] = {
 
 
 def vector_fn(op: str) -> Callable[..., Expr]:
-    """The math of ``op`` for code that will be vectorized: its fast vector form if it has
-    one, else the spec's. Any TE stage applying a TPP op outside a TPP (an epilogue that
-    stays TIR) uses this: ``OPS[op].fn``'s ``exp`` would become 16 libm calls a vector."""
+    """The math of ``op`` as the TPP implementations compute it: its vector form if it has
+    one (NaN-keeping ReLU, the accurate sigmoid tails), else the spec's. A TE stage applying
+    a TPP op outside a TPP (an epilogue that stays TIR) uses this so it agrees with the TPPs;
+    speed alone would not need it (the tpp TIR pipeline lowers exp/tanh/erf to SIMD)."""
     return FAST.get(op) or OPS[op].fn
