@@ -97,23 +97,57 @@ def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None
     assert _count(asm, dot) >= 4 and _count(asm, "tilestored") >= 4
 
 
-def test_amx_target_gemm_with_an_epilogue_runs_on_the_avx512_unit() -> None:
-    """Tiles take plain C = A @ B so far; with a bias it is the AVX-512 BF16 kernel (which
-    every AMX CPU has), compiled for the same AMX target, not an error."""
-    from tpp_tvm.kernels import build_gemm
-    from tpp_tvm.schedules.gemm_plan import runs_on_tiles
-
-    assert runs_on_tiles("amx", "bfloat16") and not runs_on_tiles("amx", "bfloat16", bias=True)
-    if not (HOST.avx512_bf16 and HOST.amx_tile):
-        pytest.skip("running it needs an AMX host (tile state granted)")
+@pytest.mark.parametrize("options", [
+    {"dtype": "bfloat16", "bias": True, "activation": "gelu"},
+    {"dtype": "bfloat16", "batch": 3},
+    {"dtype": "int8", "dequantize": True, "bias": True, "activation": "relu"},
+], ids=["bf16-bias-gelu", "bf16-batched", "int8-dequantize-bias-relu"])
+def test_amx_gemm_epilogues_run_on_tiles(options: dict) -> None:
+    """Epilogues (bias, activation, dequantize) and batches keep the GEMM on tiles: the
+    tile products in the assembly, the configuration loaded once per task, the epilogue on
+    zmm registers; run against numpy where the host has AMX."""
     import numpy as np
 
+    from tpp_tvm.kernels import build_gemm
+
+    dtype = options["dtype"]
+    m, n, k = 50, 70, 100
+    kernel = build_gemm(m, n, k, target=target("amx", num_cores=2), **options)
+    asm = kernel.module.inspect_source("asm")
+    dot = "tdpbf16ps" if dtype == "bfloat16" else "tdpbusd"
+    assert kernel.plan.amx and _count(asm, dot) >= 4
+    assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
+    assert ("zmm" in asm) == ("bias" in options)  # the epilogue on the vector unit
+    if not (HOST.amx_tile and HOST.amx_permitted):
+        pytest.skip(f"running it needs an AMX host with tile state ({HOST.summary()})")
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((64, 48), "float32"), rng.standard_normal((48, 80), "float32")
-    bias = rng.standard_normal(80).astype("float32")
-    kernel = build_gemm(64, 80, 48, dtype="bfloat16", bias=True, target=target("amx"))
-    assert not kernel.plan.amx
-    np.testing.assert_allclose(kernel(a, b, bias), a @ b + bias, rtol=3e-2, atol=3e-1)
+    lead = (options["batch"],) if "batch" in options else ()
+    bias = rng.standard_normal(n).astype("float32")
+    if dtype == "int8":
+        a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        scale = rng.uniform(1e-3, 2e-3, n).astype("float32")
+        offset = rng.standard_normal(n).astype("float32")
+        want = np.maximum((a.astype(np.int64) @ b.astype(np.int64)) * scale + offset + bias, 0)
+        got = kernel(a, b, bias, scale=scale, offset=offset)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        return
+    import ml_dtypes
+
+    a = rng.standard_normal((*lead, m, k), dtype="float32")
+    b = rng.standard_normal((*lead, k, n), dtype="float32")
+    want = (a.astype(ml_dtypes.bfloat16).astype(np.float32)
+            @ b.astype(ml_dtypes.bfloat16).astype(np.float32))
+    if options.get("bias"):
+        want = want + bias
+        got = kernel(a, b, bias)
+    else:
+        got = kernel(a, b)
+    if options.get("activation") == "gelu":
+        from scipy.special import erf
+
+        want = 0.5 * want * (1 + erf(want / np.sqrt(2)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.requires_amx

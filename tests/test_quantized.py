@@ -12,6 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.schedules.gemm_plan import runs_on_tiles
+from tpp_tvm.target import isa_of, target
 
 # The model generators export from torch; ONNX Runtime quantizes the models (and its
 # CalibrationDataReader is subclassed below, so it is imported here).
@@ -19,6 +21,8 @@ pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_avx512_vnni]
 quantization = pytest.importorskip("onnxruntime.quantization",
                                    reason="ONNX Runtime quantizes the models")
 MLP = {"batch": 8, "dims": (64, 96, 32)}
+#: How the report marks an int8 GEMM on this host's default target (tiles on AMX hosts).
+INT8 = "[int8, amx]" if runs_on_tiles(isa_of(target()), "int8") else "[int8]"
 
 
 def _fp32_mlp(tmp_path) -> tuple[onnx.ModelProto, str]:
@@ -84,7 +88,7 @@ def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str
     assert sum(ours.values()) == len(MLP["dims"]) - 1, data
     # bias + GELU follow the matmul: one fused kernel (in QDQ form once the fake
     # quantization of the matmul's output and of each GELU step is dropped)
-    assert ours == {f"{kernel}_bias_gelu [int8]": 1, f"{kernel}_bias [int8]": 1}, ours
+    assert ours == {f"{kernel}_bias_gelu {INT8}": 1, f"{kernel}_bias {INT8}": 1}, ours
     assert not data["fallbacks"], data["fallbacks"]
 
 
@@ -114,7 +118,7 @@ def test_qlinear_matmul_is_exact() -> None:
     got = compiled(a)[0]
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, run_onnxruntime(model, {"a": a})[0])
-    assert compiled.report_data["lowered"] == {"tpp.qdq_matmul [int8]": 1}
+    assert compiled.report_data["lowered"] == {f"tpp.qdq_matmul {INT8}": 1}
 
 
 def test_weight_zero_point_falls_back_and_stays_correct() -> None:

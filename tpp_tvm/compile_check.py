@@ -78,17 +78,13 @@ def _tpp_items() -> Iterator[Item]:
 
 
 def _schedule_items() -> Iterator[Item]:
-    from tpp_tvm.kernels import amx_gemm_schedule
+    from tpp_tvm.runtime import target_threads
     from tpp_tvm.schedules import attention, conv, gemm, pool, rowwise
-    from tpp_tvm.schedules.gemm_plan import runs_on_tiles
 
     def gemm_item(dtype: str, **options) -> Callable[[tvm.target.Target], None]:
         def build(tgt: tvm.target.Target) -> None:
-            isa = isa_of(tgt)
-            if runs_on_tiles(isa, dtype, **options):
-                sch, _ = amx_gemm_schedule(37, 100, 64, dtype, tgt)
-            else:
-                sch, _ = gemm.gemm_schedule(37, 100, 64, isa, dtype=dtype, **options)
+            sch, _ = gemm.gemm_schedule(37, 100, 64, isa_of(tgt), dtype=dtype,
+                                        threads=target_threads(tgt), **options)
             _compile_tir(sch.mod, tgt)
         return build
 

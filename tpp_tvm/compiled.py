@@ -138,7 +138,8 @@ class CompiledModel:
         lines = []
         if precision != "float32":
             lines.append(f"Precision: {precision} for matmuls marked [bf16] (bf16 operands, "
-                         "fp32 accumulation and outputs); all other ops fp32")
+                         "fp32 accumulation and outputs; [bf16, amx]: on AMX tiles); all "
+                         "other ops fp32")
         lines.append("TPP kernels:")
         lines += [f"  {k}: {v}" for k, v in sorted(self._report.get("lowered", {}).items())]
         falls = self._report.get("fallbacks", {})

@@ -18,7 +18,7 @@ from tvm import s_tir
 from .errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
 from .runtime import configure_threads, target_threads
 from .schedules.gemm import gemm_schedule, pack_b_schedule
-from .schedules.gemm_plan import GemmPlan, check_gemm, plan_gemm, runs_on_tiles
+from .schedules.gemm_plan import GemmPlan, check_gemm, runs_on_tiles
 from .target import host_isa, isa_of
 from .target import target as tpp_target
 from .tir_pipeline import compile_kernels
@@ -149,7 +149,7 @@ class GemmKernel:
             args += [self._row(scale, "scale"), self._row(offset, "offset")]
         if self.bias:
             args.append(self._row(bias, "bias"))
-        out = np.empty((*lead, *p.c_shape), dtype=self.out_dtype)
+        out = np.empty((*lead, p.m, p.n), dtype=self.out_dtype)
         return [tvm.runtime.tensor(x, self._dev) for x in (*args, out)]
 
     def run_packed(self, a: np.ndarray, b_packed: np.ndarray,
@@ -175,21 +175,6 @@ class GemmKernel:
         return float(np.median(ev(*args).results))
 
 
-def amx_gemm_schedule(m: int, n: int, k: int, dtype: str, tgt: tvm.target.Target
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
-    """The AMX tile GEMM (``amx_gemm.py``) as a schedule of its PrimFunc."""
-    from .intrinsics.amx import ensure_tile_permission
-    from .schedules.amx_gemm import amx_gemm_func
-
-    if host_isa().amx_tile:
-        ensure_tile_permission()  # before the first tile instruction, as Linux requires
-    plan = plan_gemm(m, n, k, dtype, "amx")
-    prec = plan.precision
-    func = amx_gemm_func(plan.mp, plan.np_, plan.kp, prec.a, prec.b, prec.acc, prec.vnni,
-                         target_threads(tgt))
-    return s_tir.Schedule(func), plan
-
-
 def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
                target: tvm.target.Target | str | dict | None = None, *,
                batch: int | None = None, bias: bool = False, activation: str | None = None,
@@ -212,14 +197,15 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
         raise UnsupportedISAError(
             "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
             "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
-    t0 = time.perf_counter()
-    if runs_on_tiles(isa, dtype, batch, bias, activation, dequantize):
-        sch, plan = amx_gemm_schedule(m, n, k, dtype, tgt)
-    elif isa not in ("avx512", "amx"):
+    if isa not in ("avx512", "amx"):
         raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
-    else:
-        sch, plan = gemm_schedule(m, n, k, "avx512", batch=batch, bias=bias,
-                                  activation=activation, dtype=dtype, dequantize=dequantize)
+    if runs_on_tiles(isa, dtype) and host_isa().amx_tile:
+        from .intrinsics.amx import ensure_tile_permission
+
+        ensure_tile_permission()  # before the first tile instruction, as Linux requires
+    t0 = time.perf_counter()
+    sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation,
+                              dtype=dtype, dequantize=dequantize, threads=target_threads(tgt))
     rt = compile_kernels(sch.mod, tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
                       time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,

@@ -39,6 +39,7 @@ from tvm.runtime import Executable
 from tvm.tirx import compilation_pipeline
 
 from tpp_tvm.intrinsics import vector_math
+from tpp_tvm.intrinsics.amx import TILE_CONFIG_ATTR, configure_tiles_per_task
 from tpp_tvm.target import require_features
 
 #: Largest buffer kept on the stack. Worker threads have MiB-sized stacks; a register
@@ -176,6 +177,15 @@ def stack_allocate_small_buffers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFu
     return func if body is func.body else func.with_body(body)
 
 
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.ConfigureTilesPerTask")
+def configure_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """AMX kernels marked by their schedule load the tile configuration once per task."""
+    block = func.attrs.get(TILE_CONFIG_ATTR) if func.attrs is not None else None
+    if block is None:
+        return func
+    return configure_tiles_per_task(func, int(block[0]), int(block[1]))
+
+
 #: TIR ops lowered to their ``vector_math`` form (fp32) while this pipeline finalizes.
 FAST_OPS = ("exp", "tanh", "erf")
 #: Per thread: a build on another thread (TVM's own pipeline) keeps TVM's lowering.
@@ -221,7 +231,7 @@ def _tpp_pipeline():
     @tvm.transform.module_pass(opt_level=0, name="tpp.TIRPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         check_target_features(mod)
-        return stack_allocate_small_buffers(base(mod))
+        return stack_allocate_small_buffers(base(configure_tiles(mod)))
 
     def finalize_host_fast() -> tvm.transform.Pass:
         passes = finalize_host()

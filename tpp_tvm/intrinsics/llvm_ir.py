@@ -226,6 +226,8 @@ AMX_FEATURES = "+avx512f,+amx-tile,+amx-bf16,+amx-int8"
 #: Rows of a tile, and VNNI groups of K one tile dot product consumes (64-byte tile rows).
 AMX_ROWS = 16
 AMX_GROUPS = 16
+#: Suffix of the tile microkernel that leaves configuration to its caller.
+NO_CONFIG = "_nocfg"
 
 
 def amx_tile_config(m: int, n: int) -> tuple[str, list[tuple[int, int]]]:
@@ -266,9 +268,13 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
 
     C is ``m / 16 x n / 16`` tiles of 16 x 16 accumulators; per step of 16 VNNI groups it
     loads one A tile per tile row and one B tile per tile column (B's VNNI rows are
-    exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile. With
-    ``configure`` (a self-contained TPP) the tile configuration is loaded on entry and
-    released on exit; without, the caller configures once (:func:`amx_configure`).
+    exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile.
+
+    The tile work is always the function ``<name>_nocfg``, which assumes the caller loaded
+    :func:`amx_configure`'s configuration. With ``configure`` (a self-contained TPP) the
+    returned function is a wrapper that loads the configuration, calls it and releases the
+    tiles, and the module text holds both, so a kernel that configures once per thread
+    (:func:`tpp_tvm.intrinsics.amx.configure_tiles_per_task`) only renames its calls.
     """
     op = AMX_DOT.get((a_dtype, b_dtype))
     if op is None:
@@ -286,16 +292,13 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
     esize = 2 if a_dtype == "bfloat16" else 1
     steps = kgroups // AMX_GROUPS
-    name = f"tpp_amx_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}_beta{beta}"
-    name += "" if configure else "_nocfg"
-    cfg, _ = amx_tile_config(m, n)
+    wrapper = f"tpp_amx_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}_beta{beta}"
+    name = wrapper + NO_CONFIG
     c_tile = {(i, j): i * nt + j for i in range(mt) for j in range(nt)}
     a_tile = {i: mt * nt + i for i in range(mt)}
     b_tile = {j: mt * nt + mt + j for j in range(nt)}
-    body = [f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
-            f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
+    body = [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
             "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:",
-            f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)" if configure else "",
             "  %ldc64 = sext i32 %ldc to i64", "  %ldcb = mul i64 %ldc64, 4",
             "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
             "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}"]
@@ -326,11 +329,21 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
              "  br i1 %done, label %exit, label %loop", "exit:"]
     body += [f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
              for t in c_tile.values()]
-    body += ["  call void @llvm.x86.tilerelease()" if configure else "", "  ret void", "}"]
-    body = [line for line in body if line]
-    declares = ("declare void @llvm.x86.ldtilecfg(ptr)", "declare void @llvm.x86.tilerelease()",
-                "declare void @llvm.x86.tilezero(i8 immarg)",
+    body += ["  ret void", "}"]
+    declares = ("declare void @llvm.x86.tilezero(i8 immarg)",
                 "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
                 "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
                 f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)")
-    return IRFunction(name, "\n".join(body), declares, AMX_FEATURES)
+    if not configure:
+        return IRFunction(name, "\n".join(body), declares, AMX_FEATURES)
+    cfg, _ = amx_tile_config(m, n)
+    args = ("ptr %a, ptr %b, ptr %c, i32 %lda, i32 %a_batch, i32 %b_group, i32 %b_batch, "
+            "i32 %ldc")
+    body += [f"@{wrapper}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
+             f"define linkonce_odr void @{wrapper}({args}) #ATTRS {{",
+             f"  call void @llvm.x86.ldtilecfg(ptr @{wrapper}.cfg)",
+             f"  call void @{name}({args})", "  call void @llvm.x86.tilerelease()",
+             "  ret void", "}"]
+    declares = ("declare void @llvm.x86.ldtilecfg(ptr)",
+                "declare void @llvm.x86.tilerelease()", *declares)
+    return IRFunction(wrapper, "\n".join(body), declares, AMX_FEATURES)

@@ -31,6 +31,7 @@ from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule
+from ..schedules.gemm_plan import runs_on_tiles
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import (
     equation_schedule,
@@ -63,7 +64,8 @@ def check_precision(precision: str) -> str:
 class LoweringReport:
     """What the graph pass did: kernels per pattern, and fallbacks with their reasons.
 
-    Kernels that ran in a precision other than fp32 are counted as ``<pattern> [bf16]``."""
+    Kernels that ran in a precision other than fp32 are counted as ``<pattern> [bf16]``
+    (``[bf16, amx]`` on AMX tiles)."""
 
     lowered: Counter = field(default_factory=Counter)
     fallbacks: Counter = field(default_factory=Counter)
@@ -96,11 +98,12 @@ def _shape(expr: relax.Expr) -> list[int]:
 
 def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str, isa: str,
                x: relax.Expr, w_kn: np.ndarray, out_shape: list[int],
-               precision: str = "float32") -> relax.Expr:
+               precision: str = "float32", threads: int = 1) -> relax.Expr:
     """One GEMM kernel over x flattened to rows: (+bias)(+act)(+residual)(+act), reshaped.
 
     In bf16 the weight is packed as bf16 VNNI panels now, and x is converted (and padded)
-    to bf16 by a small kernel before the GEMM; the epilogue and the output stay fp32."""
+    to bf16 by a small kernel before the GEMM; the epilogue and the output stay fp32. On
+    an AMX target the bf16 GEMM runs on tiles, one task per thread of ``threads``."""
     xs = _shape(x)
     k, n = w_kn.shape
     m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
@@ -108,7 +111,7 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
                               activation=matched.get("activation"),
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"),
-                              dtype=precision)
+                              dtype=precision, threads=threads)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
     prec = plan.precision
@@ -129,11 +132,12 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
 
 
 def _lower_dense(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                 isa: str, precision: str = "float32") -> relax.Expr:
+                 isa: str, precision: str = "float32", threads: int = 1) -> relax.Expr:
     """Dense (+bias)(+act)(+residual): flatten to 2D, one GEMM kernel, reshape back."""
     x, weight = matched["lhs"], matched["weight"]
     w = weight.value.numpy()
-    return _emit_gemm(bb, matched, name, isa, x, w, [*_shape(x)[:-1], w.shape[1]], precision)
+    return _emit_gemm(bb, matched, name, isa, x, w, [*_shape(x)[:-1], w.shape[1]], precision,
+                      threads)
 
 
 def _lower_bmm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
@@ -206,7 +210,7 @@ def _lower_col_sum(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
 
 
 def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                  isa: str, precision: str = "float32") -> relax.Expr:
+                  isa: str, precision: str = "float32", threads: int = 1) -> relax.Expr:
     """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now."""
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     attrs = call.attrs
@@ -224,7 +228,7 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
         # A pointwise convolution is a GEMM over all pixels: far longer M than one row.
         w_kn = np.ascontiguousarray(w_oihw[:, :, 0, 0].T)
-        return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision)
+        return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision, threads)
     sch, plan = conv_schedule(shape, isa, bias="bias" in matched,
                               activation=matched.get("activation"),
                               residual="residual" in matched,
@@ -488,8 +492,10 @@ def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, isa: str, report: LoweringReport,
-                 precision: str = "float32", logs=None, force_tuned: bool = False) -> None:
+                 precision: str = "float32", logs=None, force_tuned: bool = False,
+                 threads: int = 1) -> None:
         super().__init__(mod)
+        self.threads = threads
         self.mod_ = mod
         self.isa = isa
         self.report = report
@@ -540,8 +546,9 @@ class _Lowerer(relax.PyExprMutator):
                 raise ValueError("pattern no longer matches its composite function")
             prec = _lowered_precision(pattern.lowering, matched, self.precision)
             if prec != "float32":
-                out = lowering(self.builder_, matched, comp, self.isa, prec)
-                comp = f"{comp} [bf16]"
+                out = lowering(self.builder_, matched, comp, self.isa, prec,
+                               threads=self.threads)
+                comp = f"{comp} [bf16{', amx' if runs_on_tiles(self.isa, prec) else ''}]"
             else:
                 out = lowering(self.builder_, matched, comp, self.isa)
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
@@ -580,14 +587,15 @@ def _lower_contraction(bb: relax.BlockBuilder, call: relax.Call, info, isa: str)
 
 
 def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
-                         precision: str = "float32", logs=None, force_tuned: bool = False
-                         ) -> tvm.IRModule:
+                         precision: str = "float32", logs=None, force_tuned: bool = False,
+                         threads: int = 1) -> tvm.IRModule:
     """Replace calls of ``tpp.*`` composites with TPP kernels (tuned ones from ``logs``
     where faster); inline the rest back.
 
-    ``precision="bfloat16"`` runs dense layers and pointwise convolutions on bf16 TPPs."""
+    ``precision="bfloat16"`` runs dense layers and pointwise convolutions on bf16 TPPs (on
+    AMX tiles on an AMX target, one task per thread of ``threads``)."""
     report.precision = precision
-    mod = _Lowerer(mod, isa, report, precision, logs, force_tuned).transform()
+    mod = _Lowerer(mod, isa, report, precision, logs, force_tuned, threads).transform()
     mod = relax.transform.DeadCodeElimination()(mod)
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.

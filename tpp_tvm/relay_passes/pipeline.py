@@ -31,6 +31,7 @@ from tvm.relax.backend.cpu_generic.pipeline import (
     library_dispatch_passes,
 )
 
+from ..runtime import target_threads
 from ..schedules.default import default_schedule_pass
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
@@ -51,24 +52,26 @@ PIPELINE_NAME = "tpp"
 log = logging.getLogger(__name__)
 
 
-def quantized_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
+def quantized_pass(isa: str, report: LoweringReport, threads: int = 1
+                   ) -> tvm.transform.Pass:
     """Quantized matmuls (dynamic and QDQ forms) onto int8 TPP GEMMs."""
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.LowerQuantizedMatmuls")
     def _quantized(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lower_quantized(mod, isa, report)
+        return lower_quantized(mod, isa, report, threads)
 
     return _quantized
 
 
-def simplify_passes(isa: str | None = None, report: LoweringReport | None = None
-                    ) -> list[tvm.transform.Pass]:
+def simplify_passes(isa: str | None = None, report: LoweringReport | None = None,
+                    threads: int = 1) -> list[tvm.transform.Pass]:
     """Inference simplification; on a TPP ISA, quantized matmuls become int8 TPPs first."""
     passes = [CanonicalizeActivations]
     if isa is not None:
         # Before constant folding, which would fold the s8 weights' casts away; after
         # canonicalization, so a GELU after a quantized matmul fuses into its epilogue.
-        passes.append(quantized_pass(isa, report if report is not None else LoweringReport()))
+        passes.append(quantized_pass(isa, report if report is not None else LoweringReport(),
+                                     threads))
     return passes + [
         relax.transform.DecomposeOpsForInference(),
         fold_constants(),
@@ -125,11 +128,12 @@ def nhwc_convolutions(report: LoweringReport | None = None) -> tvm.transform.Pas
     return _convert
 
 
-def partition_passes(isa: str, report: LoweringReport | None = None
+def partition_passes(isa: str, report: LoweringReport | None = None, threads: int = 1
                      ) -> list[tvm.transform.Pass]:
-    """Simplification and TPP partitioning: each matched subgraph becomes a composite."""
+    """Simplification and TPP partitioning: each matched subgraph becomes a composite
+    (quantized contractions become int8 kernels sized for ``threads``)."""
     return [
-        *simplify_passes(isa, report),
+        *simplify_passes(isa, report, threads),
         # Pooling over the whole input, 1-D and grouped convolutions as forms with kernels.
         CanonicalizeOperatorForms,
         fold_constants(),
@@ -160,9 +164,9 @@ def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
         @tvm.transform.module_pass(opt_level=0, name="tpp.LowerTPPComposites")
         def lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             return lower_tpp_composites(lower_tagged_kernels(mod, isa, report), isa, report,
-                                        precision, logs, force_tuned)
+                                        precision, logs, force_tuned, target_threads(target))
 
-        passes = [*partition_passes(isa, report), lower]
+        passes = [*partition_passes(isa, report, target_threads(target)), lower]
         if logs is not None:
             # Tuned kernels that pack their weights: the packing becomes its own call,
             # folded into the constant weights at build time.

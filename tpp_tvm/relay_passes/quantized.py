@@ -33,6 +33,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule
+from ..schedules.gemm_plan import runs_on_tiles
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -70,9 +71,11 @@ class _Epilogue:
 class _Emitter:
     """Builds int8 GEMM/convolution calls and collects the kernels they need."""
 
-    def __init__(self, bb: relax.BlockBuilder, isa: str, report: LoweringReport) -> None:
+    def __init__(self, bb: relax.BlockBuilder, isa: str, report: LoweringReport,
+                 threads: int = 1) -> None:
         self.bb = bb
         self.isa = isa
+        self.threads = threads
         self.report = report
         self.kernels = 0
 
@@ -101,7 +104,7 @@ class _Emitter:
         (m, N) fp32."""
         k, n = w_q.shape
         sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True,
-                                  **epi.schedule_args())
+                                  threads=self.threads, **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
         a2, zp = _as_uint8(a2, a_zp, a_dtype)
@@ -110,7 +113,8 @@ class _Emitter:
         args = [a2, packed, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [residual] if residual is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
-        self.report.lowered[f"{name}{epi.suffix} [int8]"] += 1
+        tiles = ", amx" if runs_on_tiles(self.isa, "int8") else ""
+        self.report.lowered[f"{name}{epi.suffix} [int8{tiles}]"] += 1
         return out
 
     def int8_conv2d(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
@@ -420,11 +424,12 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
     return rewrite_call(pattern, rewrite, func)
 
 
-def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
+def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads: int = 1
+                    ) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_contractions` to every Relax function; add the
-    kernels."""
+    kernels (AMX tile GEMMs: one task per thread of ``threads``)."""
     bb = relax.BlockBuilder(mod)
-    emitter = _Emitter(bb, isa, report)
+    emitter = _Emitter(bb, isa, report, threads)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             func = drop_elementwise_fake_quantization(expose_folded_relus(func, report),

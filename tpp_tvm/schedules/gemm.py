@@ -21,7 +21,16 @@ import numpy as np
 from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
-from .gemm_plan import GemmPlan, check_gemm, k_block, plan_gemm, register_tile_isa, weights_outer
+from ..intrinsics.amx import TILE_CONFIG_ATTR
+from .gemm_plan import (
+    GemmPlan,
+    check_gemm,
+    k_block,
+    plan_gemm,
+    register_tile_isa,
+    runs_on_tiles,
+    weights_outer,
+)
 from .gemm_te import gemm_te
 from .tensorize import (
     fuse_epilogue,
@@ -37,30 +46,62 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   b_packed: bool = True, post_activation: str | None = None,
                   dtype: str = "float32", dequantize: bool = False,
                   a_transposed: bool = False, b_transposed: bool = False,
-                  a_scale: float = 1.0) -> tuple[s_tir.Schedule, GemmPlan]:
+                  a_scale: float = 1.0, threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
-    Parameters in order: A, B (packed), [scale, offset (int8 ``dequantize``)], [bias],
-    [residual], output."""
+    On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
+    parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
+    vector unit. Parameters in order: A, B (packed), [scale, offset (int8
+    ``dequantize``)], [bias], [residual], output."""
     check_gemm(m, n, k, dtype, activation)
-    isa = register_tile_isa(isa)
-    plan = plan_gemm(m, n, k, dtype)
+    tiles = runs_on_tiles(isa, dtype) and b_packed
+    plan = plan_gemm(m, n, k, dtype, "amx" if tiles else "avx512")
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
                                   a_scale)
     func = te.create_prim_func([*inputs, out])
-    return schedule_gemm(func, plan, isa, batch is not None, stages), plan
+    if tiles:
+        return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan
+    return schedule_gemm(func, plan, register_tile_isa(isa), batch is not None, stages), plan
 
 
 def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
                   stages: list[tuple[str, tuple[str, ...]]]) -> s_tir.Schedule:
     """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
-    sch = s_tir.Schedule(func)
+    return _schedule_blocks(s_tir.Schedule(func), plan, isa, batched, stages)
+
+
+def schedule_tile_gemm(func: tirx.PrimFunc, plan: GemmPlan, batched: bool,
+                       stages: list[tuple[str, tuple[str, ...]]], threads: int
+                       ) -> s_tir.Schedule:
+    """:func:`schedule_gemm` on AMX tiles: output blocks as one task per thread, marked so
+    that each task configures the tiles once (``intrinsics.amx.configure_tiles_per_task``,
+    applied by the ``tpp`` TIR pipeline); the epilogue TPPs run on the AVX-512 unit between
+    the tile calls."""
+    func = func.with_attr(TILE_CONFIG_ATTR, [plan.mr, plan.nr])
+    return _schedule_blocks(s_tir.Schedule(func), plan, "amx", batched, stages, threads)
+
+
+def split_tasks(sch: s_tir.Schedule, loop: s_tir.LoopRV, blocks: int, threads: int
+                ) -> tuple[s_tir.LoopRV, s_tir.LoopRV]:
+    """Split the flat loop over output blocks into one parallel task per thread (outer,
+    parallel) and the task's consecutive blocks (inner, serial)."""
+    task, block = sch.split(loop, [max(1, min(threads, blocks)), None])
+    sch.parallel(task)
+    return task, block
+
+
+def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: bool,
+                     stages: list[tuple[str, tuple[str, ...]]], threads: int | None = None
+                     ) -> s_tir.Schedule:
+    """The loop nest of :func:`schedule_gemm`; with ``threads`` (tile GEMMs) the output
+    blocks are split into that many parallel tasks."""
     mr, nr, k = plan.mr, plan.nr, plan.kp
     prec = plan.precision
     blk = sch.get_sblock("C")
     loops = list(sch.get_loops(blk))
     b = loops.pop(0) if batched else None
+    batch_extent = int(sch.get(b).extent) if batched else 1
     i, j, *red = loops  # red: (k,) or, VNNI-packed, (k // V, V)
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
@@ -77,14 +118,19 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
         sch.reorder(io, jo, ii, ji, *red)
         outer = [b, io, jo] if batched else [io, jo]
     tile_loop = sch.fuse(*outer)
-    sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
+    if threads is None:
+        sch.parallel(tile_loop)
+    vector_isa = register_tile_isa(isa)
+    schedule_pads(sch, ("A_pad", "A_scale", "B_pad",
+                        *schedule_transposes(sch, plan, vector_isa)))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
     b_dtype = prec.b if prec.b != prec.a else None
     gemm = TPPSpec("gemm", prec.a, b_dtype=b_dtype, m=mr, n=nr, k=k, beta=0)
     if not try_tensorize(sch, ii, gemm, isa, "C tile"):
         raise RuntimeError("GEMM microkernel did not tensorize")  # a bug, not user input
-    tensorize_epilogue(sch, epilogue, isa)
+    tensorize_epilogue(sch, epilogue, vector_isa)
+    if threads is not None:  # after tensorizing: a split fused loop blocks blockize
+        split_tasks(sch, tile_loop, (plan.mp // mr) * (plan.np_ // nr) * batch_extent, threads)
     return sch
 
 

@@ -16,6 +16,8 @@ from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS
 from ..target import host_isa
 
+#: Rows and columns of an AMX GEMM's output block (2 x 2 tiles of 16 x 16).
+AMX_BLOCK = 32
 #: Activations a GEMM epilogue accepts: every unary TPP except zero/copy.
 ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
 
@@ -49,16 +51,11 @@ class GemmPlan:
     nr: int
     dtype: str = "float32"
     amx: bool = False
-    """Tiles on AMX (``amx_gemm.py``): 32 x 32 blocks, K in whole 16-group tile steps."""
+    """Tiles on AMX: 32 x 32 blocks, K in whole 16-group tile steps."""
 
     @property
     def precision(self) -> Precision:
         return PRECISIONS[self.dtype]
-
-    @property
-    def c_shape(self) -> tuple[int, int]:
-        """Shape of the kernel's output: the AMX kernel writes whole (padded) blocks."""
-        return (self.mp, self.np_) if self.amx else (self.m, self.n)
 
     @property
     def mp(self) -> int:
@@ -80,8 +77,9 @@ class GemmPlan:
     def a_prepadded(self) -> bool:
         """Whether the kernel takes A already zero-padded to (mp, kp): bf16 kernels do,
         because TVM's bf16 legalisation widens a bf16 buffer allocated inside a kernel (the
-        padded copy of A) to fp32, which the bf16 microkernel cannot read."""
-        return self.precision.a == "bfloat16" or self.amx
+        padded copy of A) to fp32, which the bf16 microkernel cannot read. (A u8 A is padded
+        inside the kernel, under the tile loop, on AMX too.)"""
+        return self.precision.a == "bfloat16"
 
     def a_shape(self, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
         """Shape of the kernel's A parameter."""
@@ -111,10 +109,8 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
               ) -> GemmPlan:
     """Choose the register tile minimising padded work / tile efficiency (AMX: 32 x 32
     tile blocks for bf16/int8)."""
-    if isa == "amx" and PRECISIONS[dtype].vnni > 1:
-        from .amx_gemm import MR, NR
-
-        return GemmPlan(m, n, k, MR, NR, dtype, amx=True)
+    if runs_on_tiles(isa, dtype):
+        return GemmPlan(m, n, k, AMX_BLOCK, AMX_BLOCK, dtype, amx=True)
     best = None
     for (mr, nr), efficiency in TILE_EFFICIENCY.items():
         if mr > max(m, 2) and mr > 2:
@@ -146,18 +142,16 @@ def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> No
 
 
 def register_tile_isa(isa: str) -> str:
-    """The ISA of a schedule's tensorized register tiles: AMX's 32 x 32 tile blocks
-    without an epilogue are ``amx_gemm.py``; every other kernel of an AMX target runs on
-    the AVX-512 (VNNI, BF16) unit each AMX CPU has."""
+    """The ISA of a schedule's vector register tiles: on an AMX target everything but the
+    tile GEMM microkernel (epilogues, packing, fp32 GEMMs) runs on the AVX-512 unit each
+    AMX CPU has."""
     return "avx512" if isa == "amx" else isa
 
 
-def runs_on_tiles(isa: str, dtype: str, batch: int | None = None, bias: bool = False,
-                  activation: str | None = None, dequantize: bool = False) -> bool:
-    """Whether an AMX target's GEMM runs on tiles: bf16/int8 plain C = A @ B so far. With a
-    batch or an epilogue it runs on the AVX-512 (BF16, VNNI) unit every AMX CPU has."""
-    return (isa == "amx" and PRECISIONS[dtype].vnni > 1
-            and not (batch or bias or activation or dequantize))
+def runs_on_tiles(isa: str, dtype: str) -> bool:
+    """Whether an ``isa`` GEMM of ``dtype`` runs on AMX tiles: bf16 and int8 on an AMX
+    target, with any epilogue (fp32 stays on the FMA unit)."""
+    return isa == "amx" and PRECISIONS[dtype].vnni > 1
 
 
 def weights_outer(a_elems: int, b_elems: int) -> bool:
