@@ -1,8 +1,10 @@
 """GEMM benchmark: tpp_tvm against torch, numpy (OpenBLAS), untuned TVM and the peak.
 
 fp32, plus low-precision rows: bf16 (bf16 operands, fp32 accumulation; tpp_tvm and torch
-bf16 matmul, against the measured ``vdpbf16ps`` peak) and int8 (u8 x s8 -> int32, tpp_tvm,
-GOP/s against the measured ``vpdpbusd`` peak).
+bf16 matmul) and int8 (u8 x s8 -> int32 for tpp_tvm, s8 x s8 -> int32 for torch's
+``_int_mm``, GOP/s). Their % of peak refers to the unit the host's default target runs them
+on: the measured ``vdpbf16ps``/``vpdpbusd`` peaks on AVX-512 hosts, the measured
+``tdpbf16ps``/``tdpbusd`` tile peaks on AMX hosts (``peak.py``; oneDNN uses the tiles too).
 
 Convention: ``C[M, N] = A[M, K] @ B[K, N]``, row-major fp32; a shape is written ``MxNxK``.
 GFLOP/s = 2*M*N*K / median seconds per call. Every implementation is checked once per shape
@@ -63,9 +65,10 @@ SHAPES: tuple[tuple[int, int, int], ...] = (
     (128, 768, 3072),
     (127, 771, 513),
     (33, 1000, 257),
+    (64, 4096, 4096),
 )
 IMPLS: tuple[str, ...] = ("tpp_tvm", "torch", "numpy", "tvm_default")
-LOWP_IMPLS: tuple[str, ...] = ("tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8")
+LOWP_IMPLS: tuple[str, ...] = ("tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8", "torch_int8")
 IMPL_TITLES = {
     "tpp_tvm": "tpp_tvm",
     "torch": "torch",
@@ -74,9 +77,24 @@ IMPL_TITLES = {
     "tpp_tvm_bf16": "tpp_tvm bf16",
     "torch_bf16": "torch bf16",
     "tpp_tvm_int8": "tpp_tvm int8",
+    "torch_int8": "torch int8",
 }
-#: The peak (``benchmarks/peak.py`` instruction) each implementation's % of peak refers to.
-PEAK_OF = {"tpp_tvm_bf16": "bf16_dp", "torch_bf16": "bf16_dp", "tpp_tvm_int8": "int8_dp"}
+
+
+def peak_of(impl: str, amx: bool) -> str:
+    """The peak (``benchmarks/peak.py`` instruction) ``impl``'s % of peak refers to: the
+    tile products on an AMX host, the AVX-512 dot products elsewhere, else fp32 FMA."""
+    low = {"tpp_tvm_bf16": "bf16", "torch_bf16": "bf16", "tpp_tvm_int8": "int8",
+           "torch_int8": "int8"}.get(impl)
+    if low is None:
+        return "fp32_fma"
+    return f"amx_{low}" if amx else f"{low}_dp"
+
+
+def _host_has_amx() -> bool:
+    from tpp_tvm.target import best_isa
+
+    return best_isa() == "amx"
 
 TOLERANCE = 1e-4
 """Normwise relative error above which a result is marked wrong (fp32, K <= 3072)."""
@@ -199,8 +217,9 @@ def _time_kernel(kernel, a: np.ndarray, b_packed: np.ndarray) -> float:
 
 
 def _run_tpp_tvm_lowp(dtype: str, m: int, n: int, k: int, threads: int) -> Measured:
-    """tpp_tvm low-precision GEMM: bf16 (vdpbf16ps, fp32 accumulation and output) or
-    u8 x s8 -> int32 (vpdpbusd)."""
+    """tpp_tvm low-precision GEMM: bf16 (fp32 accumulation and output) or u8 x s8 -> int32,
+    on AMX tiles (``tdpbf16ps``/``tdpbusd``) where the host's default target is AMX, else
+    on the AVX-512 dot products (``vdpbf16ps``/``vpdpbusd``)."""
     from tpp_tvm.kernels import build_gemm
     from tpp_tvm.target import target
 
@@ -210,6 +229,7 @@ def _run_tpp_tvm_lowp(dtype: str, m: int, n: int, k: int, threads: int) -> Measu
     err = _rel_err(kernel.run_packed(a, b_packed), m, n, k, ref)
     note = ("bf16 in, fp32 out; B packed (VNNI-2)" if dtype == "bfloat16"
             else "u8 x s8 -> int32; B packed (VNNI-4)")
+    note = ("AMX tiles; " if kernel.plan.amx else "AVX-512; ") + note
     return Measured(_time_kernel(kernel, a, b_packed), err,
                     note=note + " once, outside the timed loop")
 
@@ -227,6 +247,24 @@ def _run_torch_bf16(m: int, n: int, k: int, threads: int) -> Measured:
     return Measured(seconds, max(0.0, err - 2.0**-8),
                     note="torch bf16 matmul rounds its output to bf16 (error checked net of "
                          "that 2^-8)")
+
+
+def _run_torch_int8(m: int, n: int, k: int, threads: int) -> Measured:
+    """``torch._int_mm`` (s8 x s8 -> int32; oneDNN, AMX tiles where the CPU has them). Its
+    A is the u8 operand shifted to s8 (A - 128), checked against that exact product."""
+    import torch
+
+    if m <= 16 or n % 8 or k % 8:
+        raise Skipped("skipped (torch._int_mm needs M > 16 and N, K multiples of 8)")
+    torch.set_num_threads(threads)
+    a_u8, b_np, _ = _int8_inputs(m, n, k)
+    a_np = (a_u8.astype(np.int16) - 128).astype(np.int8)
+    ref = a_np.astype(np.int64) @ b_np.astype(np.int64)
+    a, b = torch.from_numpy(a_np), torch.from_numpy(b_np)
+    with torch.inference_mode():
+        err = _rel_err(torch._int_mm(a, b).numpy(), m, n, k, ref)
+        seconds = median_time(lambda: torch._int_mm(a, b))
+    return Measured(seconds, err, note=f"torch {torch.__version__} _int_mm (s8 x s8)")
 
 
 def _run_torch(m: int, n: int, k: int, threads: int) -> Measured:
@@ -293,6 +331,7 @@ ADAPTERS: dict[str, Callable[[int, int, int, int], Measured]] = {
     "tpp_tvm_bf16": lambda m, n, k, threads: _run_tpp_tvm_lowp("bfloat16", m, n, k, threads),
     "torch_bf16": _run_torch_bf16,
     "tpp_tvm_int8": lambda m, n, k, threads: _run_tpp_tvm_lowp("int8", m, n, k, threads),
+    "torch_int8": _run_torch_int8,
 }
 
 
@@ -468,31 +507,42 @@ def _lowp_table(by_key: dict, shapes: list, threads: list[int],
     def pct(row):
         return f"{row['pct_peak']:.0f}%" if row and row.get("pct_peak") is not None else "-"
 
+    amx = any(instr.startswith("amx_") for instr in all_peaks)
+    bf16_peak, int8_peak = ("amx_bf16", "amx_int8") if amx else ("bf16_dp", "int8_dp")
+    unit = "the AMX tiles" if amx else "the AVX-512 dot products"
     lines = [
         "",
         "## Low precision",
         "",
-        f"- bf16 (bf16 × bf16, fp32 accumulation and output), GFLOP/s; measured `vdpbf16ps` "
-        f"peak {peak_text('bf16_dp', 'GFLOP/s')}. Checked against the float64 product of the "
-        "bf16-rounded inputs.",
-        f"- int8 (u8 × s8 → int32), GOP/s; measured `vpdpbusd` peak "
-        f"{peak_text('int8_dp', 'GOP/s')}. Checked exactly.",
+        f"On this host both tpp_tvm and torch run low precision on {unit}; % of peak refers "
+        "to that unit's measured peak (`benchmarks/peak.py`; tile peaks with random tile "
+        "data and no loads).",
+        "",
+        f"- bf16 (bf16 × bf16, fp32 accumulation and output), GFLOP/s; measured "
+        f"`{'tdpbf16ps' if amx else 'vdpbf16ps'}` peak {peak_text(bf16_peak, 'GFLOP/s')}. "
+        "Checked against the float64 product of the bf16-rounded inputs.",
+        f"- int8, GOP/s (tpp_tvm u8 × s8 → int32, torch `_int_mm` s8 × s8 → int32); measured "
+        f"`{'tdpbusd' if amx else 'vpdpbusd'}` peak {peak_text(int8_peak, 'GOP/s')}. "
+        "Checked exactly.",
         "",
         "| M×N×K | threads | tpp_tvm bf16 | % bf16 peak | torch bf16 | tpp_tvm bf16 / torch "
-        "bf16 | tpp_tvm bf16 / tpp_tvm fp32 | tpp_tvm int8 | % int8 peak |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "bf16 | tpp_tvm bf16 / tpp_tvm fp32 | tpp_tvm int8 | % int8 peak | torch int8 | "
+        "tpp_tvm int8 / torch int8 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m, n, k in shapes:
         for t in threads:
-            bf, tb, i8, f32 = (by_key.get((m, n, k, impl, t)) for impl in
-                               ("tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8", "tpp_tvm"))
+            bf, tb, i8, f32, ti8 = (by_key.get((m, n, k, impl, t)) for impl in
+                                    ("tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8", "tpp_tvm",
+                                     "torch_int8"))
 
             def ratio(x, y):
                 return f"{x['gflops'] / y['gflops']:.2f}" if x and y and x["gflops"] and \
                     y["gflops"] else "-"
 
             lines.append(f"| {m}×{n}×{k} | {t} | {_cell(bf)} | {pct(bf)} | {_cell(tb)} | "
-                         f"{ratio(bf, tb)} | {ratio(bf, f32)} | {_cell(i8)} | {pct(i8)} |")
+                         f"{ratio(bf, tb)} | {ratio(bf, f32)} | {_cell(i8)} | {pct(i8)} | "
+                         f"{_cell(ti8)} | {ratio(i8, ti8)} |")
     return lines
 
 
@@ -518,7 +568,8 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     shapes = parse_shapes(args.shapes)
     threads = [int(t) for t in args.threads.split(",")]
     impls = args.impls.split(",") if args.impls else list(IMPLS + LOWP_IMPLS)
-    instrs = ["fp32_fma"] + sorted({PEAK_OF[i] for i in impls if i in PEAK_OF})
+    amx = _host_has_amx()
+    instrs = ["fp32_fma"] + sorted({peak_of(i, amx) for i in impls} - {"fp32_fma"})
     load_before = os.getloadavg()[0]
     print(f"measuring {', '.join(instrs)} peaks on {threads} thread(s) ...", file=sys.stderr)
     all_peaks = {instr: measure_peaks(threads, instr) for instr in instrs}
@@ -540,7 +591,7 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
         if row["impl"] == "peak":
             row["gflops"] = row["peak_gflops"] = all_peaks[row["instr"]][row["threads"]]
         elif row["gflops"] is not None:
-            peak = all_peaks[PEAK_OF.get(row["impl"], "fp32_fma")][row["threads"]]
+            peak = all_peaks[peak_of(row["impl"], amx)][row["threads"]]
             row["pct_peak"] = 100.0 * row["gflops"] / peak
     write_results(args.out, "gemm", argv, rows, load_before,
                   lambda command, date, load: render_markdown(rows, all_peaks, command,

@@ -62,26 +62,32 @@ from harness import (
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_models"
 
-IMPLS: tuple[str, ...] = ("tpp_tvm", "onnxruntime", "torch", "torch_compile", "tvm_default")
+IMPLS: tuple[str, ...] = ("tpp_tvm", "onnxruntime", "openvino", "torch", "torch_compile",
+                          "tvm_default")
 IMPL_TITLES = {
     "tpp_tvm": "tpp_tvm",
     "onnxruntime": "ONNX Runtime",
+    "openvino": "OpenVINO f32",
     "torch": "torch eager",
     "torch_compile": "torch.compile",
     "tvm_default": "TVM-default",
 }
 
 LOWP_IMPLS: tuple[str, ...] = (
-    "tpp_tvm_bf16", "torch_bf16", "tpp_tvm_int8_dynamic", "onnxruntime_int8_dynamic",
-    "tpp_tvm_int8_qdq", "onnxruntime_int8_qdq",
+    "tpp_tvm_bf16", "openvino_bf16", "torch_bf16", "tpp_tvm_int8_dynamic",
+    "onnxruntime_int8_dynamic", "openvino_int8_dynamic", "tpp_tvm_int8_qdq",
+    "onnxruntime_int8_qdq", "openvino_int8_qdq",
 )
 IMPL_TITLES.update({
     "tpp_tvm_bf16": "tpp_tvm bf16",
+    "openvino_bf16": "OpenVINO bf16",
     "torch_bf16": "torch bf16 autocast",
     "tpp_tvm_int8_dynamic": "tpp_tvm int8 dynamic",
     "onnxruntime_int8_dynamic": "ORT int8 dynamic",
+    "openvino_int8_dynamic": "OpenVINO int8 dynamic",
     "tpp_tvm_int8_qdq": "tpp_tvm int8 QDQ",
     "onnxruntime_int8_qdq": "ORT int8 QDQ",
+    "openvino_int8_qdq": "OpenVINO int8 QDQ",
 })
 #: Models each low-precision implementation runs on (int8: the MLP and ResNet-50, whose
 #: matmuls and convolutions all have constant weights; BERT's attention matmuls would stay
@@ -291,6 +297,27 @@ def _ort(case: Case, model: onnx.ModelProto) -> Measured:
     return Measured(seconds, list(outputs), note=f"onnxruntime {onnxruntime.__version__}")
 
 
+def _openvino(case: Case, model: onnx.ModelProto, precision: str | None) -> Measured:
+    """OpenVINO's CPU plugin on ``threads`` threads; ``precision`` is its
+    ``INFERENCE_PRECISION_HINT`` (``f32`` forces fp32 on CPUs where OpenVINO would pick bf16;
+    None leaves it to OpenVINO, which runs a quantized model's int8 parts in int8)."""
+    import openvino
+
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": case.threads}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    with tempfile.TemporaryDirectory() as tmp:  # OpenVINO reads models from files
+        path = Path(tmp) / "model.onnx"
+        onnx.save(model, path)
+        request = openvino.Core().compile_model(str(path), "CPU", config).create_infer_request()
+    feeds = dict(case.inputs)
+    result = request.infer(feeds)
+    outputs = [np.asarray(result[out]) for out in request.model_outputs]
+    seconds = median_time(lambda: request.infer(feeds))
+    return Measured(seconds, outputs, note=f"openvino {openvino.__version__}, "
+                    f"INFERENCE_PRECISION_HINT={precision or 'default'}")
+
+
 def _run_onnxruntime(case: Case) -> Measured:
     """ONNX Runtime's CPU EP, ``threads`` intra-op threads, sequential execution."""
     import onnxruntime
@@ -437,6 +464,10 @@ ADAPTERS: dict[str, Adapter] = {
     "onnxruntime_int8_dynamic": lambda case: _ort(case, _quantized(case, "dynamic")),
     "tpp_tvm_int8_qdq": lambda case: _tpp_tvm(case, _quantized(case, "qdq")),
     "onnxruntime_int8_qdq": lambda case: _ort(case, _quantized(case, "qdq")),
+    "openvino_bf16": lambda case: _openvino(case, case.model, "bf16"),
+    "openvino_int8_dynamic": lambda case: _openvino(case, _quantized(case, "dynamic"), None),
+    "openvino_int8_qdq": lambda case: _openvino(case, _quantized(case, "qdq"), None),
+    "openvino": lambda case: _openvino(case, case.model, "f32"),
     "tpp_tvm": lambda case: _tpp_tvm(case, case.model),
     "onnxruntime": _run_onnxruntime,
     "torch": _run_torch,
@@ -552,7 +583,9 @@ def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, fl
         f"- Measured fp32 FMA peak (`benchmarks/peak.py`, best of before and after): "
         f"{peak_text}.",
         "- Implementations: tpp_tvm = `compile_onnx` with the host's TPP target; ONNX Runtime "
-        "= CPU EP, intra-op threads = threads, sequential; torch eager = `inference_mode`, "
+        "= CPU EP, intra-op threads = threads, sequential; OpenVINO f32 = CPU plugin, "
+        "`INFERENCE_PRECISION_HINT=f32`, `INFERENCE_NUM_THREADS` = threads; torch eager = "
+        "`inference_mode`, "
         "`torch.set_num_threads`; torch.compile = default (inductor) backend; TVM-default = "
         "`tvm.compile(from_onnx(...), relax_pipeline=\"default\")`, run once. Each implementation "
         "and thread count runs in its own process.",
@@ -569,8 +602,8 @@ def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, fl
     lines += [
         "",
         "| model | threads | " + " | ".join(IMPL_TITLES[i] for i in impls)
-        + " | tpp_tvm % peak | ORT % peak | tpp_tvm speed / ORT |",
-        "|---|---:|" + "---:|" * len(impls) + "---:|---:|---:|",
+        + " | tpp_tvm % peak | ORT % peak | tpp_tvm speed / ORT | tpp_tvm speed / OpenVINO |",
+        "|---|---:|" + "---:|" * len(impls) + "---:|---:|---:|---:|",
     ]
     for name in info:
         for t in threads:
@@ -580,12 +613,14 @@ def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, fl
             def pct(row: dict | None) -> str:
                 return f"{row['pct_peak']:.0f}%" if row and row["pct_peak"] is not None else "-"
 
-            ratio = "-"
-            if tpp and ort and tpp["median_ms"] and ort["median_ms"]:
-                ratio = f"{ort['median_ms'] / tpp['median_ms']:.2f}×"
-            lines.append(
-                f"| {name} | {t} | " + " | ".join(cells) + f" | {pct(tpp)} | {pct(ort)} | {ratio} |"
-            )
+            def speed(peer: dict | None) -> str:
+                if tpp and peer and tpp["median_ms"] and peer["median_ms"]:
+                    return f"{peer['median_ms'] / tpp['median_ms']:.2f}×"
+                return "-"
+
+            ov = by_key.get((name, "openvino", t))
+            lines.append(f"| {name} | {t} | " + " | ".join(cells)
+                         + f" | {pct(tpp)} | {pct(ort)} | {speed(ort)} | {speed(ov)} |")
     lines += [
         "",
         "tpp_tvm speed / ORT > 1 means tpp_tvm is faster.",
@@ -620,18 +655,22 @@ def _lowp_table(by_key: dict, info: dict[str, dict], threads: list[int]) -> list
     present = [i for i in LOWP_IMPLS if any(k[1] == i for k in by_key)]
     if not present:
         return []
-    pairs = [("tpp_tvm_bf16", "torch_bf16"), ("tpp_tvm_int8_dynamic", "onnxruntime_int8_dynamic"),
-             ("tpp_tvm_int8_qdq", "onnxruntime_int8_qdq")]
+    pairs = [("tpp_tvm_bf16", "openvino_bf16"), ("tpp_tvm_bf16", "torch_bf16"),
+             ("tpp_tvm_int8_dynamic", "onnxruntime_int8_dynamic"),
+             ("tpp_tvm_int8_dynamic", "openvino_int8_dynamic"),
+             ("tpp_tvm_int8_qdq", "onnxruntime_int8_qdq"),
+             ("tpp_tvm_int8_qdq", "openvino_int8_qdq")]
     pairs = [p for p in pairs if p[0] in present and p[1] in present]
     lines = [
         "",
         "## Low precision: median latency (ms) / max abs error vs fp32 ONNX Runtime",
         "",
-        "bf16: matmuls in bf16 with fp32 accumulation (tpp_tvm `precision=\"bf16\"`; torch "
+        "bf16: matmuls in bf16 with fp32 accumulation (tpp_tvm `precision=\"bf16\"`, on AMX "
+        "tiles where the host has them; OpenVINO `INFERENCE_PRECISION_HINT=bf16`; torch "
         "eager under bf16 autocast). int8: the model quantized by ONNX Runtime "
         "(`quantize_dynamic`, or `quantize_static` QDQ calibrated on the example input; u8 "
-        "activations, s8 weights), run by tpp_tvm and by ONNX Runtime. Ratios > 1: tpp_tvm "
-        "is faster than the peer in the same precision.",
+        "activations, s8 weights), run by tpp_tvm, ONNX Runtime and OpenVINO. Ratios > 1: "
+        "tpp_tvm is faster than the peer in the same precision.",
         "",
         "| model | threads | " + " | ".join(IMPL_TITLES[i] for i in present)
         + "".join(f" | {IMPL_TITLES[a]} speed / {IMPL_TITLES[b]}" for a, b in pairs) + " |",
