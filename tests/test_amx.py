@@ -202,3 +202,36 @@ def test_quantized_convolutions_build_for_amx_on_the_vnni_unit() -> None:
     build(from_onnx(model), target=target("amx"), report=report)
     assert dict(report.lowered) == {"tpp.conv_integer [int8]": 1}, report.lowered
     assert not report.fallbacks, report.fallbacks
+
+
+def test_exported_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
+    """A process that only loads an exported AMX model must ask Linux for tile state itself
+    (else its first tile instruction is SIGILL); a host without AMX gets a clear error."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tpp_tvm import models
+    from tpp_tvm.compiled import compile_onnx
+
+    model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
+    inputs = models.example_inputs(model)
+    compiled = compile_onnx(model, target=target("amx", num_cores=1), precision="bf16")
+    assert any(k.endswith(", amx]") for k in compiled.report_data["lowered"])
+    path = tmp_path / "mlp_amx.so"
+    compiled.export(str(path))
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    script = ("import sys, numpy as np, tpp_tvm\n"
+              "m = tpp_tvm.load(sys.argv[1]); x = np.load(sys.argv[2])\n"
+              "np.save(sys.argv[3], m(**dict(x))[0])\n")
+    out = tmp_path / "out.npy"
+    proc = subprocess.run([sys.executable, "-c", script, str(path),
+                           str(tmp_path / "inputs.npz"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    if HOST.amx_tile and HOST.amx_permitted:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        want = compiled(*inputs.values())[0]
+        np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-5)
+    else:
+        assert proc.returncode == 1 and "runs matmuls on AMX tiles" in proc.stderr, proc.stderr

@@ -69,3 +69,15 @@ def test_bf16_on_an_amx_target_builds_without_fallbacks() -> None:
     build(from_onnx(model), target("amx", num_cores=1), report=report, precision="bf16")
     assert not report.fallbacks, report.fallbacks
     assert any(k.endswith("[bf16, amx]") for k in report.lowered), report.lowered
+
+
+@pytest.mark.requires_avx512_bf16
+def test_bf16_without_tiles_says_it_may_not_pay() -> None:
+    """On a target without AMX the report warns that bf16 runs on vdpbf16ps (often no
+    faster than fp32); on AMX tiles it does not."""
+    from tpp_tvm.compiled import BF16_WITHOUT_TILES
+    from tpp_tvm.target import target
+
+    model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
+    text = compile_onnx(model, target=target("avx512", num_cores=1), precision="bf16").report()
+    assert BF16_WITHOUT_TILES in text and "[bf16]" in text
