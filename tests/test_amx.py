@@ -235,3 +235,33 @@ def test_exported_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
         np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-5)
     else:
         assert proc.returncode == 1 and "runs matmuls on AMX tiles" in proc.stderr, proc.stderr
+
+
+def test_row_blocks_keep_a_in_half_the_l2() -> None:
+    from tpp_tvm.schedules.gemm_plan import row_block
+
+    budget = (HOST.l2_bytes or 1024 * 1024) // 2
+    assert row_block(64, 2048, 32) is None or 64 * 2048 > budget
+    rows, row_bytes = 4096, 4096
+    mc = row_block(rows, row_bytes, 32)
+    assert mc is not None and mc % 32 == 0 and 64 <= mc < rows and mc * row_bytes <= budget
+
+
+@pytest.mark.requires_amx
+def test_row_blocked_tile_gemm_runs_like_numpy() -> None:
+    """A larger than half the L2: row blocks of A outer, every B panel over each block."""
+    import ml_dtypes
+    import numpy as np
+
+    from tpp_tvm.kernels import build_gemm
+    from tpp_tvm.schedules.gemm_plan import row_block
+
+    m, n, k = 640, 96, 2048
+    assert row_block(m, 2 * k, 32) is not None or m * 2 * k <= (HOST.l2_bytes or 0) // 2
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype="float32")
+    b = rng.standard_normal((k, n), dtype="float32")
+    kernel = build_gemm(m, n, k, dtype="bfloat16", target=target("amx", num_cores=2))
+    want = (a.astype(ml_dtypes.bfloat16).astype(np.float32)
+            @ b.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_allclose(kernel(a, b), want, rtol=1e-4, atol=1e-2)
