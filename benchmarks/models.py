@@ -13,6 +13,7 @@ parent merges their JSON (timing, workers and result files: ``benchmarks/harness
     python benchmarks/models.py                        # full size, 1 and 2 threads
     python benchmarks/models.py --quick                # BERT 2 layers, a smaller ResNet
     python benchmarks/models.py --tiny --threads 1 --out /tmp/res   # harness check
+    python benchmarks/models.py --passes 3   # alternate the workers 3 times, keep the fastest
 
 Reported per model: median latency (ms), compile time (s) of tpp_tvm and TVM-default, max abs
 error against ONNX Runtime, tpp_tvm's speed relative to ONNX Runtime, the model's FLOPs
@@ -588,7 +589,8 @@ def render_markdown(rows: list[dict], info: dict[str, dict], peaks: dict[int, fl
         "`inference_mode`, "
         "`torch.set_num_threads`; torch.compile = default (inductor) backend; TVM-default = "
         "`tvm.compile(from_onnx(...), relax_pipeline=\"default\")`, run once. Each implementation "
-        "and thread count runs in its own process.",
+        "and thread count runs in its own process (with `--passes`, alternating passes: the "
+        "fastest is kept).",
         "- GFLOP counts MatMul/Gemm/Conv (2 × multiply-adds); % peak = GFLOP / latency / peak. "
         "Max abs error is against ONNX Runtime's output on the same inputs.",
         "",
@@ -706,6 +708,19 @@ def _notes(rows: list[dict]) -> list[str]:
     return sorted(notes)
 
 
+def _keep_fastest(rows: list[dict]) -> list[dict]:
+    """One row per (model, impl, threads): the pass with the lowest median (a row that
+    failed in one pass and ran in another keeps the run)."""
+    best: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["model"], row["impl"], row["threads"])
+        old = best.get(key)
+        fast = row.get("median_ms") or math.inf
+        if old is None or fast < (old.get("median_ms") or math.inf):
+            best[key] = row
+    return list(best.values())
+
+
 def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     """Generate models and references, run every (impl, threads) worker, write the results."""
     names = args.models.split(",")
@@ -728,13 +743,14 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"measuring fp32 peak on {threads} thread(s) ...", file=sys.stderr)
     peaks = measure_peaks(threads)
     rows: list[dict] = []
-    for t in threads:
-        for impl in impls:
-            run = [n for n in names if n in LOWP_MODELS.get(impl, names)]
-            if not run:
-                continue
-            print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
-            rows.extend(_spawn_worker(impl, t, run, args, refs))
+    for _ in range(args.passes):
+        for t in threads:
+            for impl in impls:
+                run = [n for n in names if n in LOWP_MODELS.get(impl, names)]
+                if not run:
+                    continue
+                print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
+                rows = _keep_fastest(rows + _spawn_worker(impl, t, run, args, refs))
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
     after = measure_peaks(threads)
     peaks = {t: max(p, after[t]) for t, p in peaks.items()}
@@ -767,6 +783,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true",
                         help="tiny models (implies --quick): checks the harness end to end")
     parser.add_argument("--out", help="folder for models.json/models.md (default: results/<cpu>)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="run every worker this many times, alternating, and keep each "
+                             "one's fastest pass (drift on shared machines)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE,
                         help="where generated ONNX models and references are kept")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
