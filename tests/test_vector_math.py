@@ -47,10 +47,15 @@ def _build(fn, nargs: int):
     return tvm.compile(kernel, target=target("avx512", num_cores=1)).jit()
 
 
-def _run(fn, x: np.ndarray) -> np.ndarray:
-    """fn over x (for gelu_inv: with dy = 1)."""
+def _run(fn, x: np.ndarray, avx512_forms: bool = False) -> np.ndarray:
+    """fn over x (for gelu_inv: with dy = 1); ``avx512_forms``: built the way the AVX-512
+    TPPs build it (``vscalefps``, ``vrcp14ps``)."""
     nargs = 2 if fn is vm.gelu_inv else 1
-    mod = _build(fn, nargs)
+    if avx512_forms:
+        with vm.avx512_forms():
+            mod = _build(fn, nargs)
+    else:
+        mod = _build(fn, nargs)
     n = -(-len(x) // 16) * 16
     args = [np.pad(x, (0, n - len(x)))]
     if nargs == 2:
@@ -100,10 +105,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("forms", ["portable", "avx512"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_accuracy_over_the_fp32_range(name: str, inputs: np.ndarray) -> None:
+def test_accuracy_over_the_fp32_range(name: str, forms: str, inputs: np.ndarray) -> None:
     fn, ref, max_rel = CASES[name]
-    got = _run(fn, inputs).astype(np.float64)
+    got = _run(fn, inputs, forms == "avx512").astype(np.float64)
     x = inputs.astype(np.float64)
     with np.errstate(all="ignore"):
         want = ref(x)
@@ -123,9 +129,10 @@ def test_accuracy_over_the_fp32_range(name: str, inputs: np.ndarray) -> None:
     assert err <= 100 * DENORMAL, f"{name}: error {err / DENORMAL:.3g} denormals near 0"
 
 
-def test_exp_denormals_are_correctly_rounded() -> None:
+@pytest.mark.parametrize("forms", ["portable", "avx512"])
+def test_exp_denormals_are_correctly_rounded(forms: str) -> None:
     x = np.linspace(-104, -87, 20_001, dtype=np.float32)
-    got = _run(vm.exp, x).astype(np.float64)
+    got = _run(vm.exp, x, forms == "avx512").astype(np.float64)
     want = np.exp(x.astype(np.float64))
     assert np.abs(got - want).max() <= DENORMAL
 
@@ -144,8 +151,24 @@ def test_exp_denormals_are_correctly_rounded() -> None:
     ],
 )
 def test_infinities_and_nan(name: str, expected: list[float]) -> None:
-    got = _run(CASES[name][0], np.float32([np.inf, -np.inf, np.nan]))
-    np.testing.assert_array_equal(got, np.float32(expected))
+    for forms in (False, True):
+        got = _run(CASES[name][0], np.float32([np.inf, -np.inf, np.nan]), forms)
+        np.testing.assert_array_equal(got, np.float32(expected))
+
+
+def test_avx512_forms_use_scalef_and_rcp14() -> None:
+    """The AVX-512 forms are what the AVX-512 TPPs compile to: no divider, one vscalefps per
+    exp; outside the context (and for other lane counts) the portable forms."""
+    import tpp_harness as h
+
+    from tpp_tvm.intrinsics import TPPSpec
+
+    asm = h.assembly(TPPSpec("sigmoid", m=2, n=32), "avx512")
+    assert "vscalefps" in asm and "vrcp14ps" in asm and "vdivps" not in asm
+    x = tirx.Var("x", "float32x8")
+    with vm.avx512_forms():
+        assert "llvm.x86" not in str(vm.sigmoid(x))
+    assert "llvm.x86" not in str(vm.sigmoid(tirx.Var("y", "float32x16")))
 
 
 def test_works_on_scalars_and_scalable_vectors() -> None:

@@ -18,8 +18,8 @@ Transcendentals outside TPPs (``exp``, ``tanh``, ``erf`` in a default-scheduled 
 TE epilogue or a row's untensorized tail) would reach LLVM as ``llvm.exp.v16f32``, which
 x86 has no instruction for: LLVM scalarizes it into 16 libm calls (a depthwise conv's SiLU
 epilogue ran 8x longer than the convolution). Inside this pipeline's ``LowerIntrin``, fp32
-calls lower to the ``vector_math`` forms the TPPs use (plain SIMD, a few ulp) instead; other
-builds in the process keep TVM's lowering.
+calls lower to the ``vector_math`` forms the TPPs use (plain SIMD, a few ulp; with the AVX-512
+forms for AVX-512 targets) instead; other builds in the process keep TVM's lowering.
 
 The pipeline also refuses, before LLVM sees them, kernels that import LLVM IR needing CPU
 features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 aborts the whole
@@ -225,6 +225,19 @@ for _name in FAST_OPS:
                                           level=99)
 
 
+def _compiles_for_avx512(mod: tvm.IRModule) -> bool:
+    """Whether ``mod``'s functions target an x86 CPU with AVX-512F (the vector math may then
+    use AVX-512 instructions)."""
+    for func in mod.functions.values():
+        tgt = func.attrs.get("target") if func.attrs is not None else None
+        if tgt is None or tgt.kind.name != "llvm":
+            continue
+        if "aarch64" in str(tgt.attrs.get("mtriple", "")):
+            return False
+        return bool(tvm.target.codegen.llvm_cpu_has_features(["avx512f"], tgt))
+    return False
+
+
 def _tpp_pipeline():
     base, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("default")
 
@@ -239,7 +252,10 @@ def _tpp_pipeline():
         @tvm.transform.module_pass(opt_level=0, name="tpp.FinalizeHost")
         def finalize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             with _fast_transcendentals():
-                return passes(mod)
+                if not _compiles_for_avx512(mod):
+                    return passes(mod)
+                with vector_math.avx512_forms():
+                    return passes(mod)
 
         return finalize
 

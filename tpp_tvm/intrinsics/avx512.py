@@ -13,6 +13,7 @@ from . import kinds
 from .llvm_ir import dot_brgemm
 from .spec import TPPSpec
 from .vector_isa import VectorISA
+from .vector_math import avx512_forms
 
 AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm)
 #: The vector unit the registry reports for this ISA.
@@ -20,5 +21,7 @@ VECTOR_ISA = AVX512
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:
-    """The AVX-512 implementation PrimFunc of ``spec``."""
-    return kinds.implement(spec, AVX512)
+    """The AVX-512 implementation PrimFunc of ``spec`` (its vector math with the AVX-512
+    forms: ``vscalefps``, ``vrcp14ps``)."""
+    with avx512_forms():
+        return kinds.implement(spec, AVX512)

@@ -38,12 +38,22 @@ sqrt, rsqrt, reciprocal and division are not here: IEEE vector instructions do t
 TIR expressions are trees: each function repeats its argument several times (LLVM merges
 the copies), so pass loads or variables, not large expressions. Let-bindings do not help:
 TVM's simplifier inlines pure lets, and nested copies then grow exponentially.
+
+Inside :func:`avx512_forms` (the AVX-512 TPP implementations and the ``tpp`` pipeline's
+lowering for x86 AVX-512 targets set it), 16-lane fp32 vectors use two AVX-512 instructions
+the portable forms spell out: ``vscalefps`` applies exp's ``2^n`` (under/overflow rounded
+once, as the two exponent-field factors do) and ``vrcp14ps`` plus one Newton step replaces
+the divisions of sigmoid and erfc (1.1e-7 relative). With 512-bit vectors only two ports do
+floating-point work, so each micro-op counts: the portable sigmoid was ~40 per vector plus a
+``vdivps`` whose divider is not pipelined.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import tvm
 from tvm import tirx
@@ -117,6 +127,40 @@ _ABS_MASK = 0x7FFFFFFF
 _INF_BITS = 0x7F800000  # NaNs are the bit patterns above inf's (ignoring the sign)
 
 
+_forms = threading.local()
+
+
+@contextmanager
+def avx512_forms() -> Iterator[None]:
+    """While active (per thread), 16-lane fp32 math uses AVX-512 instructions (see the
+    module doc). Only for code compiled for an AVX-512 x86 target."""
+    depth = getattr(_forms, "avx512", 0)
+    _forms.avx512 = depth + 1
+    try:
+        yield
+    finally:
+        _forms.avx512 = depth
+
+
+def _avx512(x: Expr) -> bool:
+    return getattr(_forms, "avx512", 0) > 0 and dtype_of(x) == "float32x16"
+
+
+def _all_lanes() -> Expr:
+    return tirx.const(-1, "int16")
+
+
+def _reciprocal(d: Expr) -> Expr:
+    """``1 / d`` for finite ``d`` of normal magnitude (the callers' denominators are in
+    [1, 6.3]): ``vrcp14ps`` and one Newton step under :func:`avx512_forms`, else a division."""
+    if not _avx512(d):
+        return const(d, 1.0) / d
+    zero = tirx.Broadcast(tirx.const(0.0, "float32"), 16)
+    r = tirx.call_llvm_pure_intrin("float32x16", "llvm.x86.avx512.rcp14.ps.512", d, zero,
+                                   _all_lanes())
+    return r * (const(d, 2.0) - d * r)
+
+
 def _int_type(x: Expr) -> str:
     return dtype_of(x).replace("float32", "int32")
 
@@ -177,6 +221,9 @@ def _exp_parts(hi: Expr, lo: Expr) -> Expr:
     nf = tirx.floor(s * const(s, _LOG2E) + const(s, 0.5))
     r = _clamp((hi - nf * const(s, _LN2_HI)) - nf * const(s, _LN2_LO) + lo, -_R_MAX, _R_MAX)
     p = _poly(r, _EXP_POLY) * r * r + r + const(r, 1.0)
+    if _avx512(p):  # p * 2^nf, rounded once (denormal, normal or inf)
+        return tirx.call_llvm_pure_intrin("float32x16", "llvm.x86.avx512.mask.scalef.ps.512",
+                                          p, nf, p, _all_lanes(), tirx.const(4, "int32"))
     n = tirx.Cast(_int_type(s), nf)
     # n is in [-150, 128]: two factors 2^(n//2) and 2^(n - n//2) are both normal, and the
     # final product rounds once, to a denormal, a normal or inf.
@@ -199,7 +246,7 @@ def _neg_square(a: Expr, scale: float) -> tuple[Expr, Expr]:
 
 def _erfc_core(z: Expr, hi: Expr, lo: Expr) -> Expr:
     """``erfc(z)`` for ``0 <= z`` with ``-z^2 = hi + lo`` given exactly."""
-    t = const(z, 1.0) / (const(z, 1.0) + const(z, 0.5) * z)
+    t = _reciprocal(const(z, 1.0) + const(z, 0.5) * z)
     return t * _exp_parts(hi, lo + _poly(t, _ERFC_POLY))
 
 
@@ -241,13 +288,13 @@ def tanh(x: Expr) -> Expr:
     s = xs * xs
     small = _poly(s, _TANH_POLY) * s * xs + xs
     e = _exp_parts(const(x, -2.0) * tirx.min(tirx.abs(x), const(x, _TANH_X_MAX)), const(x, 0.0))
-    large = _copysign((const(x, 1.0) - e) / (const(x, 1.0) + e), x)
+    large = _copysign((const(x, 1.0) - e) * _reciprocal(const(x, 1.0) + e), x)
     return _keep_nan(x, tirx.Select(tirx.abs(x) < const(x, _TANH_SMALL), small, large))
 
 
 def _sigmoid(x: Expr) -> Expr:
     e = _exp_parts(-tirx.abs(x), const(x, 0.0))
-    s = const(x, 1.0) / (const(x, 1.0) + e)
+    s = _reciprocal(const(x, 1.0) + e)
     return tirx.Select(x >= const(x, 0.0), s, e * s)
 
 
