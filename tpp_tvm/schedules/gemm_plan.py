@@ -163,16 +163,19 @@ def weights_outer(a_elems: int, b_elems: int) -> bool:
 
 
 def row_block(rows: int, row_bytes: int, mr: int) -> int | None:
-    """Rows of A to keep in half the L2 while every B panel passes over them (a multiple of
-    ``mr``, at least two tiles), or None when all of A fits there already.
+    """Rows of A to keep in half the L2 while every B panel passes over them (a whole
+    number of ``mr`` tiles that divides ``rows``' tiles, at least two; a ragged block would
+    leave a predicated loop the microkernel cannot be tensorized under), or None when all
+    of A fits there already or no such block exists.
 
     With B panels outer, A is re-read once per panel: an A larger than the L2 then streams
     from L3 per panel (measured bf16 1024^3 on AMX: 304 GFLOP/s against torch's 1063)."""
     budget = (host_isa().l2_bytes or 1024 * 1024) // 2
     if rows * row_bytes <= budget:
         return None
-    fit = budget // row_bytes // mr * mr
-    return fit if fit >= 2 * mr and fit < rows else None
+    tiles, fit = -(-rows // mr), budget // row_bytes // mr
+    block = max((d for d in range(2, min(fit, tiles - 1) + 1) if tiles % d == 0), default=None)
+    return None if block is None else block * mr
 
 
 #: A convolution's filter panel larger than this leaves L2 between output rows (each row
