@@ -184,8 +184,7 @@ def compile_all(names: list[str], precision: str = "float32") -> dict[str, dict]
             entry["compile_s"] = round(time.perf_counter() - t0, 1)
             compiled.export(str(_library(name, precision)))
             report = compiled.report()
-            entry["fallbacks"] = sum(1 for line in report.splitlines()
-                                     if line.strip().startswith("fallback"))
+            entry["fallbacks"] = sum(compiled.report_data.get("fallbacks", {}).values())
             entry["report"] = report
         except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying why
             entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
