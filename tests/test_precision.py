@@ -81,3 +81,28 @@ def test_bf16_without_tiles_says_it_may_not_pay() -> None:
     model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
     text = compile_onnx(model, target=target("avx512", num_cores=1), precision="bf16").report()
     assert BF16_WITHOUT_TILES in text and "[bf16]" in text
+
+
+def test_a_failing_bf16_kernel_runs_on_fp32_tpps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 kernel that cannot be built leaves the layer on the fp32 TPP kernel (reported
+    as a rewrite), not on TVM's untuned code, which ran a ViT matmul 100x slower."""
+    from tpp_tvm.relay_passes import lower
+    from tpp_tvm.target import target
+
+    real = lower.gemm_schedule
+
+    def failing(*args, dtype: str = "float32", **kwargs):
+        if dtype != "float32":
+            raise RuntimeError("GEMM microkernel did not tensorize")
+        return real(*args, dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(lower, "gemm_schedule", failing)
+    model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
+    inputs = models.example_inputs(model)
+    compiled = compile_onnx(model, target=target("avx512", num_cores=1), precision="bf16")
+    data = compiled.report_data
+    assert not data["fallbacks"], data["fallbacks"]
+    assert data["lowered"] and not any("[bf16" in k for k in data["lowered"]), data["lowered"]
+    assert any("bfloat16 kernel failed" in k for k in data["rewrites"]), data["rewrites"]
+    want = run_onnxruntime(model, inputs)[0]
+    assert checks.relative_error(compiled(*inputs.values())[0], want) <= 1e-5

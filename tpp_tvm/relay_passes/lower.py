@@ -545,11 +545,12 @@ class _Lowerer(relax.PyExprMutator):
             if matched is None:
                 raise ValueError("pattern no longer matches its composite function")
             prec = _lowered_precision(pattern.lowering, matched, self.precision)
+            out = None
             if prec != "float32":
-                out = lowering(self.builder_, matched, comp, self.isa, prec,
-                               threads=self.threads)
-                comp = f"{comp} [bf16{', amx' if runs_on_tiles(self.isa, prec) else ''}]"
-            else:
+                out = self._low_precision(lowering, matched, comp, prec)
+                if out is not None:
+                    comp = f"{comp} [bf16{', amx' if runs_on_tiles(self.isa, prec) else ''}]"
+            if out is None:
                 out = lowering(self.builder_, matched, comp, self.isa)
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
             reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
@@ -558,6 +559,19 @@ class _Lowerer(relax.PyExprMutator):
             return call
         self.report.lowered[comp] += 1
         return out
+
+    def _low_precision(self, lowering, matched: dict[str, relax.Expr], comp: str, prec: str
+                       ) -> relax.Expr | None:
+        """The ``prec`` kernel of a composite, or None (reported) when it cannot be built:
+        the fp32 TPP kernel then runs it, not TVM's untuned code (a matmul there is 100x
+        slower)."""
+        try:
+            return lowering(self.builder_, matched, comp, self.isa, prec, threads=self.threads)
+        except Exception as err:  # noqa: BLE001 - fp32 TPPs are the next best, not TVM
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            log.info("%s kernel of %s failed, fp32 TPP instead: %s", prec, comp, reason)
+            self.report.rewrites[f"{comp}: {prec} kernel failed, ran on fp32 TPPs ({reason})"] += 1
+            return None
 
     def _tuned(self, func: relax.Function, call: relax.Call, comp: str) -> relax.Expr | None:
         kernel = composite_kernel(func, self.logs.target)
