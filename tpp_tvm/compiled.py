@@ -29,7 +29,7 @@ from .errors import (
     describe_tvm_error,
 )
 from .profiling import peak_rss
-from .relay_passes.lower import LoweringReport
+from .relay_passes.lower import TILES_MARK, LoweringReport
 from .relay_passes.pipeline import build
 from .runtime import configure_threads, target_threads
 from .target import target as tpp_target
@@ -75,7 +75,7 @@ class CompiledModel:
         self._module = module
         self.inputs = inputs
         self._report = report
-        if any(", amx]" in k for k in report.get("lowered", {})):
+        if any(k.endswith(TILES_MARK) for k in report.get("lowered", {})):
             _require_tiles()
         self.threads = configure_threads(threads)
         self._vm = relax.VirtualMachine(module, tvm.cpu())

@@ -30,8 +30,6 @@ process inside LLVM): :func:`required_features` reads them off the imported func
 from __future__ import annotations
 
 import re
-import threading
-from contextlib import contextmanager
 
 import tvm
 from tvm import s_tir, tirx
@@ -189,17 +187,7 @@ def configure_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
 #: TIR ops lowered to their ``vector_math`` form (fp32) while this pipeline finalizes.
 FAST_OPS = ("exp", "tanh", "erf")
 #: Per thread: a build on another thread (TVM's own pipeline) keeps TVM's lowering.
-_fast_scope = threading.local()
-
-
-@contextmanager
-def _fast_transcendentals():
-    depth = getattr(_fast_scope, "depth", 0)
-    _fast_scope.depth = depth + 1
-    try:
-        yield
-    finally:
-        _fast_scope.depth = depth
+_FAST_SCOPE = vector_math.ThreadFlag()
 
 
 def _fast_lowering(name: str):
@@ -207,8 +195,7 @@ def _fast_lowering(name: str):
     fast = getattr(vector_math, name)
 
     def lower(call: tirx.Call) -> tirx.Expr:
-        if not getattr(_fast_scope, "depth", 0) or \
-                not vector_math.dtype_of(call).startswith("float32"):
+        if not _FAST_SCOPE.active or not vector_math.dtype_of(call).startswith("float32"):
             return default(call) if default is not None else call
         x = call.args[0]
         if isinstance(x, tirx.Var | tirx.FloatImm | tirx.Broadcast):
@@ -251,7 +238,7 @@ def _tpp_pipeline():
 
         @tvm.transform.module_pass(opt_level=0, name="tpp.FinalizeHost")
         def finalize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-            with _fast_transcendentals():
+            with _FAST_SCOPE.on():
                 if not _compiles_for_avx512(mod):
                     return passes(mod)
                 with vector_math.avx512_forms():

@@ -127,23 +127,35 @@ _ABS_MASK = 0x7FFFFFFF
 _INF_BITS = 0x7F800000  # NaNs are the bit patterns above inf's (ignoring the sign)
 
 
-_forms = threading.local()
+class ThreadFlag:
+    """A per-thread, re-entrant switch: ``with flag.on():`` sets it for this thread only
+    (a build on another thread is not affected); ``flag.active`` reads it."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def active(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0
+
+    @contextmanager
+    def on(self) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
 
 
-@contextmanager
-def avx512_forms() -> Iterator[None]:
-    """While active (per thread), 16-lane fp32 math uses AVX-512 instructions (see the
-    module doc). Only for code compiled for an AVX-512 x86 target."""
-    depth = getattr(_forms, "avx512", 0)
-    _forms.avx512 = depth + 1
-    try:
-        yield
-    finally:
-        _forms.avx512 = depth
+_AVX512_FORMS = ThreadFlag()
+#: While active, 16-lane fp32 math uses AVX-512 instructions (see the module doc). Only for
+#: code compiled for an AVX-512 x86 target.
+avx512_forms = _AVX512_FORMS.on
 
 
 def _avx512(x: Expr) -> bool:
-    return getattr(_forms, "avx512", 0) > 0 and dtype_of(x) == "float32x16"
+    return _AVX512_FORMS.active and dtype_of(x) == "float32x16"
 
 
 def _all_lanes() -> Expr:

@@ -82,6 +82,21 @@ class LoweringReport:
         return "\n".join(lines) if lines else "  (no TPP subgraphs)"
 
 
+#: How the report marks a kernel that runs on AMX tiles: ``<pattern> [bf16, amx]``.
+TILES_MARK = ", amx]"
+
+
+def precision_label(name: str, tag: str, isa: str, dtype: str) -> str:
+    """The report's name of a ``dtype`` kernel of ``name``: ``<name> [<tag>]``, or
+    ``<name> [<tag>, amx]`` when it runs on AMX tiles."""
+    return f"{name} [{tag}{TILES_MARK if runs_on_tiles(isa, dtype) else ']'}"
+
+
+def _reason(err: Exception) -> str:
+    """The first line of an error, for the report (its type when it has no message)."""
+    return str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+
+
 def as_relax_kernel(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """A hand-scheduled kernel ready for ``call_tir`` in a Relax module: opaque (else
     FuseOps fuses neighbours into it and FuseTIR crashes), scheduled, no-alias, and without
@@ -511,7 +526,7 @@ class _Lowerer(relax.PyExprMutator):
             out = _lower_contraction(self.builder_, call, func.attrs["tpp.contraction"],
                                      self.isa)
         except Exception as err:  # noqa: BLE001 - the TE kernel stays, TVM schedules it
-            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            reason = _reason(err)
             log.info("TPP contraction fell back to TVM: %s", reason)
             self.report.fallbacks[f"tpp.contraction ({reason})"] += 1
             return call
@@ -549,11 +564,11 @@ class _Lowerer(relax.PyExprMutator):
             if prec != "float32":
                 out = self._low_precision(lowering, matched, comp, prec)
                 if out is not None:
-                    comp = f"{comp} [bf16{', amx' if runs_on_tiles(self.isa, prec) else ''}]"
+                    comp = precision_label(comp, "bf16", self.isa, prec)
             if out is None:
                 out = lowering(self.builder_, matched, comp, self.isa)
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
-            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            reason = _reason(err)
             log.info("TPP lowering of %s fell back to TVM: %s", comp, reason)
             self.report.fallbacks[f"{comp} ({reason})"] += 1
             return call
@@ -568,7 +583,7 @@ class _Lowerer(relax.PyExprMutator):
         try:
             return lowering(self.builder_, matched, comp, self.isa, prec, threads=self.threads)
         except Exception as err:  # noqa: BLE001 - fp32 TPPs are the next best, not TVM
-            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            reason = _reason(err)
             log.info("%s kernel of %s failed, fp32 TPP instead: %s", prec, comp, reason)
             self.report.rewrites[f"{comp}: {prec} kernel failed, ran on fp32 TPPs ({reason})"] += 1
             return None
@@ -627,7 +642,7 @@ def lower_tagged_kernels(mod: tvm.IRModule, isa: str, report: LoweringReport) ->
         try:
             sch = backward_schedule(func, isa)
         except Exception as err:  # noqa: BLE001 - keep the TE kernel, TVM schedules it
-            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            reason = _reason(err)
             log.info("TPP backward kernel %s fell back to TVM: %s", op, reason)
             report.fallbacks[f"tpp.{op} ({reason})"] += 1
             continue

@@ -33,7 +33,6 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule
-from ..schedules.gemm_plan import runs_on_tiles
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -41,7 +40,7 @@ from .fake_quant import (
     drop_fake_quantization,
     expose_folded_relus,
 )
-from .lower import LoweringReport, as_relax_kernel
+from .lower import LoweringReport, as_relax_kernel, precision_label
 from .patterns import ACTIVATIONS
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
@@ -113,8 +112,7 @@ class _Emitter:
         args = [a2, packed, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [residual] if residual is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
-        tiles = ", amx" if runs_on_tiles(self.isa, "int8") else ""
-        self.report.lowered[f"{name}{epi.suffix} [int8{tiles}]"] += 1
+        self.report.lowered[precision_label(f"{name}{epi.suffix}", "int8", self.isa, "int8")] += 1
         return out
 
     def int8_conv2d(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,

@@ -112,15 +112,15 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
         return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
                                    [b] if batched else [], io, ii, jo, ji, red[0])
     elem = 4 // prec.vnni
-    mc = row_block(plan.mp, k * elem, mr) if threads is not None else None
-    if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4) and mc is not None:
-        # Tiles: a row block of A stays in L2 while all B panels pass over it.
-        ioo, io = sch.split(io, [None, mc // mr])
-        sch.reorder(ioo, jo, io, ii, ji, *red)
-        outer = [b, ioo, jo, io] if batched else [ioo, jo, io]
-    elif weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
-        sch.reorder(jo, io, ii, ji, *red)
-        outer = [b, jo, io] if batched else [jo, io]
+    if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
+        mc = row_block(plan.mp, k * elem, mr) if threads is not None else None
+        if mc is not None:  # tiles: a row block of A stays in L2 while all panels pass
+            ioo, io = sch.split(io, [None, mc // mr])
+            outer = [ioo, jo, io]
+        else:
+            outer = [jo, io]
+        sch.reorder(*outer, ii, ji, *red)
+        outer = [b, *outer] if batched else outer
     else:
         sch.reorder(io, jo, ii, ji, *red)
         outer = [b, io, jo] if batched else [io, jo]
