@@ -37,6 +37,20 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def keep_fastest(rows: list[dict], keys: tuple[str, ...], time_field: str) -> list[dict]:
+    """One row per ``keys`` value: the pass with the lowest ``time_field``. Benchmarks with
+    ``--passes`` alternate their workers and keep each one's fastest pass, because this
+    machine's speed drifts by tens of percent over minutes (a row that failed in one pass
+    and ran in another keeps the run)."""
+    best: dict[tuple, dict] = {}
+    for row in rows:
+        key = tuple(row.get(k) for k in keys)
+        old = best.get(key)
+        if old is None or (row.get(time_field) or math.inf) < (old.get(time_field) or math.inf):
+            best[key] = row
+    return list(best.values())
+
+
 def results_dir() -> Path:
     """``benchmarks/results/<isa>-<mcpu>`` of this host's default TPP target."""
     import tpp_tvm

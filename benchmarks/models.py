@@ -49,6 +49,7 @@ import numpy as np
 import onnx
 from harness import (
     Skipped,
+    keep_fastest,
     machine,
     measure_peaks,
     median_time,
@@ -708,19 +709,6 @@ def _notes(rows: list[dict]) -> list[str]:
     return sorted(notes)
 
 
-def _keep_fastest(rows: list[dict]) -> list[dict]:
-    """One row per (model, impl, threads): the pass with the lowest median (a row that
-    failed in one pass and ran in another keeps the run)."""
-    best: dict[tuple, dict] = {}
-    for row in rows:
-        key = (row["model"], row["impl"], row["threads"])
-        old = best.get(key)
-        fast = row.get("median_ms") or math.inf
-        if old is None or fast < (old.get("median_ms") or math.inf):
-            best[key] = row
-    return list(best.values())
-
-
 def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     """Generate models and references, run every (impl, threads) worker, write the results."""
     names = args.models.split(",")
@@ -750,7 +738,8 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
                 if not run:
                     continue
                 print(f"{impl}, {t} thread(s) ...", file=sys.stderr)
-                rows = _keep_fastest(rows + _spawn_worker(impl, t, run, args, refs))
+                rows = keep_fastest(rows + _spawn_worker(impl, t, run, args, refs),
+                                    ("model", "impl", "threads"), "median_ms")
     # A peak is what the hardware can do and other load only subtracts: keep the better one.
     after = measure_peaks(threads)
     peaks = {t: max(p, after[t]) for t, p in peaks.items()}

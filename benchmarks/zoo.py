@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from harness import keep_fastest
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_zoo"
@@ -268,17 +269,6 @@ def run_worker(names: list[str], threads: int, rounds: int, impls: list[str],
     return rows
 
 
-def _keep_fastest(rows: list[dict]) -> list[dict]:
-    """One row per (model, impl, threads): the pass with the lowest median."""
-    best: dict[tuple, dict] = {}
-    for row in rows:
-        key = (row["model"], row.get("impl"), row["threads"])
-        old = best.get(key)
-        if old is None or row.get("median_ms", math.inf) < old.get("median_ms", math.inf):
-            best[key] = row
-    return list(best.values())
-
-
 def _geomean(values: list[float]) -> float | None:
     values = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
@@ -371,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 sys.stderr.write(out.stderr[-4000:])
                 if out.returncode == 0:
-                    rows = _keep_fastest(rows + json.loads(out.stdout.strip().splitlines()[-1]))
+                    rows = keep_fastest(rows + json.loads(out.stdout.strip().splitlines()[-1]),
+                                        ("model", "impl", "threads"), "median_ms")
     from harness import results_dir
 
     from tpp_tvm.target import host_isa

@@ -255,3 +255,49 @@ def test_low_precision_tiles_fit_the_register_file(dtype):
         plan = plan_gemm(m, n, 64, dtype)
         nv = -(-plan.nr // 16)
         assert plan.mr * nv + nv + plan.mr <= 31, plan
+
+
+def test_core_tables_rank_the_same_tiles():
+    """Each core family has a measured efficiency for every register tile; the host's table
+    is Intel's on Intel cores and Zen 5's elsewhere."""
+    from tpp_tvm.schedules.gemm_plan import (
+        CORE_TABLES,
+        REGISTER_TILES,
+        core_family,
+        core_table,
+    )
+
+    for table in CORE_TABLES.values():
+        assert tuple(table.tile_efficiency) == REGISTER_TILES
+        assert all(0 < e <= 1 for e in table.tile_efficiency.values())
+    assert core_family("Intel(R) Xeon(R) Platinum 8480+") == "intel"
+    assert core_family("AMD EPYC 9R45 64-Core Processor") == "zen"
+    assert core_family("unknown") == "zen"
+    assert core_table() is CORE_TABLES[core_family(host_isa().model_name)]
+
+
+def test_small_gemms_k_block_earlier_where_the_core_table_says():
+    """A few-row GEMM whose panel is a quarter of the L2 or more is K-blocked on a core
+    table with ``small_gemm_rows`` (Intel); past half the L2 every GEMM is."""
+    from tpp_tvm.schedules.gemm_plan import core_table, k_block
+
+    l2 = host_isa().l2_bytes or 1024 * 1024
+    nr = 64
+    k = 3 * l2 // (8 * 4 * nr) // 64 * 64  # an fp32 panel of about 3/8 of the L2
+    assert l2 // 4 < 4 * k * nr <= l2 // 2
+    assert k_block(k, nr, rows=10**6) is None
+    kc = k_block(k, nr, rows=1)
+    assert (kc is not None) == (core_table().small_gemm_rows > 0)
+    assert kc is None or (k % kc == 0 and kc >= 64)
+    assert k_block(4 * k, nr, rows=10**6) is not None  # past half the L2: always
+
+
+def test_k_blocked_small_gemm_matches_numpy():
+    """32 rows with K = 4096: K-blocked on every host (a 1 MiB panel), bias and GELU."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((32, 4096)).astype("float32")
+    b = rng.standard_normal((4096, 130)).astype("float32")
+    bias = rng.standard_normal(130).astype("float32")
+    kern = build_gemm(32, 130, 4096, bias=True, activation="relu")
+    np.testing.assert_allclose(kern(a, b, bias), np.maximum(a @ b + bias, 0), rtol=1e-4,
+                               atol=1e-3)

@@ -44,7 +44,8 @@ def _show(tgt: Any) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    """Print the detected host ISA, the TPP target chosen for it and the registered TPPs."""
+    """Print the detected host ISA, the TPP target chosen for it, the core table its GEMMs are
+    blocked by and the registered TPPs."""
     from tpp_tvm.target import host_isa, isa_of, target
 
     host = host_isa()
@@ -52,6 +53,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"isa:     {host.summary()}")
     tgt = target(args.isa)
     print(f"target:  {isa_of(tgt)}: {_show(tgt)}")
+    from tpp_tvm.schedules.gemm_plan import core_table
+
+    print(f"tiles:   {core_table().summary()}")
     try:
         from tpp_tvm.intrinsics import registered
 

@@ -94,15 +94,61 @@ class GemmPlan:
 
 
 #: Register tiles (mr, nr) with mr * ceil(nr/16) accumulators plus one row of B inside the
-#: 32 zmm registers, and the fraction of the fp32 peak each sustained in this package's
-#: measurements (AVX-512 on Zen 5, 1 thread, benchmarks/gemm.py shapes); ties go to the
-#: earlier entry. Tiles under 8 independent FMA chains cannot hide the FMA latency on two
+#: 32 zmm registers. Tiles under 8 independent FMA chains cannot hide the FMA latency on two
 #: pipes and serve only tiny M.
-TILE_EFFICIENCY: dict[tuple[int, int], float] = {
-    (8, 48): 0.97, (4, 64): 0.97, (8, 32): 0.95, (6, 64): 0.93, (5, 64): 0.92,
-    (9, 48): 0.92, (7, 48): 0.92, (12, 32): 0.91, (11, 32): 0.90, (10, 32): 0.90, (14, 32): 0.88,
-    (3, 64): 0.80, (2, 64): 0.60,
+REGISTER_TILES: tuple[tuple[int, int], ...] = (
+    (8, 48), (4, 64), (8, 32), (6, 64), (5, 64), (9, 48), (7, 48), (12, 32), (11, 32),
+    (10, 32), (14, 32), (3, 64), (2, 64))
+
+
+@dataclass(frozen=True)
+class CoreTable:
+    """GEMM choices for one family of cores, measured on one core of it (1 thread).
+
+    The register file is the same on every AVX-512 core, but how well each tile sustains the
+    FMA pipes, and when a panel should be K-blocked, are not: on the Intel core 6 x 64 leads
+    and the 32-column tiles trail by 7-9%, where Zen 5 ranks 8 x 48 and 4 x 64 first; and
+    small-M GEMMs gain 4-10% from K blocks that Zen 5's smaller L2 already forces (measured
+    interleaved, 1 thread; fp32 at M = 840, N = 1536, K = 768 for the tiles).
+    ``plan_gemm`` and the tuning rules read the host's.
+    """
+
+    family: str
+    measured_on: str
+    tile_efficiency: dict[tuple[int, int], float]
+    """Fraction of the fp32 peak each register tile sustained (ties go to the earlier)."""
+    small_gemm_rows: int = 0
+    """GEMMs with at most this many rows K-block a panel from a quarter of the L2 on (0: only
+    panels past half the L2 are blocked, the rule for every GEMM)."""
+
+    def summary(self) -> str:
+        return f"{self.family} (measured on {self.measured_on})"
+
+
+CORE_TABLES: dict[str, CoreTable] = {
+    "zen": CoreTable(
+        "zen", "AMD EPYC Zen 5, znver5",
+        dict(zip(REGISTER_TILES, (0.97, 0.97, 0.95, 0.93, 0.92, 0.92, 0.92, 0.91, 0.90, 0.90,
+                                  0.88, 0.80, 0.60)))),
+    "intel": CoreTable(
+        "intel", "Intel Xeon of the Sapphire Rapids family, emeraldrapids",
+        dict(zip(REGISTER_TILES, (0.86, 0.87, 0.83, 0.89, 0.88, 0.88, 0.87, 0.82, 0.81, 0.80,
+                                  0.82, 0.77, 0.58))),
+        small_gemm_rows=64),
 }
+
+
+def core_family(model_name: str) -> str:
+    """The :data:`CORE_TABLES` family of a CPU by its ``/proc/cpuinfo`` model name: Intel
+    cores use Intel's table; AMD and everything else (SVE cores, unknown names) Zen 5's,
+    the first one measured."""
+    return "intel" if "intel" in model_name.lower() else "zen"
+
+
+def core_table() -> CoreTable:
+    """The table for the host's cores (like the L2 size, the blocking follows the CPU the
+    kernels are compiled on, which is where the host target runs them)."""
+    return CORE_TABLES[core_family(host_isa().model_name)]
 
 
 def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512"
@@ -112,7 +158,7 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
     if runs_on_tiles(isa, dtype):
         return GemmPlan(m, n, k, AMX_BLOCK, AMX_BLOCK, dtype, amx=True)
     best = None
-    for (mr, nr), efficiency in TILE_EFFICIENCY.items():
+    for (mr, nr), efficiency in core_table().tile_efficiency.items():
         if mr > max(m, 2) and mr > 2:
             continue
         nv = -(-nr // 16)
@@ -185,12 +231,19 @@ PANEL_BYTES = 192 * 1024
 PANEL_BLOCK_BYTES = 128 * 1024
 
 
-def k_block(k: int, nr: int) -> int | None:
-    """K block for a GEMM panel too big for half the L2 (a divisor of k, >= 64), or None.
+def k_block(k: int, nr: int, rows: int | None = None) -> int | None:
+    """K block for a GEMM panel too big for half the L2 (a divisor of k, >= 64), or None;
+    for a GEMM of at most the core table's ``small_gemm_rows`` ``rows``, from a quarter of
+    the L2 on.
 
     Below that the panel stays in L2 across row blocks; blocking it then only costs
-    (measured: 1024^3 and 2048^3 lost 5-10% with 256-512 KiB panels blocked)."""
-    if 4 * k * nr <= (host_isa().l2_bytes or 1024 * 1024) // 2:
+    (measured: 1024^3 and 2048^3 lost 5-10% with 256-512 KiB panels blocked). With few rows
+    the panel is reused by few row tiles and its L2 residency dominates (Intel, 1 thread:
+    64x4096x4096 111 -> 116 GFLOP/s, 32x4096x4096 81 -> 89; 197 and 512 rows gain nothing).
+    """
+    l2 = host_isa().l2_bytes or 1024 * 1024
+    small = rows is not None and rows <= core_table().small_gemm_rows
+    if 4 * k * nr <= (l2 // 4 if small else l2 // 2):
         return None
     best = None
     for kc in range(64, k):

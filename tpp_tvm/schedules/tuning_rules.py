@@ -40,7 +40,7 @@ from ..target import isa_of
 from .contraction import ContractionRoles, contraction_roles
 from .contraction import product_loads as _product_loads
 from .elementwise import match_equation, tensorize_equation
-from .gemm_plan import TILE_EFFICIENCY
+from .gemm_plan import core_table
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def register_tiles(m: int, n: int, limit: int = MAX_TILES,
     """
     unit = vector_isa(isa)
     lanes, vregs = unit.schedule_lanes("float32"), unit.num_vregs
-    scored = []
+    scored, efficiency = [], core_table().tile_efficiency
     for nr in range(8, min(n, 64) + 1):
         if n % nr:
             continue
@@ -69,7 +69,7 @@ def register_tiles(m: int, n: int, limit: int = MAX_TILES,
         for mr in range(2, min(m, 14) + 1):
             if m % mr or (mr + 1) * nv > vregs:
                 continue
-            eff = TILE_EFFICIENCY.get((mr, nr))
+            eff = efficiency.get((mr, nr))
             if eff is None:  # unmeasured: accumulator chains x lane use, scaled below table
                 eff = 0.85 * min(mr * nv, 12) / 12 * nr / (nv * lanes)
             scored.append((eff, mr * nr, (mr, nr)))
