@@ -263,7 +263,7 @@ def test_dynamic_dim_without_shape_dict_names_input_and_dim() -> None:
 
 def test_bad_shape_dict_entries() -> None:
     model = TINY["mlp"]()
-    with pytest.raises(ValueError, match="not model inputs"):
+    with pytest.raises(UnsupportedShapeError, match="not model inputs"):
         frontend.from_onnx(model, {"inptu": (4, 16)})
     with pytest.raises(UnsupportedShapeError, match="rank 3"):
         frontend.from_onnx(model, {"input": (1, 4, 16)})

@@ -187,7 +187,8 @@ def _static_input_shapes(
     names = [v.name for v in inputs]
     unknown = sorted(set(shape_dict) - set(names))
     if unknown:
-        raise ValueError(f"shape_dict names {unknown}, which are not model inputs {names}")
+        raise UnsupportedShapeError(
+            f"shape_dict names {unknown}, which are not model inputs {names}")
     shapes: dict[str, tuple[int, ...]] = {}
     for value in inputs:
         optional = value.type.optional_type.elem_type
@@ -492,6 +493,12 @@ def _try_fold(
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every value's shape inferred afresh. The previous round's
+    ``value_info`` is dropped first: inference keeps an existing entry, so a dimension it
+    could not know before a fold (``unk__0`` from an ``Add`` whose other input was a
+    computed position-id gather, in transformers' DistilBERT) would stay unknown after the
+    fold made it static, and the ``Shape`` nodes reading it would never fold."""
+    del model.graph.value_info[:]
     if model.ByteSize() > _PROTOBUF_LIMIT:
         logger.debug("model over 2 GB: skipping ONNX shape inference")
         return model

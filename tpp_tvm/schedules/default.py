@@ -56,7 +56,10 @@ def _parallel_vectorize(sch: s_tir.Schedule, block, lanes: int) -> None:
     if any(e is None for e in extents):
         return
     inner = loops[-1]
-    if extents[-1] % lanes == 0 and extents[-1] >= lanes:
+    # TVM stores bool as int8 and cannot lower a vectorized store to a bool buffer ("dtype
+    # mismatch on BufferStore"): a mask kept in its own loop is left to LLVM's vectorizer.
+    bool_out = any(w.source.dtype == "bool" for w in sch.get(block).writes)
+    if not bool_out and extents[-1] % lanes == 0 and extents[-1] >= lanes:
         _, inner = sch.split(inner, [None, lanes])
         sch.vectorize(inner)
         loops = sch.get_loops(block)[:-1]
