@@ -17,7 +17,7 @@ worker process per (implementation, thread count) and merges their JSON::
     python benchmarks/gemm.py                         # all shapes, 1 and 2 threads
     python benchmarks/gemm.py --quick --shapes 512x512x512 --threads 1
     python benchmarks/gemm.py --quick --impls tpp_tvm,tpp_tvm_bf16,torch_bf16,tpp_tvm_int8
-    python benchmarks/gemm.py --quick --threads 1 --passes 3     # alternate workers, keep the fastest
+    python benchmarks/gemm.py --quick --threads 1 --passes 3  # alternate, keep the fastest
     python benchmarks/gemm.py --worker --impl torch --threads 2 --shapes 512x512x512
 
 Writes ``benchmarks/results/<cpu>/gemm.json`` (a list of rows) and ``gemm.md`` (a table).
