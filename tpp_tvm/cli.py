@@ -90,21 +90,44 @@ def _median_seconds(fn: Callable[[], Any], min_total_s: float = 0.5) -> float:
 # Shared by compile, run and demo
 
 
-def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
-    """``name=1x128,mask=1x1x1x128`` -> ``{"name": (1, 128), "mask": (1, 1, 1, 128)}``."""
-    shapes: dict[str, tuple[int, ...]] = {}
+def _parse_shapes(text: str) -> dict[str, tuple[int | None, ...]]:
+    """``name=1x128,mask=1x1x1x128`` -> ``{"name": (1, 128), "mask": (1, 1, 1, 128)}``;
+    a ``?`` dim is dynamic (``ids=1x?`` -> ``(1, None)``)."""
+    shapes: dict[str, tuple[int | None, ...]] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, sep, dims = item.rpartition("=")
         try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
+            shape = tuple(None if d == "?" else int(d) for d in dims.lower().split("x"))
         except ValueError:
             shape = ()
-        if not sep or not name or not shape or min(shape) < 0:
+        if not sep or not name or not shape or min((d for d in shape if d is not None),
+                                                    default=0) < 0:
             raise argparse.ArgumentTypeError(
-                f"--shape item {item!r} is not NAME=DIMxDIM... (e.g. input=1x128)"
+                f"--shape item {item!r} is not NAME=DIMxDIM... (e.g. input=1x128, or "
+                "input=1x? for a dynamic dim)"
             )
         shapes[name] = shape
     return shapes
+
+
+def _parse_bounds(text: str) -> dict[str, tuple[int, int]]:
+    """``seq=1:512,batch=1:8`` -> ``{"seq": (1, 512), "batch": (1, 8)}``."""
+    bounds: dict[str, tuple[int, int]] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, span = item.rpartition("=")
+        low, colon, high = span.partition(":")
+        try:
+            bounds[name] = (int(low), int(high))
+        except ValueError:
+            name = ""
+        if not sep or not name or not colon:
+            raise argparse.ArgumentTypeError(
+                f"--dynamic item {item!r} is not NAME=LOW:HIGH (e.g. seq=1:512)")
+    return bounds
+
+
+def _concrete(shapes: dict) -> bool:
+    return all(d is not None for shape in shapes.values() for d in shape)
 
 
 def _fix_threads(threads: int | None) -> None:
@@ -139,19 +162,27 @@ def _compile(
     try:
         compiled = compile_onnx(model, _target(args), shapes or None,
                                 precision=getattr(args, "precision", None) or "float32",
-                                tune_logs=_tune_logs_arg(args))
+                                tune_logs=_tune_logs_arg(args),
+                                dynamic=getattr(args, "dynamic", None) or None)
     except BaseException as exc:
         print("failed", flush=True)
         if isinstance(exc, UnsupportedShapeError) and "shape_dict" in str(exc):
             raise CLIError(f"{exc} (on the command line: --shape NAME=1x128,...)") from exc
         raise
     seconds = time.perf_counter() - t0
-    print(f"done in {seconds:.1f} s", flush=True)
+    dims = getattr(compiled, "dims", None)
+    if dims:
+        print(f"dynamic ({', '.join(dims)}): each size compiles when first run", flush=True)
+    else:
+        print(f"done in {seconds:.1f} s", flush=True)
     return compiled
 
 
 def _is_library(path: Path) -> bool:
-    return path.suffix in _LIBRARY_SUFFIXES or Path(str(path) + ".tpp.json").exists()
+    from tpp_tvm.dynamic import is_dynamic_export
+
+    return (path.suffix in _LIBRARY_SUFFIXES or Path(str(path) + ".tpp.json").exists()
+            or is_dynamic_export(path))
 
 
 def _inputs_for(compiled: CompiledModel) -> dict[str, np.ndarray]:
@@ -227,10 +258,16 @@ def _load_onnx(path: str) -> onnx.ModelProto:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model onto TPPs and export it as a library ``run``/``load`` accept."""
+    from tpp_tvm.dynamic import DynamicModel
+
     model = _load_onnx(args.model)
     compiled = _compile(model, Path(args.model).name, args, args.shape)
     out = compiled.export(args.output)
-    print(f"wrote {out} (and {out.name}.tpp.json)")
+    if isinstance(compiled, DynamicModel):
+        print(f"wrote {out}/ (a dynamic model: each size compiles on first use; "
+              f"`tpp-tvm run {out} --shape ...`)")
+    else:
+        print(f"wrote {out} (and {out.name}.tpp.json)")
     print(compiled.report())
     return 0
 
@@ -263,30 +300,53 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     """Run an ONNX model (compiled now) or an exported library on deterministic inputs."""
     from tpp_tvm.compiled import load
+    from tpp_tvm.dynamic import DynamicModel, is_dynamic_export
     from tpp_tvm.models import example_inputs
 
     path = Path(args.model)
     library = _is_library(path)
-    if library and args.shape:
+    dynamic_library = is_dynamic_export(path)
+    if library and args.shape and not dynamic_library:
         raise CLIError(f"{path} is compiled: its input shapes were fixed by `compile`")
-    if library and args.compare and not args.onnx:
+    if not _concrete(args.shape):
+        raise CLIError("run needs every dim of --shape (a size to run at); mark dims "
+                       "dynamic with --dynamic NAME=LOW:HIGH or in `compile --shape`")
+    if library and args.compare and not args.onnx and not dynamic_library:
         raise CLIError(
             f"--compare {args.compare} needs the ONNX model {path} was compiled from: add --onnx"
         )
     if not library and args.onnx:
         raise CLIError("--onnx is for compiled libraries; MODEL is already ONNX")
     _fix_threads(args.threads)
-    if library:
+    if dynamic_library:
+        onnx_model = _load_onnx(args.onnx or str(path / "model.onnx"))
+        compiled = load(path)
+        print(f"loaded {path} (dynamic: {', '.join(compiled.dims)}; "
+              f"{len(compiled.compiled_sizes)} size(s) compiled)")
+    elif library:
         onnx_model = _load_onnx(args.onnx) if args.onnx else None
         compiled = load(path)
         print(f"loaded {path} ({compiled.threads} thread(s))")
     else:
         onnx_model = _load_onnx(args.model)
-        compiled = _compile(onnx_model, path.name, args, args.shape)
+        shapes = args.shape
+        if args.dynamic:  # dims named in --dynamic stay dynamic; run at --shape's size
+            shapes = {}
+        compiled = _compile(onnx_model, path.name, args, shapes)
+    if isinstance(compiled, DynamicModel) and not args.shape:
+        raise CLIError(f"{path.name} has dynamic dims ({', '.join(compiled.dims)}): give "
+                       "the size to run at with --shape NAME=1x128,...")
     if onnx_model is not None:
         inputs = example_inputs(onnx_model, args.shape or None)
     else:
         inputs = _inputs_for(compiled)
+    if isinstance(compiled, DynamicModel):
+        size = compiled.size_of(inputs)
+        label = ", ".join(f"{n}={v}" for n, v in size)
+        print(f"compiling size {label}... ", end="", flush=True)
+        t0 = time.perf_counter()
+        compiled.specialization(size)
+        print(f"done in {time.perf_counter() - t0:.1f} s", flush=True)
     outputs = _run_once(compiled, inputs)
     for i, out in enumerate(outputs):
         print(f"output {i}: {out.dtype} {tuple(out.shape)}")
@@ -439,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     shape_help = "static input shapes, e.g. input_ids=1x128,attention_mask=1x128"
+    dynamic_help = ("bounds of dynamic dims, e.g. seq=1:512,batch=1:8 (the model's dim "
+                    "names; `compile` writes a folder, one build per size on first use)")
 
     info = sub.add_parser("info", help="show the host ISA, the TPP target and registered TPPs")
     info.add_argument("--isa", help="avx512, amx or sve (default: best for this host)")
@@ -446,9 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compile", help="compile an ONNX model onto TPPs and export it")
     comp.add_argument("model", metavar="MODEL.onnx")
-    comp.add_argument("-o", "--output", required=True, metavar="OUT.so", help="library to write")
+    comp.add_argument("-o", "--output", required=True, metavar="OUT.so",
+                      help="library to write (a folder for a dynamic model)")
     _add_target_options(comp)
-    comp.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
+    comp.add_argument("--shape", type=_parse_shapes, default={},
+                      help=shape_help + "; a ? dim stays dynamic (input_ids=1x?)")
+    comp.add_argument("--dynamic", type=_parse_bounds, default={}, help=dynamic_help)
     _add_tune_logs_option(comp)
     comp.set_defaults(func=_cmd_compile)
 
@@ -468,6 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("model", metavar="MODEL", help="an ONNX model, or a .so from `compile`")
     _add_target_options(run)
     run.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
+    run.add_argument("--dynamic", type=_parse_bounds, default={},
+                     help=dynamic_help + "; the model then runs at --shape's size")
     run.add_argument("--bench", action="store_true", help="print the median latency")
     _add_tune_logs_option(run)
     run.add_argument(

@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .dynamic import DynamicModel, is_dynamic_export, load_dynamic
 from .errors import (
     CompileError,
     ExecutionError,
@@ -205,13 +206,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load(path: str | Path) -> CompiledModel:
-    """Load a model written by :meth:`CompiledModel.export`.
+def load(path: str | Path) -> CompiledModel | DynamicModel:
+    """Load a model written by :meth:`CompiledModel.export` (or a folder written by
+    :meth:`DynamicModel.export <tpp_tvm.dynamic.DynamicModel.export>`).
 
     The library's checksum (kept in the sidecar) is checked before it is opened: the
     dynamic loader dies of SIGBUS or SIGSEGV on a truncated or overwritten library, which
     no exception could report."""
     path = Path(path)
+    if is_dynamic_export(path):
+        return load_dynamic(path)
     side = Path(str(path) + _SIDECAR)
     if not path.is_file():
         raise ModelLoadError(f"no compiled model at {path}")
@@ -274,11 +278,28 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
 
 
 def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
-                 precision: str = "float32", tune_logs=None) -> CompiledModel:
+                 precision: str = "float32", tune_logs=None, *,
+                 dynamic: dict | None = None, max_cached: int | None = None
+                 ) -> CompiledModel | DynamicModel:
     """Import an ONNX model (proto, path or bytes) and compile it onto TPPs.
 
     ``precision="bf16"`` runs its matmuls in bf16 with fp32 accumulation; ``tune_logs``
-    supplies tuned kernels where they are faster (see :func:`compile_relax`)."""
-    from .frontend import from_onnx
+    supplies tuned kernels where they are faster (see :func:`compile_relax`).
 
-    return compile_relax(from_onnx(model_or_path, shape_dict), target, precision, tune_logs)
+    A model whose inputs keep dynamic dims (named by the export, or marked ``None`` in
+    ``shape_dict``: ``{"input_ids": (1, None)}``) gives a :class:`~tpp_tvm.dynamic.
+    DynamicModel`, which compiles one static build per size on first use; ``dynamic``
+    bounds its dims (``{"seq": (1, 512)}``), ``max_cached`` caps the builds kept."""
+    from .dynamic import MAX_CACHED, check_bounds, dynamic_dims, input_patterns
+    from .frontend import from_onnx, load_model
+
+    model = load_model(model_or_path)
+    patterns = input_patterns(model, shape_dict)
+    names = dynamic_dims(patterns)
+    if not names:
+        if dynamic:
+            check_bounds(dynamic, names)  # names what is not dynamic
+        static = {p.name: tuple(int(d) for d in p.dims) for p in patterns}
+        return compile_relax(from_onnx(model, static), target, precision, tune_logs)
+    return DynamicModel(model, patterns, check_bounds(dynamic, names), target, precision,
+                        tune_logs, max_cached or MAX_CACHED)
