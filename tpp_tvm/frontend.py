@@ -7,7 +7,8 @@ ONNX level (:func:`clean_model`):
 1. **Static input shapes.** Every graph input gets a fully static shape, from ``shape_dict``
    or from the model. A dynamic dimension with no ``shape_dict`` entry is an error naming the
    input and the dimension: TPP kernels are generated per shape, and a static shape is what
-   lets the next step fold the exporter's shape arithmetic away.
+   lets the next step fold the exporter's shape arithmetic away. (``compile_onnx`` serves
+   dynamic exports with one static import per size: ``tpp_tvm.dynamic``.)
 2. **Constant folding with numpy** (repeated with shape inference until nothing changes):
    ``Constant`` nodes become initializers; ``Shape``/``Size`` of any value whose inferred
    shape is static become constants; ``ConstantOfShape``, ``Gather``, ``Unsqueeze``,
