@@ -299,7 +299,8 @@ def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
     if not names:
         if dynamic:
             check_bounds(dynamic, names)  # names what is not dynamic
-        static = {p.name: tuple(int(d) for d in p.dims) for p in patterns}
-        return compile_relax(from_onnx(model, static), target, precision, tune_logs)
+        if shape_dict and patterns is not None:  # None marks left where the model is static
+            shape_dict = {p.name: p.dims for p in patterns if p.name in shape_dict}
+        return compile_relax(from_onnx(model, shape_dict), target, precision, tune_logs)
     return DynamicModel(model, patterns, check_bounds(dynamic, names), target, precision,
                         tune_logs, max_cached or MAX_CACHED)

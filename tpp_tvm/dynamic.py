@@ -47,48 +47,53 @@ class InputPattern:
 
 def input_patterns(model: onnx.ModelProto,
                    shape_dict: Mapping[str, Sequence[int | None]] | None = None
-                   ) -> list[InputPattern]:
-    """The model's real inputs with their dynamic dims named. ``shape_dict`` may fix dims
-    (an int) or mark them dynamic (``None``) per input; names it gives must be inputs."""
+                   ) -> list[InputPattern] | None:
+    """The model's real inputs with their dynamic dims named; ``shape_dict`` may fix dims
+    (an int) or mark them dynamic (``None``) per input. None when an input cannot be read
+    so (not a tensor, unknown rank, a rank or name ``shape_dict`` gets wrong): the static
+    import then names the problem."""
     from .frontend import graph_inputs
 
     shape_dict = dict(shape_dict or {})
     inputs = graph_inputs(model)
-    names = [v.name for v in inputs]
-    unknown = sorted(set(shape_dict) - set(names))
-    if unknown:
-        raise UnsupportedShapeError(
-            f"shape_dict names {unknown}, which are not model inputs {names}")
+    if set(shape_dict) - {v.name for v in inputs}:
+        return None
     patterns = []
     for value in inputs:
-        tensor = value.type.tensor_type
-        if not tensor.HasField("shape"):
-            raise UnsupportedShapeError(
-                f"input {value.name!r} has unknown rank; give its shape in shape_dict")
-        model_dims = list(tensor.shape.dim)
-        given = shape_dict.get(value.name)
+        vtype = value.type
+        if vtype.HasField("optional_type") and vtype.optional_type.elem_type.HasField(
+                "tensor_type"):
+            vtype = vtype.optional_type.elem_type  # a given optional tensor is a tensor
+        tensor, given = vtype.tensor_type, shape_dict.get(value.name)
+        if not vtype.HasField("tensor_type"):
+            return None
+        if tensor.HasField("shape"):
+            model_dims = list(tensor.shape.dim)
+        elif given is not None:
+            model_dims = [None] * len(given)
+        else:
+            return None
         if given is not None and len(given) != len(model_dims):
-            raise UnsupportedShapeError(
-                f"shape_dict[{value.name!r}] = {tuple(given)} has rank {len(given)}, but the "
-                f"model's input has rank {len(model_dims)}")
+            return None
         dims: list[int | str] = []
         for axis, dim in enumerate(model_dims):
             fixed = given[axis] if given is not None else None
             if fixed is not None:
                 dims.append(int(fixed))
-            elif dim.HasField("dim_value") and dim.dim_value > 0:
+            elif dim is not None and dim.HasField("dim_value") and dim.dim_value >= 0:
                 dims.append(int(dim.dim_value))
             else:
-                dims.append(dim.dim_param or f"{value.name}[{axis}]")
+                dims.append((dim.dim_param if dim is not None else "")
+                            or f"{value.name}[{axis}]")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
         patterns.append(InputPattern(value.name, tuple(dims), dtype))
     return patterns
 
 
-def dynamic_dims(patterns: Sequence[InputPattern]) -> list[str]:
+def dynamic_dims(patterns: Sequence[InputPattern] | None) -> list[str]:
     """Names of the dynamic dimensions, in order of first use."""
     seen: list[str] = []
-    for p in patterns:
+    for p in patterns or ():
         seen += [d for d in p.dims if isinstance(d, str) and d not in seen]
     return seen
 
