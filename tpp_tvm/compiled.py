@@ -215,7 +215,7 @@ def load(path: str | Path) -> CompiledModel | DynamicModel:
     no exception could report."""
     path = Path(path)
     if is_dynamic_export(path):
-        return load_dynamic(path)
+        return load_dynamic(path, load, _compile_size)
     side = Path(str(path) + _SIDECAR)
     if not path.is_file():
         raise ModelLoadError(f"no compiled model at {path}")
@@ -302,5 +302,11 @@ def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
         if shape_dict and patterns is not None:  # None marks left where the model is static
             shape_dict = {p.name: p.dims for p in patterns if p.name in shape_dict}
         return compile_relax(from_onnx(model, shape_dict), target, precision, tune_logs)
-    return DynamicModel(model, patterns, check_bounds(dynamic, names), target, precision,
-                        tune_logs, max_cached or MAX_CACHED)
+    return DynamicModel(model, patterns, check_bounds(dynamic, names), _compile_size, target,
+                        precision, tune_logs, max_cached or MAX_CACHED)
+
+
+def _compile_size(model, shape_dict: dict, target, precision: str, tune_logs
+                  ) -> CompiledModel:
+    """One static size of a :class:`DynamicModel`."""
+    return compile_onnx(model, target, shape_dict, precision, tune_logs)

@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,10 @@ import numpy as np
 import onnx
 
 from .errors import ModelLoadError, UnsupportedShapeError
+
+#: Compiles one static size: (model, shape_dict, target, precision, tune_logs) -> a
+#: CompiledModel (``compiled.compile_onnx``, passed in so data flows one way).
+CompileStatic = Callable[[onnx.ModelProto, dict, Any, str, Any], Any]
 
 #: Specializations kept compiled by default (each holds its own packed weights).
 MAX_CACHED = 8
@@ -134,12 +138,13 @@ class DynamicModel:
     """
 
     def __init__(self, model: onnx.ModelProto, patterns: list[InputPattern],
-                 bounds: dict[str, tuple[int, float]], target: Any = None,
-                 precision: str = "float32", tune_logs: Any = None,
+                 bounds: dict[str, tuple[int, float]], compile_static: CompileStatic,
+                 target: Any = None, precision: str = "float32", tune_logs: Any = None,
                  max_cached: int = MAX_CACHED) -> None:
         if max_cached < 1:
             raise UnsupportedShapeError(f"max_cached must be >= 1, got {max_cached}")
         self._model = model
+        self._compile_static = compile_static
         self.patterns = patterns
         self.bounds = bounds
         self._target = target
@@ -215,11 +220,9 @@ class DynamicModel:
         if size in self._cache:
             self._cache.move_to_end(size)
             return self._cache[size]
-        from .compiled import compile_onnx
-
         t0 = time.perf_counter()
-        compiled = compile_onnx(self._model, self._target, self._shape_dict(size),
-                                precision=self._precision, tune_logs=self._tune_logs)
+        compiled = self._compile_static(self._model, self._shape_dict(size), self._target,
+                                        self._precision, self._tune_logs)
         self._compile_seconds[size] = time.perf_counter() - t0
         self._cache[size] = compiled
         while len(self._cache) > self.max_cached:
@@ -328,12 +331,12 @@ def is_dynamic_export(path: str | Path) -> bool:
     return (Path(path) / _META).is_file()
 
 
-def load_dynamic(path: str | Path) -> DynamicModel:
+def load_dynamic(path: str | Path, load_static: Callable[[Path], Any],
+                 compile_static: CompileStatic) -> DynamicModel:
     """Restore a folder written by :meth:`DynamicModel.export`: its sizes load without
-    compiling; new sizes compile from the saved ONNX model for the saved target."""
+    compiling (``load_static``, ``compiled.load``); new sizes compile from the saved ONNX
+    model for the saved target."""
     import tvm
-
-    from .compiled import load
 
     path = Path(path)
     try:
@@ -347,10 +350,11 @@ def load_dynamic(path: str | Path) -> DynamicModel:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{path} is not a dynamic model export "
                              f"({type(exc).__name__}: {exc})") from exc
-    dyn = DynamicModel(model, patterns, bounds, target, meta.get("precision", "float32"),
-                       meta.get("tune_logs"), meta.get("max_cached", MAX_CACHED))
+    dyn = DynamicModel(model, patterns, bounds, compile_static, target,
+                       meta.get("precision", "float32"), meta.get("tune_logs"),
+                       meta.get("max_cached", MAX_CACHED))
     for entry in meta.get("sizes", []):
         size = tuple((d, int(entry["size"][d])) for d in dyn.dims)
-        dyn._cache[size] = load(path / entry["library"])
+        dyn._cache[size] = load_static(path / entry["library"])
         dyn._compile_seconds[size] = entry.get("compile_seconds") or 0.0
     return dyn
