@@ -129,7 +129,11 @@ def test_cli_marks_dims_dynamic_and_runs_a_size(distilbert: str, tmp_path, capsy
     assert cli._parse_shapes("ids=1x?,mask=1x?") == {"ids": (1, None), "mask": (1, None)}
     assert cli._parse_bounds("seq=1:512,batch=1:8") == {"seq": (1, 512), "batch": (1, 8)}
     out = tmp_path / "dyn"
-    assert cli.main(["compile", distilbert, "-o", str(out), "--dynamic", "seq=1:16"]) == 0
+    assert cli.main(["compile", distilbert, "-o", str(out), "--dynamic", "seq=1:16",
+                     "--prepare", "input_ids=1x4,attention_mask=1x4"]) == 0
+    assert "with 1 size(s) compiled" in capsys.readouterr().out
+    assert cli.main(["run", str(out), "--shape", "input_ids=1x4,attention_mask=1x4"]) == 0
+    assert "compiling size" not in capsys.readouterr().out  # exported with the model
     assert cli.main(["run", str(out), "--shape", "input_ids=2x9,attention_mask=2x9"]) == 0
     printed = capsys.readouterr().out
     assert "compiling size batch=2, seq=9" in printed and "output 0: float32 (2, 9, 64)" in printed

@@ -256,16 +256,35 @@ def _load_onnx(path: str) -> onnx.ModelProto:
     return load_model(path)
 
 
+def _compile_size(model: Any, inputs: dict[str, np.ndarray]) -> None:
+    """Compile a dynamic model's build for the size of ``inputs`` (with a progress line;
+    nothing to do when it is compiled already)."""
+    size = model.size_of(inputs)
+    if dict(size) in model.compiled_sizes:
+        return
+    label = ", ".join(f"{n}={v}" for n, v in size)
+    print(f"compiling size {label}... ", end="", flush=True)
+    t0 = time.perf_counter()
+    model.specialization(size)
+    print(f"done in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def _cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model onto TPPs and export it as a library ``run``/``load`` accept."""
     from tpp_tvm.dynamic import DynamicModel
+    from tpp_tvm.models import example_inputs
 
     model = _load_onnx(args.model)
     compiled = _compile(model, Path(args.model).name, args, args.shape)
+    if args.prepare and not isinstance(compiled, DynamicModel):
+        raise CLIError("--prepare is for dynamic models (mark dims with --shape NAME=1x? "
+                       "or --dynamic NAME=LOW:HIGH)")
+    for shapes in args.prepare:  # sizes compiled now and exported with the model
+        _compile_size(compiled, example_inputs(model, shapes))
     out = compiled.export(args.output)
     if isinstance(compiled, DynamicModel):
-        print(f"wrote {out}/ (a dynamic model: each size compiles on first use; "
-              f"`tpp-tvm run {out} --shape ...`)")
+        print(f"wrote {out}/ (a dynamic model with {len(compiled.compiled_sizes)} size(s) "
+              f"compiled; others compile on first use: `tpp-tvm run {out} --shape ...`)")
     else:
         print(f"wrote {out} (and {out.name}.tpp.json)")
     print(compiled.report())
@@ -341,12 +360,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         inputs = _inputs_for(compiled)
     if isinstance(compiled, DynamicModel):
-        size = compiled.size_of(inputs)
-        label = ", ".join(f"{n}={v}" for n, v in size)
-        print(f"compiling size {label}... ", end="", flush=True)
-        t0 = time.perf_counter()
-        compiled.specialization(size)
-        print(f"done in {time.perf_counter() - t0:.1f} s", flush=True)
+        _compile_size(compiled, inputs)
     outputs = _run_once(compiled, inputs)
     for i, out in enumerate(outputs):
         print(f"output {i}: {out.dtype} {tuple(out.shape)}")
@@ -514,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--shape", type=_parse_shapes, default={},
                       help=shape_help + "; a ? dim stays dynamic (input_ids=1x?)")
     comp.add_argument("--dynamic", type=_parse_bounds, default={}, help=dynamic_help)
+    comp.add_argument("--prepare", type=_parse_shapes, action="append", default=[],
+                      metavar="SHAPES", help="a dynamic model's size to compile now and "
+                      "export with it, e.g. input_ids=1x128,attention_mask=1x128 (repeat it)")
     _add_tune_logs_option(comp)
     comp.set_defaults(func=_cmd_compile)
 
