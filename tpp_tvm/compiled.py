@@ -29,6 +29,7 @@ from .errors import (
     UnsupportedShapeError,
     describe_tvm_error,
 )
+from .inputs import bind_inputs
 from .profiling import peak_rss
 from .relay_passes.lower import TILES_MARK, LoweringReport
 from .relay_passes.pipeline import build
@@ -82,22 +83,7 @@ class CompiledModel:
         self._vm = relax.VirtualMachine(module, tvm.cpu())
 
     def _convert(self, args: tuple, kwargs: dict) -> list[tvm.runtime.Tensor]:
-        unknown = [k for k in kwargs if k not in {i.name for i in self.inputs}]
-        if unknown:
-            names = ", ".join(i.name for i in self.inputs)
-            raise UnsupportedShapeError(f"unknown inputs: {', '.join(unknown)} (inputs: {names})")
-        if len(args) + len(kwargs) != len(self.inputs):
-            names = ", ".join(i.name for i in self.inputs)
-            raise UnsupportedShapeError(
-                f"model takes {len(self.inputs)} inputs ({names}), got {len(args) + len(kwargs)}"
-            )
-        values = list(args)
-        for spec in self.inputs[len(args):]:
-            if spec.name not in kwargs:
-                raise UnsupportedShapeError(f"missing input {spec.name!r}")
-            values.append(kwargs.pop(spec.name))
-        if kwargs:
-            raise UnsupportedShapeError(f"unknown inputs: {', '.join(kwargs)}")
+        values = bind_inputs([i.name for i in self.inputs], args, kwargs)
         out = []
         for spec, value in zip(self.inputs, values):
             arr = np.asarray(value)

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from .errors import ModelLoadError, UnsupportedShapeError
+from .inputs import bind_inputs
 
 #: Compiles one static size: (model, shape_dict, target, precision, tune_logs) -> a
 #: CompiledModel (``compiled.compile_onnx``, passed in so data flows one way).
@@ -56,7 +57,7 @@ def input_patterns(model: onnx.ModelProto,
     (an int) or mark them dynamic (``None``) per input. None when an input cannot be read
     so (not a tensor, unknown rank, a rank or name ``shape_dict`` gets wrong): the static
     import then names the problem."""
-    from .frontend import graph_inputs
+    from .frontend import graph_inputs, input_type
 
     shape_dict = dict(shape_dict or {})
     inputs = graph_inputs(model)
@@ -64,10 +65,7 @@ def input_patterns(model: onnx.ModelProto,
         return None
     patterns = []
     for value in inputs:
-        vtype = value.type
-        if vtype.HasField("optional_type") and vtype.optional_type.elem_type.HasField(
-                "tensor_type"):
-            vtype = vtype.optional_type.elem_type  # a given optional tensor is a tensor
+        vtype = input_type(value)
         tensor, given = vtype.tensor_type, shape_dict.get(value.name)
         if not vtype.HasField("tensor_type"):
             return None
@@ -226,7 +224,8 @@ class DynamicModel:
         self._compile_seconds[size] = time.perf_counter() - t0
         self._cache[size] = compiled
         while len(self._cache) > self.max_cached:
-            self._cache.popitem(last=False)
+            dropped, _ = self._cache.popitem(last=False)
+            self._compile_seconds.pop(dropped, None)
         return compiled
 
     def prepare(self, **dims: int) -> Any:
@@ -245,21 +244,7 @@ class DynamicModel:
 
     def _named(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         names = [p.name for p in self.patterns]
-        if len(args) > len(names):
-            raise UnsupportedShapeError(
-                f"model takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
-        named = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in names:
-                raise UnsupportedShapeError(
-                    f"unknown inputs: {key} (inputs: {', '.join(names)})")
-            if key in named:
-                raise UnsupportedShapeError(f"input {key!r} given twice")
-            named[key] = value
-        missing = [n for n in names if n not in named]
-        if missing:
-            raise UnsupportedShapeError(f"missing input {missing[0]!r}")
-        return named
+        return dict(zip(names, bind_inputs(names, args, kwargs)))
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         named = self._named(args, kwargs)

@@ -173,6 +173,15 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [v for v in model.graph.input if v.name not in initializers]
 
 
+def input_type(value: onnx.ValueInfoProto) -> onnx.TypeProto:
+    """An input's type, an optional tensor's unwrapped: given, it is a tensor (TVM's
+    importer reads it so)."""
+    optional = value.type.optional_type.elem_type
+    if value.type.HasField("optional_type") and optional.HasField("tensor_type"):
+        return optional
+    return value.type
+
+
 def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
     if dim.HasField("dim_value"):
         return str(dim.dim_value)
@@ -192,10 +201,8 @@ def _static_input_shapes(
             f"shape_dict names {unknown}, which are not model inputs {names}")
     shapes: dict[str, tuple[int, ...]] = {}
     for value in inputs:
-        optional = value.type.optional_type.elem_type
-        if value.type.HasField("optional_type") and optional.HasField("tensor_type"):
-            # An optional tensor that is given is a tensor (TVM's importer reads it so).
-            value.type.CopyFrom(optional)
+        if not value.type.HasField("tensor_type"):
+            value.type.CopyFrom(input_type(value))  # an optional tensor, or left as it is
         ttype = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
             raise UnsupportedShapeError(f"input {value.name!r} is not a tensor")
@@ -538,8 +545,8 @@ def clean_model(
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     _static_input_shapes(model, shape_dict)
-    # The exporter's value_info and output shapes may carry the old dynamic dims.
-    del model.graph.value_info[:]
+    # The exporter's output shapes may carry the old dynamic dims (its value_info goes in
+    # every _infer_shapes round).
     for output in model.graph.output:
         output.type.tensor_type.ClearField("shape")
     # Initializers are constants here: drop them from the graph's inputs.

@@ -56,8 +56,9 @@ def _parallel_vectorize(sch: s_tir.Schedule, block, lanes: int) -> None:
     if any(e is None for e in extents):
         return
     inner = loops[-1]
-    # TVM stores bool as int8 and cannot lower a vectorized store to a bool buffer ("dtype
-    # mismatch on BufferStore"): a mask kept in its own loop is left to LLVM's vectorizer.
+    # TVM stores bool as int8 and cannot lower a vectorized store to a bool buffer allocated
+    # in the kernel ("dtype mismatch on BufferStore"; a bool output is fine): a mask
+    # block's loop is left to LLVM's vectorizer, whichever buffer it writes.
     bool_out = any(w.source.dtype == "bool" for w in sch.get(block).writes)
     if not bool_out and extents[-1] % lanes == 0 and extents[-1] >= lanes:
         _, inner = sch.split(inner, [None, lanes])
