@@ -108,3 +108,49 @@ def test_transcendentals_lower_to_simd_not_libm(name: str) -> None:
     assert not libm.search(lib.mod.inspect_source("asm"))
     plain = tvm.compile(_vectorized_map(fn), target=tgt)
     assert libm.search(plain.mod.inspect_source("asm")), "TVM's own build changed too"
+
+
+def _halve(rows: int, width: int) -> tvm.IRModule:
+    """y = x / 2 as a parallel loop over rows: a result below 2^-126 is denormal."""
+    from tvm import te
+
+    x = te.placeholder((rows, width), "float32", name="x")
+    y = te.compute((rows, width), lambda i, j: x[i, j] * tvm.tirx.const(0.5, "float32"), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    i, _ = sch.get_loops(sch.get_sblock("y"))
+    sch.parallel(i)
+    return sch.mod
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernels_flush_denormals_and_restore_the_callers_mode(threads: int) -> None:
+    """Every task of a tpp kernel runs with FTZ/DAZ (a denormal operand costs a microcode
+    assist: a Swin window-attention matmul on softmax outputs of a -100 mask ran 80x
+    slower); the calling thread gets its own floating-point mode back."""
+    from tpp_tvm.runtime import configure_threads
+
+    configure_threads(threads)
+    lib = compile_kernels(_halve(37, 64), target(num_cores=threads))
+    tiny = np.float32(2.0**-130)  # denormal in, denormal (halved) out under IEEE rules
+    x = np.full((37, 64), tiny, "float32")
+    x[::2] = 3.0  # rows of normal numbers stay exact
+    out = tvm.runtime.tensor(np.ones_like(x))
+    lib["main"](tvm.runtime.tensor(x), out)
+    y = out.numpy()
+    assert np.all(y[1::2] == 0), "a denormal survived in some task"
+    assert np.all(y[::2] == 1.5)
+    # The caller's IEEE mode is back: numpy still computes the denormal.
+    assert (np.array([tiny]) * np.float32(0.5))[0] == np.float32(2.0**-131)
+    if threads > 1:
+        asm = lib.mod.inspect_source("asm")
+        assert asm.count("ldmxcsr") >= 4  # set and restore, per call and per task
+
+
+def test_non_x86_kernels_keep_ieee_denormals() -> None:
+    """The flush is x86's MXCSR: an AArch64 kernel is left as it is."""
+    from tpp_tvm.tir_pipeline import flush_denormals
+
+    mod = _halve(4, 16)
+    arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 2})
+    mod = tvm.IRModule({"main": mod["main"].with_attr("target", arm)})
+    tvm.ir.assert_structural_equal(flush_denormals(mod)["main"], mod["main"])

@@ -21,6 +21,12 @@ epilogue ran 8x longer than the convolution). Inside this pipeline's ``LowerIntr
 calls lower to the ``vector_math`` forms the TPPs use (plain SIMD, a few ulp; with the AVX-512
 forms for AVX-512 targets) instead; other builds in the process keep TVM's lowering.
 
+On x86 every kernel runs with denormals flushed (MXCSR's FTZ and DAZ bits): a denormal
+operand or result costs a microcode assist per instruction, and softmax weights of a -100
+mask (Swin's shifted windows) are denormal, which made each window-attention matmul 80x
+slower. :func:`flush_denormals` brackets the body (the calling thread) and every parallel
+task (the pool's workers) with setting the bits and restoring the thread's own mode.
+
 The pipeline also refuses, before LLVM sees them, kernels that import LLVM IR needing CPU
 features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 aborts the whole
 process inside LLVM): :func:`required_features` reads them off the imported functions'
@@ -29,15 +35,19 @@ process inside LLVM): :func:`required_features` reads them off the imported func
 
 from __future__ import annotations
 
+import platform
 import re
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.runtime import Executable
 from tvm.tirx import compilation_pipeline
 
 from tpp_tvm.intrinsics import vector_math
 from tpp_tvm.intrinsics.amx import TILE_CONFIG_ATTR, configure_tiles_per_task
+from tpp_tvm.intrinsics.llvm_ir import denormal_flushing, module_text
+from tpp_tvm.runtime import target_threads
 from tpp_tvm.target import require_features
 
 #: Largest buffer kept on the stack. Worker threads have MiB-sized stacks; a register
@@ -184,6 +194,77 @@ def configure_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     return configure_tiles_per_task(func, int(block[0]), int(block[1]))
 
 
+#: Annotation of the parallel loops :func:`flush_denormals` made (one task per thread).
+DENORMAL_TASK = "tpp.denormals_task"
+
+
+def _x86(target: tvm.target.Target | None) -> bool:
+    if target is None or target.kind.name != "llvm":
+        return False
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if triple:
+        return triple.startswith(("x86_64", "i386", "i686"))
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def _flushing(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` run with MXCSR's FTZ and DAZ bits set, the caller's MXCSR restored after."""
+    flush, restore = denormal_flushing()
+    old = tirx.Var("tpp_mxcsr", "int32")
+    seq = tirx.SeqStmt([tirx.Bind(old, tirx.call_extern("int32", flush.name)), body,
+                        tirx.Evaluate(tirx.call_extern("void", restore.name, old))])
+    return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm",
+                         tvm.ir.StringImm(module_text(flush, restore)), seq)
+
+
+def flush_denormals_per_task(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc:
+    """``func`` run with denormals flushed: the whole body on the calling thread, and each
+    parallel loop as one task per thread (``threads``) that flushes on its worker; built for
+    one thread, parallel loops run serially on the (flushed) calling thread, as asked.
+
+    MXCSR is per thread, so every worker that runs a task sets it; a loop of N > threads
+    iterations becomes ``threads`` tasks of consecutive iterations (the split TVM's thread
+    pool makes anyway), so the 8 ns set-and-restore is paid once per task, not per
+    iteration."""
+    def per_task(loop: tirx.For) -> tirx.For:
+        if loop.kind != tirx.ForKind.PARALLEL or DENORMAL_TASK in loop.annotations \
+                or (loop.step is not None and not _is_one(loop.step)):
+            return loop
+        if threads <= 1:  # one task: the calling thread's, flushed with the whole body
+            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL,
+                            loop.body, None, loop.annotations)
+        marks = {**dict(loop.annotations), DENORMAL_TASK: tirx.IntImm("int32", 1)}
+        extent = loop.extent
+        if isinstance(extent, tirx.IntImm) and int(extent) <= threads:
+            return tirx.For(loop.loop_var, loop.min, extent, loop.kind,
+                            _flushing(loop.body), loop.thread_binding, marks)
+        dtype = str(loop.extent.ty)
+        task = tirx.Var("tpp_task", dtype)
+        count = tirx.const(threads, dtype)
+        chunk = tirx.floordiv(extent + count - tirx.const(1, dtype), count)
+        start = task * chunk
+        left = tirx.max(tirx.const(0, dtype), tirx.min(chunk, extent - start))
+        inner = tirx.For(loop.loop_var, loop.min + start, left, tirx.ForKind.SERIAL, loop.body)
+        return tirx.For(task, tirx.const(0, dtype), count, tirx.ForKind.PARALLEL,
+                        _flushing(inner), None, marks)
+
+    body = tvm_ffi.structural_map(func.body, [(tirx.For, per_task)], order="pre")
+    return func.with_body(_flushing(body))
+
+
+def _is_one(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr) == 1
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.FlushDenormals")
+def flush_denormals(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """x86 kernels run with denormals flushed to zero (see the module doc)."""
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if not _x86(target):
+        return func
+    return flush_denormals_per_task(func, target_threads(target))
+
+
 #: TIR ops lowered to their ``vector_math`` form (fp32) while this pipeline finalizes.
 FAST_OPS = ("exp", "tanh", "erf")
 #: Per thread: a build on another thread (TVM's own pipeline) keeps TVM's lowering.
@@ -231,7 +312,7 @@ def _tpp_pipeline():
     @tvm.transform.module_pass(opt_level=0, name="tpp.TIRPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         check_target_features(mod)
-        return stack_allocate_small_buffers(base(configure_tiles(mod)))
+        return stack_allocate_small_buffers(base(flush_denormals(configure_tiles(mod))))
 
     def finalize_host_fast() -> tvm.transform.Pass:
         passes = finalize_host()

@@ -246,6 +246,36 @@ def amx_tile_config(m: int, n: int) -> tuple[str, list[tuple[int, int]]]:
     return "[" + ", ".join(f"i8 {b}" for b in cfg) + "]", tiles
 
 
+#: MXCSR bits FTZ (flush results that would be denormal to zero, bit 15) and DAZ (read
+#: denormal inputs as zero, bit 6).
+MXCSR_FLUSH_DENORMALS = 0x8040
+
+
+# Inline asm, not llvm.x86.sse.{st,ld}mxcsr: LLVM does not model the FP environment, so it
+# deleted the intrinsic that sets MXCSR as a store overwritten by the one restoring it.
+_STMXCSR = '"stmxcsr $0", "=*m,~{memory}"'
+_LDMXCSR = '"ldmxcsr $0", "*m,~{memory}"'
+_SLOT = "(ptr elementtype(i32) %slot)"
+
+
+def denormal_flushing() -> tuple[IRFunction, IRFunction]:
+    """``i32 tpp_denormals_flush()`` (sets MXCSR's FTZ and DAZ bits, returns the old MXCSR)
+    and ``void tpp_denormals_restore(i32)``: a kernel brackets its work with them so the SSE/AVX
+    unit never takes the microcode assist a denormal operand or result costs on x86 cores."""
+    flush = "\n".join([
+        "define linkonce_odr i32 @tpp_denormals_flush() #ATTRS {",
+        "  %slot = alloca i32, align 4", f"  call void asm sideeffect {_STMXCSR}{_SLOT}",
+        "  %old = load i32, ptr %slot, align 4",
+        f"  %new = or i32 %old, {MXCSR_FLUSH_DENORMALS}", "  store i32 %new, ptr %slot, align 4",
+        f"  call void asm sideeffect {_LDMXCSR}{_SLOT}", "  ret i32 %old", "}"])
+    restore = "\n".join([
+        "define linkonce_odr void @tpp_denormals_restore(i32 %old) #ATTRS {",
+        "  %slot = alloca i32, align 4", "  store i32 %old, ptr %slot, align 4",
+        f"  call void asm sideeffect {_LDMXCSR}{_SLOT}", "  ret void", "}"])
+    return (IRFunction("tpp_denormals_flush", flush, (), "+sse"),
+            IRFunction("tpp_denormals_restore", restore, (), "+sse"))
+
+
 def amx_configure(m: int, n: int) -> tuple[IRFunction, IRFunction]:
     """``void tpp_amx_cfg_m<m>n<n>()`` (``ldtilecfg`` of :func:`amx_tile_config`) and
     ``void tpp_amx_release()`` (``tilerelease``), for kernels that configure the tiles once
