@@ -16,6 +16,13 @@ data-dependent throughput (power) no real GEMM sees::
     python benchmarks/peak.py                   # fp32 FMA, 1 and 2 threads
     python benchmarks/peak.py --instr bf16_dp   # vdpbf16ps
     python benchmarks/peak.py --instr amx_bf16  # tdpbf16ps tiles (AMX hosts)
+
+The memory side has its own measurement: ``--stream read`` (an AVX-512 sum over a buffer
+several times the L3, each thread its own slice) is the bandwidth a memory-bound kernel such
+as a decoder's matrix-vector products can reach when streaming weights; ``--stream triad``
+is STREAM's ``a = b + s c`` (bytes counted as STREAM does: two reads and one write)::
+
+    python benchmarks/peak.py --stream read --threads 1,2
 """
 
 from __future__ import annotations
@@ -206,24 +213,150 @@ def _tile_source(instr: PeakInstruction) -> str:
 def _binary(name: str) -> Path:
     """Compile the peak loop for ``name`` once per source text (cached in the temp dir)."""
     instr = INSTRUCTIONS[name]
-    source = _c_source(instr)
+    isa_flags = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"] if instr.tile else []
+    return _compiled(f"peak_{name}", _c_source(instr), isa_flags)
+
+
+def _compiled(stem: str, source: str, flags: list[str]) -> Path:
+    """``source`` compiled with gcc (AVX-512, pthreads) once per text, in the temp dir."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     cache = Path(tempfile.gettempdir()) / "tpp_tvm_peak"
     cache.mkdir(exist_ok=True)
-    exe = cache / f"peak_{name}_{digest}"
+    exe = cache / f"{stem}_{digest}"
     if not exe.exists():
         cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or "cc"
-        src = cache / f"peak_{name}_{digest}.c"
+        src = cache / f"{stem}_{digest}.c"
         src.write_text(source)
         tmp = exe.with_suffix(f".{os.getpid()}.tmp")
-        isa_flags = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"] if instr.tile else []
-        subprocess.run(
-            [cc, "-O2", "-pthread", "-mavx512f", *isa_flags, str(src), "-o", str(tmp)],
-            check=True,
-            capture_output=True,
-        )
+        subprocess.run([cc, "-O2", "-pthread", "-mavx512f", *flags, str(src), "-o", str(tmp)],
+                       check=True, capture_output=True)
         tmp.replace(exe)
     return exe
+
+
+#: Memory-stream kernels: name -> (C loop over one thread's slice, bytes counted per float).
+STREAMS: dict[str, tuple[str, int]] = {
+    "read": ("""
+  /* four streams through the slice at once (one stream leaves the prefetchers idle) */
+  __m512 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
+  long q = n / 4 / 32 * 32;
+  for (long i = 0; i < q; i += 32)
+    for (int j = 0; j < 4; ++j) {
+      acc[2 * j] = _mm512_add_ps(acc[2 * j], _mm512_load_ps(b + j * q + i));
+      acc[2 * j + 1] = _mm512_add_ps(acc[2 * j + 1], _mm512_load_ps(b + j * q + i + 16));
+    }
+  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  sink[id * 16] = _mm512_reduce_add_ps(acc[0]);
+""", 4),
+    "triad": ("""
+  __m512 s = _mm512_set1_ps(3.0f);
+  for (long i = 0; i < n; i += 16)
+    _mm512_stream_ps(a + i, _mm512_fmadd_ps(s, _mm512_load_ps(c + i), _mm512_load_ps(b + i)));
+""", 12),
+}
+
+_STREAM_TEMPLATE = r"""
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static pthread_barrier_t barrier;
+static long per_thread;
+static int repeats;
+static double seconds[256];
+static int cpus[256];
+static volatile float sink[256 * 16];  /* read by nobody: keeps the sums alive */
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void kernel(long id, float *a, float *b, float *c, long n) {
+STREAM_BODY
+}
+
+static void *worker(void *arg) {
+  long id = (long)arg;
+  if (cpus[id] >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[id], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  long n = per_thread;
+  float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
+  for (long i = 0; i < n; ++i) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }  /* first touch */
+  kernel(id, a, b, c, n);
+  pthread_barrier_wait(&barrier);
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    pthread_barrier_wait(&barrier);
+    double t0 = now();
+    kernel(id, a, b, c, n);
+    double t = now() - t0;
+    pthread_barrier_wait(&barrier);
+    if (t < best) best = t;
+  }
+  seconds[id] = best;
+  free(a); free(b); free(c);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  int threads = atoi(argv[1]);
+  per_thread = atol(argv[2]) / 128 * 128;
+  repeats = atoi(argv[3]);
+  for (int i = 0; i < threads; ++i) cpus[i] = argc > 4 + i ? atoi(argv[4 + i]) : -1;
+  pthread_t tid[256];
+  pthread_barrier_init(&barrier, NULL, threads);
+  for (long i = 0; i < threads; ++i) pthread_create(&tid[i], NULL, worker, (void *)i);
+  double slowest = 0;
+  for (int i = 0; i < threads; ++i) {
+    pthread_join(tid[i], NULL);
+    if (seconds[i] > slowest) slowest = seconds[i];
+  }
+  printf("%.9f\n", slowest);
+  return 0;
+}
+"""
+
+
+def _l3_bytes() -> int:
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        return 32 << 20
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def measure_bandwidth(kind: str = "read", threads: int = 1, megabytes: int | None = None,
+                      repeats: int = 5) -> float:
+    """Memory bandwidth in GB/s of the ``STREAMS[kind]`` loop on ``threads`` threads: each
+    thread streams its own buffers of ``megabytes`` (default: 4x the L3 over all threads,
+    at least 256 MiB, so the data comes from memory); the best of ``repeats`` passes."""
+    if kind not in STREAMS:
+        raise ValueError(f"unknown stream {kind!r}; known: {', '.join(STREAMS)}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    body, bytes_per_float = STREAMS[kind]
+    total = (megabytes << 20) if megabytes else max(4 * _l3_bytes(), 256 << 20)
+    floats = total // 4 // threads
+    source = _STREAM_TEMPLATE.replace("STREAM_BODY", body)
+    exe = _compiled(f"stream_{kind}", source, [])
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = [str(cpus[i]) for i in range(threads)] if threads <= len(cpus) else []
+    out = subprocess.run([str(exe), str(threads), str(floats), str(repeats), *pin],
+                         check=True, capture_output=True, text=True)
+    seconds = float(out.stdout.strip())
+    return threads * (floats // 128 * 128) * bytes_per_float / seconds / 1e9
 
 
 def _run(exe: Path, threads: int, iters: int) -> float:
@@ -274,8 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instr", default="fp32_fma", choices=sorted(INSTRUCTIONS))
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--stream", choices=sorted(STREAMS),
+                        help="measure memory bandwidth (GB/s) with this loop instead")
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     args = parser.parse_args(argv)
+    if args.stream:
+        gbs = {int(t): measure_bandwidth(args.stream, int(t)) for t in args.threads.split(",")}
+        if args.json:
+            print(json.dumps({"stream": args.stream, "unit": "GB/s", "bandwidth": gbs}))
+        else:
+            for threads, value in gbs.items():
+                print(f"{args.stream} bandwidth, {threads} thread(s): {value:.1f} GB/s")
+        return 0
     unit = INSTRUCTIONS[args.instr].unit
     results = {int(t): measure_peak(args.instr, int(t)) for t in args.threads.split(",")}
     if args.json:
