@@ -24,8 +24,8 @@ forms for AVX-512 targets) instead; other builds in the process keep TVM's lower
 On x86 every kernel runs with denormals flushed (MXCSR's FTZ and DAZ bits): a denormal
 operand or result costs a microcode assist per instruction, and softmax weights of a -100
 mask (Swin's shifted windows) are denormal, which made each window-attention matmul 80x
-slower. :func:`flush_denormals` brackets the body (the calling thread) and every parallel
-task (the pool's workers) with setting the bits and restoring the thread's own mode.
+slower. :func:`flush_denormals` brackets the body with setting the bits and restoring the
+calling thread's own mode, and sets them in the pool's workers (which keep them).
 
 The pipeline also refuses, before LLVM sees them, kernels that import LLVM IR needing CPU
 features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 aborts the whole
@@ -194,7 +194,7 @@ def configure_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     return configure_tiles_per_task(func, int(block[0]), int(block[1]))
 
 
-#: Annotation of the parallel loops :func:`flush_denormals` made (one task per thread).
+#: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.
 DENORMAL_TASK = "tpp.denormals_task"
 
 
@@ -209,7 +209,7 @@ def _x86(target: tvm.target.Target | None) -> bool:
 
 def _flushing(body: tirx.Stmt) -> tirx.Stmt:
     """``body`` run with MXCSR's FTZ and DAZ bits set, the caller's MXCSR restored after."""
-    flush, restore = denormal_flushing()
+    flush, restore, _ = denormal_flushing()
     old = tirx.Var("tpp_mxcsr", "int32")
     seq = tirx.SeqStmt([tirx.Bind(old, tirx.call_extern("int32", flush.name)), body,
                         tirx.Evaluate(tirx.call_extern("void", restore.name, old))])
@@ -217,43 +217,36 @@ def _flushing(body: tirx.Stmt) -> tirx.Stmt:
                          tvm.ir.StringImm(module_text(flush, restore)), seq)
 
 
+def _kept_flushed(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` after setting FTZ and DAZ on this thread if they are not set yet."""
+    keep = denormal_flushing()[2]
+    seq = tirx.SeqStmt([tirx.Evaluate(tirx.call_extern("void", keep.name)), body])
+    return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm",
+                         tvm.ir.StringImm(module_text(keep)), seq)
+
+
 def flush_denormals_per_task(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc:
-    """``func`` run with denormals flushed: the whole body on the calling thread, and each
-    parallel loop as one task per thread (``threads``) that flushes on its worker; built for
-    one thread, parallel loops run serially on the (flushed) calling thread, as asked.
+    """``func`` run with denormals flushed: the whole body on the calling thread (its own
+    mode restored after), and, built for more than one thread, every parallel iteration on
+    whichever worker runs it.
 
-    MXCSR is per thread, so every worker that runs a task sets it; a loop of N > threads
-    iterations becomes ``threads`` tasks of consecutive iterations (the split TVM's thread
-    pool makes anyway), so the 8 ns set-and-restore is paid once per task, not per
-    iteration."""
-    def per_task(loop: tirx.For) -> tirx.For:
+    MXCSR is per thread. A worker keeps the bits once set (1.6 ns per iteration to check;
+    the pool's workers only run TVM tasks). Splitting each parallel loop into one task per
+    thread, to set and restore once per task, made TVM keep a GEMM's whole C as one buffer
+    instead of a tile per iteration (2x slower), so the loops keep their shape. Built for
+    one thread, the pool runs everything on the calling thread and only the body is
+    bracketed (a larger pool then runs such a kernel's loops unflushed: correct, only slower
+    on denormals)."""
+    def per_iteration(loop: tirx.For) -> tirx.For:
         if loop.kind != tirx.ForKind.PARALLEL or DENORMAL_TASK in loop.annotations \
-                or (loop.step is not None and not _is_one(loop.step)):
+                or threads <= 1:
             return loop
-        if threads <= 1:  # one task: the calling thread's, flushed with the whole body
-            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL,
-                            loop.body, None, loop.annotations)
         marks = {**dict(loop.annotations), DENORMAL_TASK: tirx.IntImm("int32", 1)}
-        extent = loop.extent
-        if isinstance(extent, tirx.IntImm) and int(extent) <= threads:
-            return tirx.For(loop.loop_var, loop.min, extent, loop.kind,
-                            _flushing(loop.body), loop.thread_binding, marks)
-        dtype = str(loop.extent.ty)
-        task = tirx.Var("tpp_task", dtype)
-        count = tirx.const(threads, dtype)
-        chunk = tirx.floordiv(extent + count - tirx.const(1, dtype), count)
-        start = task * chunk
-        left = tirx.max(tirx.const(0, dtype), tirx.min(chunk, extent - start))
-        inner = tirx.For(loop.loop_var, loop.min + start, left, tirx.ForKind.SERIAL, loop.body)
-        return tirx.For(task, tirx.const(0, dtype), count, tirx.ForKind.PARALLEL,
-                        _flushing(inner), None, marks)
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                        _kept_flushed(loop.body), loop.thread_binding, marks, loop.step)
 
-    body = tvm_ffi.structural_map(func.body, [(tirx.For, per_task)], order="pre")
+    body = tvm_ffi.structural_map(func.body, [(tirx.For, per_iteration)], order="pre")
     return func.with_body(_flushing(body))
-
-
-def _is_one(expr: tirx.Expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr) == 1
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.FlushDenormals")
