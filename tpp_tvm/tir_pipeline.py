@@ -225,6 +225,27 @@ def _kept_flushed(body: tirx.Stmt) -> tirx.Stmt:
                          tvm.ir.StringImm(module_text(keep)), seq)
 
 
+_FLOAT_MATH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div)
+_CALLS = ("tirx.call_extern", "tirx.call_llvm_pure_intrin", "tirx.call_llvm_intrin")
+
+
+def _does_float_math(stmt: tirx.Stmt) -> bool:
+    """Whether ``stmt`` does floating-point arithmetic or calls a microkernel (where a
+    denormal costs an assist); copies, pads and layout changes only move values."""
+    found = []
+
+    def arithmetic(node: tirx.Expr) -> None:
+        if not found and vector_math.dtype_of(node).startswith(("float", "bfloat")):
+            found.append(node)
+
+    def call(node: tirx.Call) -> None:
+        if not found and node.op.name in _CALLS:
+            found.append(node)
+
+    tvm_ffi.structural_walk(stmt, [(_FLOAT_MATH, arithmetic), (tvm.ir.Call, call)])
+    return bool(found)
+
+
 def flush_denormals_per_task(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc:
     """``func`` run with denormals flushed: the whole body on the calling thread (its own
     mode restored after), and, built for more than one thread, every parallel iteration on
@@ -239,7 +260,7 @@ def flush_denormals_per_task(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc
     on denormals)."""
     def per_iteration(loop: tirx.For) -> tirx.For:
         if loop.kind != tirx.ForKind.PARALLEL or DENORMAL_TASK in loop.annotations \
-                or threads <= 1:
+                or threads <= 1 or not _does_float_math(loop.body):
             return loop
         marks = {**dict(loop.annotations), DENORMAL_TASK: tirx.IntImm("int32", 1)}
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
