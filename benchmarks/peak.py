@@ -70,6 +70,9 @@ TILE_PRODUCTS = 4
 ACCUMULATORS = 16
 UNROLL = 4  # bodies of ACCUMULATORS instructions per loop trip, to hide the loop branch
 
+#: The C harness every measurement shares: ``threads`` pthreads pinned to distinct CPUs, each
+#: running the source's ``measure(id)`` (seconds); prints the slowest thread's time. ``size``
+#: is the loop's trip count (peak loops) or each thread's floats (streams).
 _C_TEMPLATE = r"""
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -79,7 +82,7 @@ _C_TEMPLATE = r"""
 #include <time.h>
 
 static pthread_barrier_t barrier;
-static long iters;
+static long size;
 static double seconds[256];
 static int cpus[256];
 
@@ -93,25 +96,21 @@ KERNEL
 
 static void *worker(void *arg) {
   long id = (long)arg;
-  SETUP_THREAD
   if (cpus[id] >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpus[id], &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
-  kernel(iters / 8 + 1);  /* warm up: wake the core and its vector unit */
-  pthread_barrier_wait(&barrier);
-  double t0 = now();
-  kernel(iters);
-  seconds[id] = now() - t0;
+  seconds[id] = measure(id);
   return NULL;
 }
 
 int main(int argc, char **argv) {
   int threads = atoi(argv[1]);
-  iters = atol(argv[2]);
+  size = atol(argv[2]);
   for (int i = 0; i < threads; ++i) cpus[i] = argc > 3 + i ? atoi(argv[3 + i]) : -1;
+  MAIN_SETUP
   pthread_t tid[256];
   pthread_barrier_init(&barrier, NULL, threads);
   for (long i = 0; i < threads; ++i) pthread_create(&tid[i], NULL, worker, (void *)i);
@@ -122,6 +121,18 @@ int main(int argc, char **argv) {
   }
   printf("%.9f\n", slowest);
   return 0;
+}
+"""
+
+#: ``measure`` for the peak loops: warm up (wake the core and its vector unit), then time.
+_TIMED_LOOP = r"""
+static double measure(long id) {
+  SETUP_THREAD
+  kernel(size / 8 + 1);
+  pthread_barrier_wait(&barrier);
+  double t0 = now();
+  kernel(size);
+  return now() - t0;
 }
 """
 
@@ -191,8 +202,8 @@ def _c_source(instr: PeakInstruction) -> str:
     clobbers = "".join(f'"{a}", ' for a in accs + ["zmm30", "zmm31"])
     return (
         f"#define ZERO_ACCS {zero}\n#define BODY {body.replace(chr(10), ' ')}\n"
-        f"#define CLOBBERS {clobbers}\n#define SETUP_THREAD\n"
-        + _C_TEMPLATE.replace("KERNEL\n", _ZMM_KERNEL)
+        f"#define CLOBBERS {clobbers}\n#define SETUP_THREAD\n#define MAIN_SETUP\n"
+        + _C_TEMPLATE.replace("KERNEL\n", _ZMM_KERNEL + _TIMED_LOOP)
     )
 
 
@@ -203,10 +214,9 @@ def _tile_source(instr: PeakInstruction) -> str:
     builtin = {"tdpbf16ps": "_tile_dpbf16ps", "tdpbusd": "_tile_dpbusd"}[instr.mnemonic]
     body = " ".join(f"{builtin}({2 * i + j}, {4 + i}, {6 + j});"
                     for _ in range(UNROLL) for i in range(2) for j in range(2))
-    main = _C_TEMPLATE.replace("int main(int argc, char **argv) {",
-                               "int main(int argc, char **argv) {\n  fill_tiles();")
     return (f"#define TILE_BODY {body}\n#define SETUP_THREAD setup_tiles();\n"
-            + main.replace("KERNEL\n", _TILE_KERNEL))
+            "#define MAIN_SETUP fill_tiles();\n"
+            + _C_TEMPLATE.replace("KERNEL\n", _TILE_KERNEL + _TIMED_LOOP))
 
 
 @functools.cache
@@ -256,47 +266,25 @@ STREAMS: dict[str, tuple[str, int]] = {
 """, 12),
 }
 
-_STREAM_TEMPLATE = r"""
-#define _GNU_SOURCE
+#: ``measure`` for the streams: each thread touches its own buffers first (so they sit in its
+#: memory), streams once to warm up, then keeps the best of ``REPEATS`` synchronized passes.
+_STREAM_KERNEL = r"""
 #include <immintrin.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
-static pthread_barrier_t barrier;
-static long per_thread;
-static int repeats;
-static double seconds[256];
-static int cpus[256];
 static volatile float sink[256 * 16];  /* read by nobody: keeps the sums alive */
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static void kernel(long id, float *a, float *b, float *c, long n) {
 STREAM_BODY
 }
 
-static void *worker(void *arg) {
-  long id = (long)arg;
-  if (cpus[id] >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus[id], &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  }
-  long n = per_thread;
+static double measure(long id) {
+  long n = size;
   float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
-  for (long i = 0; i < n; ++i) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }  /* first touch */
+  for (long i = 0; i < n; ++i) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }
   kernel(id, a, b, c, n);
   pthread_barrier_wait(&barrier);
   double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
+  for (int r = 0; r < REPEATS; ++r) {
     pthread_barrier_wait(&barrier);
     double t0 = now();
     kernel(id, a, b, c, n);
@@ -304,37 +292,10 @@ static void *worker(void *arg) {
     pthread_barrier_wait(&barrier);
     if (t < best) best = t;
   }
-  seconds[id] = best;
   free(a); free(b); free(c);
-  return NULL;
-}
-
-int main(int argc, char **argv) {
-  int threads = atoi(argv[1]);
-  per_thread = atol(argv[2]) / 128 * 128;
-  repeats = atoi(argv[3]);
-  for (int i = 0; i < threads; ++i) cpus[i] = argc > 4 + i ? atoi(argv[4 + i]) : -1;
-  pthread_t tid[256];
-  pthread_barrier_init(&barrier, NULL, threads);
-  for (long i = 0; i < threads; ++i) pthread_create(&tid[i], NULL, worker, (void *)i);
-  double slowest = 0;
-  for (int i = 0; i < threads; ++i) {
-    pthread_join(tid[i], NULL);
-    if (seconds[i] > slowest) slowest = seconds[i];
-  }
-  printf("%.9f\n", slowest);
-  return 0;
+  return best;
 }
 """
-
-
-def _l3_bytes() -> int:
-    try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
-    except OSError:
-        return 32 << 20
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(text.rstrip("KMG")) * scale
 
 
 def measure_bandwidth(kind: str = "read", threads: int = 1, megabytes: int | None = None,
@@ -346,24 +307,23 @@ def measure_bandwidth(kind: str = "read", threads: int = 1, megabytes: int | Non
         raise ValueError(f"unknown stream {kind!r}; known: {', '.join(STREAMS)}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    from tpp_tvm.target import host_isa
+
     body, bytes_per_float = STREAMS[kind]
-    total = (megabytes << 20) if megabytes else max(4 * _l3_bytes(), 256 << 20)
-    floats = total // 4 // threads
-    source = _STREAM_TEMPLATE.replace("STREAM_BODY", body)
-    exe = _compiled(f"stream_{kind}", source, [])
-    cpus = sorted(os.sched_getaffinity(0))
-    pin = [str(cpus[i]) for i in range(threads)] if threads <= len(cpus) else []
-    out = subprocess.run([str(exe), str(threads), str(floats), str(repeats), *pin],
-                         check=True, capture_output=True, text=True)
-    seconds = float(out.stdout.strip())
-    return threads * (floats // 128 * 128) * bytes_per_float / seconds / 1e9
+    l3 = host_isa().l3_bytes or 32 << 20
+    total = (megabytes << 20) if megabytes else max(4 * l3, 256 << 20)
+    floats = total // 4 // threads // 128 * 128
+    source = (f"#define MAIN_SETUP\n#define REPEATS {int(repeats)}\n"
+              + _C_TEMPLATE.replace("KERNEL\n", _STREAM_KERNEL.replace("STREAM_BODY", body)))
+    seconds = _run(_compiled(f"stream_{kind}", source, []), threads, floats)
+    return threads * floats * bytes_per_float / seconds / 1e9
 
 
-def _run(exe: Path, threads: int, iters: int) -> float:
+def _run(exe: Path, threads: int, size: int) -> float:
     cpus = sorted(os.sched_getaffinity(0))
     pin = [str(cpus[i]) for i in range(threads)] if threads <= len(cpus) else []
     out = subprocess.run(
-        [str(exe), str(threads), str(iters), *pin], check=True, capture_output=True, text=True
+        [str(exe), str(threads), str(size), *pin], check=True, capture_output=True, text=True
     )
     return float(out.stdout.strip())
 
