@@ -160,13 +160,13 @@ def test_only_arithmetic_loops_check_the_mode_per_iteration() -> None:
     (measured: MobileNetV2's pads and layout copies made it cost 3.7% at 2 threads)."""
     from tvm import te
 
-    from tpp_tvm.tir_pipeline import flush_denormals_per_task
+    from tpp_tvm.tir_pipeline import with_denormals_flushed
 
     x = te.placeholder((37, 64), "float32", name="x")
     y = te.compute((37, 64), lambda i, j: x[i, j], name="y")
     sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
     sch.parallel(sch.get_loops(sch.get_sblock("y"))[0])
-    copy = flush_denormals_per_task(sch.mod["main"], 2).script()
-    halve = flush_denormals_per_task(_halve(37, 64)["main"], 2).script()
+    copy = with_denormals_flushed(sch.mod["main"], 2).script()
+    halve = with_denormals_flushed(_halve(37, 64)["main"], 2).script()
     assert "tpp_denormals_keep_flushed" not in copy and "tpp_denormals_flush" in copy
     assert "tpp_denormals_keep_flushed" in halve

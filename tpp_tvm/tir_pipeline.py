@@ -35,7 +35,6 @@ process inside LLVM): :func:`required_features` reads them off the imported func
 
 from __future__ import annotations
 
-import platform
 import re
 
 import tvm
@@ -46,7 +45,7 @@ from tvm.tirx import compilation_pipeline
 
 from tpp_tvm.intrinsics import vector_math
 from tpp_tvm.intrinsics.amx import TILE_CONFIG_ATTR, configure_tiles_per_task
-from tpp_tvm.intrinsics.llvm_ir import denormal_flushing, module_text
+from tpp_tvm.intrinsics.llvm_ir import IRFunction, denormal_flushing, module_text
 from tpp_tvm.runtime import target_threads
 from tpp_tvm.target import require_features
 
@@ -195,34 +194,37 @@ def configure_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
 
 
 #: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.
-DENORMAL_TASK = "tpp.denormals_task"
+DENORMALS_FLUSHED = "tpp.denormals_flushed"
 
 
 def _x86(target: tvm.target.Target | None) -> bool:
+    """An LLVM target for x86 (its ``mtriple``, else the host's, as ``target.isa_of``)."""
     if target is None or target.kind.name != "llvm":
         return False
-    triple = str(target.attrs.get("mtriple", "") or "")
-    if triple:
-        return triple.startswith(("x86_64", "i386", "i686"))
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    triple = str(target.attrs.get("mtriple", "")) or str(
+        tvm.target.codegen.llvm_get_system_triple())
+    return triple.startswith(("x86_64", "i386", "i686"))
+
+
+def _importing(fns: tuple[IRFunction, ...], stmts: list[tirx.Stmt]) -> tirx.Stmt:
+    """``stmts`` with the LLVM IR of ``fns`` imported around them."""
+    return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm",
+                         tvm.ir.StringImm(module_text(*fns)), tirx.SeqStmt(stmts))
 
 
 def _flushing(body: tirx.Stmt) -> tirx.Stmt:
     """``body`` run with MXCSR's FTZ and DAZ bits set, the caller's MXCSR restored after."""
     flush, restore, _ = denormal_flushing()
     old = tirx.Var("tpp_mxcsr", "int32")
-    seq = tirx.SeqStmt([tirx.Bind(old, tirx.call_extern("int32", flush.name)), body,
-                        tirx.Evaluate(tirx.call_extern("void", restore.name, old))])
-    return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm",
-                         tvm.ir.StringImm(module_text(flush, restore)), seq)
+    return _importing((flush, restore), [
+        tirx.Bind(old, tirx.call_extern("int32", flush.name)), body,
+        tirx.Evaluate(tirx.call_extern("void", restore.name, old))])
 
 
 def _kept_flushed(body: tirx.Stmt) -> tirx.Stmt:
     """``body`` after setting FTZ and DAZ on this thread if they are not set yet."""
-    keep = denormal_flushing()[2]
-    seq = tirx.SeqStmt([tirx.Evaluate(tirx.call_extern("void", keep.name)), body])
-    return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm",
-                         tvm.ir.StringImm(module_text(keep)), seq)
+    _, _, keep = denormal_flushing()
+    return _importing((keep,), [tirx.Evaluate(tirx.call_extern("void", keep.name)), body])
 
 
 _FLOAT_MATH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div)
@@ -246,7 +248,7 @@ def _does_float_math(stmt: tirx.Stmt) -> bool:
     return bool(found)
 
 
-def flush_denormals_per_task(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc:
+def with_denormals_flushed(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc:
     """``func`` run with denormals flushed: the whole body on the calling thread (its own
     mode restored after), and, built for more than one thread, every parallel iteration on
     whichever worker runs it.
@@ -259,10 +261,10 @@ def flush_denormals_per_task(func: tirx.PrimFunc, threads: int) -> tirx.PrimFunc
     bracketed (a larger pool then runs such a kernel's loops unflushed: correct, only slower
     on denormals)."""
     def per_iteration(loop: tirx.For) -> tirx.For:
-        if loop.kind != tirx.ForKind.PARALLEL or DENORMAL_TASK in loop.annotations \
+        if loop.kind != tirx.ForKind.PARALLEL or DENORMALS_FLUSHED in loop.annotations \
                 or threads <= 1 or not _does_float_math(loop.body):
             return loop
-        marks = {**dict(loop.annotations), DENORMAL_TASK: tirx.IntImm("int32", 1)}
+        marks = {**dict(loop.annotations), DENORMALS_FLUSHED: tirx.IntImm("int32", 1)}
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
                         _kept_flushed(loop.body), loop.thread_binding, marks, loop.step)
 
@@ -276,7 +278,7 @@ def flush_denormals(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     target = func.attrs.get("target") if func.attrs is not None else None
     if not _x86(target):
         return func
-    return flush_denormals_per_task(func, target_threads(target))
+    return with_denormals_flushed(func, target_threads(target))
 
 
 #: TIR ops lowered to their ``vector_math`` form (fp32) while this pipeline finalizes.

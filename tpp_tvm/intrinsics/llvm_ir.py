@@ -16,6 +16,7 @@ past a tile.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import UnsupportedDTypeError
@@ -258,6 +259,7 @@ _LDMXCSR = '"ldmxcsr $0", "*m,~{memory}"'
 _SLOT = "(ptr elementtype(i32) %slot)"
 
 
+@functools.cache
 def denormal_flushing() -> tuple[IRFunction, IRFunction, IRFunction]:
     """``i32 tpp_denormals_flush()`` (sets MXCSR's FTZ and DAZ bits, returns the old MXCSR)
     and ``void tpp_denormals_restore(i32)``: a kernel brackets its work with them so the SSE/AVX
