@@ -268,3 +268,23 @@ def test_report_gives_compile_peak_memory(tiny: Callable[[str], Tiny]) -> None:
     t = tiny("bert")
     assert t.compiled.report_data["compile_peak_mib"] > 0
     assert "peak memory" in t.compiled.report()
+
+
+def test_inputs_keep_their_onnx_names(tmp_path) -> None:
+    """Inputs are called by the model's own names, dots included (``past_key_values.0.key``,
+    as every transformers export with a cache has), not TVM's sanitized parameter names:
+    statically, through export/load, and in a dynamic model's per-size builds."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("past.0.key", TensorProto.FLOAT, [2, "n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "n"])
+    graph = helper.make_graph([helper.make_node("Relu", ["past.0.key"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    value = np.array([[-1.0, 2.0, 3.0], [4.0, -5.0, 6.0]], "float32")
+    static = compile_onnx(model, shape_dict={"past.0.key": (2, 3)})
+    assert [i.name for i in static.inputs] == ["past.0.key"]
+    np.testing.assert_array_equal(static(**{"past.0.key": value})[0], np.maximum(value, 0))
+    path = static.export(tmp_path / "relu.so")
+    np.testing.assert_array_equal(load(path)(**{"past.0.key": value})[0], np.maximum(value, 0))
+    dynamic = compile_onnx(model)
+    np.testing.assert_array_equal(dynamic(**{"past.0.key": value})[0], np.maximum(value, 0))

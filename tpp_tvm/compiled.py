@@ -47,11 +47,17 @@ class InputSpec:
 
 
 def _inputs_of(mod: tvm.IRModule) -> list[InputSpec]:
+    """``main``'s inputs, named as the ONNX model names them where it came from one."""
+    from .frontend import ONNX_INPUT_NAMES
+
+    main = mod["main"]
+    onnx_names = (main.attrs or {}).get(ONNX_INPUT_NAMES)
+    names = [str(n) for n in onnx_names] if onnx_names else [str(p.name) for p in main.params]
     specs = []
-    for p in mod["main"].params:
+    for name, p in zip(names, main.params):
         ty = p.ty
         shape = tuple(int(d) for d in ty.shape.values)
-        specs.append(InputSpec(str(p.name), shape, str(ty.dtype)))
+        specs.append(InputSpec(name, shape, str(ty.dtype)))
     return specs
 
 

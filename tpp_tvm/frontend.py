@@ -879,6 +879,10 @@ def _importer_class() -> type:
     return Importer
 
 
+#: ``main``'s attribute holding the ONNX input names, in parameter order.
+ONNX_INPUT_NAMES = "tpp.onnx_input_names"
+
+
 def from_onnx(
     model_or_path: ModelLike, shape_dict: Mapping[str, Sequence[int]] | None = None
 ) -> tvm.IRModule:
@@ -887,7 +891,8 @@ def from_onnx(
     ``shape_dict`` maps input names to static shapes; it is needed for every input with a
     dynamic dimension. The model is cleaned first (:func:`clean_model`), checked against the
     converter's op table, then converted with weights as ``relax.Constant``. Returns a module
-    whose ``main`` takes the graph inputs (names sanitized by TVM: ``.`` becomes ``_``).
+    whose ``main`` takes the graph inputs (parameter names sanitized by TVM: ``.`` becomes
+    ``_``; the ONNX names are kept in ``main``'s ``ONNX_INPUT_NAMES`` attribute).
     """
     model = clean_model(model_or_path, shape_dict)
     _check_supported(model)
@@ -899,9 +904,15 @@ def from_onnx(
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Renaming name")
         try:
-            return importer.from_onnx(model.graph, _default_opset(model))
+            mod = importer.from_onnx(model.graph, _default_opset(model))
         except ModelLoadError:
             raise
         except Exception as exc:  # outside a converter: graph inputs, outputs, constants
             raise ModelLoadError(f"TVM's ONNX importer failed: {describe_tvm_error(exc)}"
                                  ) from exc
+    # The model's own input names, which callers use: TVM's sanitized ones (``.`` → ``_``)
+    # only name the Relax parameters.
+    names = list(importer._input_names)
+    if len(names) == len(mod["main"].params):
+        mod["main"] = mod["main"].with_attr(ONNX_INPUT_NAMES, names)
+    return mod
