@@ -1,0 +1,114 @@
+"""KV-cache decoding (tpp_tvm.decoding): a transformers causal LM exported with its cache
+(``tpp_tvm.cache_export``) decodes token by token on TPP kernels with the cache in capacity
+buckets, giving the logits of the unpadded model (ONNX Runtime on the export, the cache
+growing by one each step) and torch's greedy tokens, for ragged batches too.
+
+A tiny Llama-style config (grouped-query attention, rotary positions, SwiGLU) with random
+weights from a fixed seed, exported once per module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tpp_tvm.decoding import DecoderSession, bucket_for, cache_layout
+from tpp_tvm.errors import ModelLoadError, UnsupportedShapeError
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from tpp_tvm.cache_export import export_causal_lm_with_cache
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=128)
+    model = transformers.LlamaForCausalLM(config).eval()
+    path = export_causal_lm_with_cache(model, tmp_path_factory.mktemp("llm") / "llama.onnx")
+    return model, str(path)
+
+
+@pytest.fixture(scope="module")
+def session(llama) -> DecoderSession:
+    # Small buckets: the 12 steps below cross from the 15-slot bucket into the 31-slot one.
+    return DecoderSession(llama[1], decode_buckets=(15, 31, 63), prompt_buckets=(8, 16))
+
+
+def _ort_logits(path: str, prompt: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """ONNX Runtime's next-token logits after the prompt and after each of ``tokens``,
+    the cache growing by one per step (no padding anywhere)."""
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    layout = cache_layout(onnx.load(path))
+    shapes = [[d if isinstance(d, int) else 1 for d in s] for s in layout.cache_shapes]
+    for s in shapes:
+        s[layout.axis] = 0
+    cache = [np.zeros(s, np.float32) for s in shapes]
+    ids, out, total = np.array([prompt]), [], len(prompt)
+    for step in [None, *tokens]:
+        if step is not None:
+            ids, total = np.array([[step]]), total + 1
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+                "position_ids": np.arange(total - ids.shape[1], total)[None]}
+        got = sess.run(None, feed | dict(zip(layout.past, cache)))
+        out.append(got[0][0, -1])
+        cache = got[1:]
+    return out
+
+
+def test_cache_buckets_give_the_unpadded_models_logits(llama, session) -> None:
+    """Two prompts of different lengths in one batch: every step's logits match ONNX
+    Runtime's unpadded run of each prompt alone, and the greedy tokens match torch's."""
+    model, path = llama
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
+    session.reset()
+    steps = [session.prefill(prompts)]
+    tokens = [steps[0].argmax(-1)]
+    for _ in range(11):
+        steps.append(session.decode(tokens[-1]))
+        tokens.append(steps[-1].argmax(-1))
+    tokens = np.stack(tokens, 1)
+    assert list(session.lengths) == [7 + 11, 3 + 11]
+    for b, prompt in enumerate(prompts):
+        want = _ort_logits(path, prompt, list(tokens[b, :-1]))
+        for i, (got, ref) in enumerate(zip([s[b] for s in steps], want, strict=True)):
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=f"step {i}")
+        with torch.no_grad():
+            ref_tokens = model.generate(torch.tensor([prompt]), max_new_tokens=12,
+                                        do_sample=False, pad_token_id=0)[0, len(prompt):]
+        np.testing.assert_array_equal(tokens[b], ref_tokens.numpy())
+    # 8-token prompt bucket, then the 15- and 31-slot cache buckets: three builds, not 12.
+    sizes = sorted((s["seq"], s["past"]) for s in session.model.compiled_sizes)
+    assert sizes == [(1, 15), (1, 31), (8, 1)]
+
+
+def test_generate_and_prepare(session) -> None:
+    session.prepare(prompt_length=4, max_length=20, batch=2)  # compiled above: nothing new
+    assert len(session.model.compiled_sizes) == 3
+    out = session.generate([[4, 3, 2, 1], [7, 7]], max_new_tokens=6)
+    assert out.tokens.shape == (2, 6) and len(out.step_seconds) == 5
+    assert out.tokens_per_second > 0
+    assert "KV-cache decoder: 4 cache tensors (past axis 2)" in session.report()
+
+
+def test_clear_errors(llama, session) -> None:
+    session.reset()
+    with pytest.raises(UnsupportedShapeError, match="decode\\(\\) before prefill"):
+        session.decode([1])
+    session.prefill([[1, 2]])
+    with pytest.raises(UnsupportedShapeError, match="got 2 tokens for a batch of 1"):
+        session.decode([1, 2])
+    with pytest.raises(UnsupportedShapeError, match="a prompt of 17 exceeds the largest "
+                                                    "bucket 16"):
+        session.prefill([list(range(17))])
+    assert bucket_for(16, (8, 16), "x") == 16
+    model = onnx.load(llama[1])
+    positions = next(v for v in model.graph.input if v.name == "position_ids")
+    model.graph.input.remove(positions)
+    with pytest.raises(ModelLoadError, match=r"lacks \['position_ids'\]"):
+        cache_layout(model)

@@ -1,0 +1,73 @@
+"""Export a transformers causal LM with its KV cache as ONNX inputs and outputs.
+
+The layout is the one Optimum and ONNX Runtime GenAI use and :class:`~tpp_tvm.decoding.
+DecoderSession` runs: inputs ``input_ids``, ``attention_mask`` (over past and new tokens),
+``position_ids`` and ``past_key_values.<i>.key|value`` (batch, kv heads, past, head dim);
+outputs ``logits`` and ``present.<i>.key|value`` (the past with the new tokens appended).
+The batch, the new tokens, the past and the total length are dynamic axes.
+
+transformers 5 keeps the cache in a ``DynamicCache`` object, which the TorchScript exporter
+cannot take as an input, so a wrapper rebuilds it from the flat tensors. The trace runs with
+two new tokens so that the causal-mask branch for prompts is in the graph (traced with one
+token, the export would drop it). transformers and torch are imported lazily.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+OPSET = 17
+
+
+def cache_names(layers: int) -> tuple[list[str], list[str]]:
+    """The past input names and their present output names, in order."""
+    past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    return past, [p.replace("past_key_values", "present") for p in past]
+
+
+def export_causal_lm_with_cache(model: Any, path: str | Path, past: int = 4) -> Path:
+    """Export ``model`` (a transformers ``*ForCausalLM`` in eval mode) to ``path``."""
+    import torch
+    from transformers import DynamicCache
+
+    cfg = model.config
+    layers = cfg.num_hidden_layers
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    class WithCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids, *flat):
+            cache = DynamicCache()
+            for i in range(layers):
+                cache.update(flat[2 * i], flat[2 * i + 1], i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, past_key_values=cache, use_cache=True)
+            present = []
+            for layer in out.past_key_values.layers:
+                present += [layer.keys, layer.values]
+            return (out.logits, *present)
+
+    new = 2
+    ids = torch.zeros((1, new), dtype=torch.int64)
+    mask = torch.ones((1, past + new), dtype=torch.int64)
+    positions = torch.arange(past, past + new).unsqueeze(0)
+    cache = [torch.zeros((1, kv_heads, past, head_dim)) for _ in range(2 * layers)]
+    past_names, present_names = cache_names(layers)
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"}, "logits": {0: "batch", 1: "seq"}}
+    axes |= {n: {0: "batch", 2: "past"} for n in past_names}
+    axes |= {n: {0: "batch", 2: "total"} for n in present_names}
+    path = Path(path)
+    with torch.no_grad():
+        torch.onnx.export(WithCache(), (ids, mask, positions, *cache), str(path),
+                          opset_version=OPSET, dynamo=False,
+                          input_names=["input_ids", "attention_mask", "position_ids",
+                                       *past_names],
+                          output_names=["logits", *present_names], dynamic_axes=axes)
+    return path
