@@ -117,3 +117,35 @@ def test_ragged_keys_with_a_mask_run_padded():
     feeds["m"] = mask
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert "tpp.attention_mask: 1" in compiled.report()
+
+
+@pytest.mark.requires_torch
+@pytest.mark.requires_onnxruntime
+def test_sdpa_export_is_one_kernel_and_zeroes_fully_masked_rows(tmp_path):
+    """torch's export of ``scaled_dot_product_attention`` (transformers' default attention)
+    with a boolean mask scales Q and Kᵀ by the scale's square root each, masks with -inf and
+    zeroes the probabilities' NaNs: it still becomes one attention kernel, and a sequence
+    whose keys are all masked gives zeros, as ONNX Runtime does, not NaN."""
+    import onnx
+    import torch
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    batch, heads, seq, dim = 2, 2, 32, 16
+    rng = np.random.default_rng(15)
+    feeds = {n: rng.standard_normal((batch, heads, seq, dim)).astype("float32")
+             for n in "qkv"}
+    mask = np.ones((batch, 1, 1, seq), bool)  # a boolean mask, as transformers passes
+    mask[0, ..., -5:] = False  # padding keys
+    mask[1] = False  # nothing to attend to
+    feeds["mask"] = mask
+    path = tmp_path / "sdpa.onnx"
+    torch.onnx.export(Sdpa(), tuple(torch.from_numpy(feeds[n]) for n in ("q", "k", "v", "mask")),
+                      str(path), input_names=["q", "k", "v", "mask"], opset_version=17,
+                      dynamo=False)
+    compiled = checks.assert_runs_like_onnxruntime(onnx.load(str(path)), feeds, rtol=1e-5,
+                                                   atol=1e-5)
+    assert "tpp.attention_mask_mulscale_nanguard: 1" in compiled.report()
+    assert not compiled(**feeds)[0][1].any()

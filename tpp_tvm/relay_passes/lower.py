@@ -385,7 +385,8 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
         pad_mask[:, ks[-1]:] = -np.inf
         args.append(relax.const(pad_mask))
     args.append(v3)
-    shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked)
+    shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
+                           zero_masked_rows="nan_guard" in matched)
     sch = attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))

@@ -413,6 +413,8 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
         return False
     if scale.value.numpy().size != 1:
         return False
+    if "nan_guard" in a and scalar_value(a["nan_guard"]) != 0.0:
+        return False
     softmax = a["softmax"]
     if int(softmax.attrs.axis) % len(qs) != len(qs) - 1:
         return False
@@ -429,25 +431,33 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 
 def attention_patterns() -> list[TPPPattern]:
-    """softmax(Q Kᵀ / c (+ mask)) V, with the scale as divide or multiply by a constant."""
+    """softmax(Q Kᵀ / c (+ mask)) V, with the scale as divide or multiply by a constant;
+    optionally with the probabilities' NaNs zeroed (``where(isnan(p), 0, p)``: torch's SDPA
+    export guards fully masked rows so), annotated ``nan_guard``."""
     out = []
-    for scale_op in ("relax.divide", "relax.multiply"):
-        for with_mask in (True, False):
-            q, kt, v, c = wildcard(), wildcard(), wildcard(), is_const()
-            scores = is_op("relax.matmul")(q, kt)
-            z = is_op(scale_op)(scores, c)
-            ann = {"q": q, "k_t": kt, "v": v, "scale": c, "root": scores}
-            if with_mask:
-                m = wildcard()
-                z = is_op("relax.add")(z, m)
-                ann["mask"] = m
-            sm = is_op("relax.nn.softmax")(z)
-            o = is_op("relax.matmul")(sm, v)
-            ann.update({"softmax": sm, "out": o})
-            name = "tpp.attention" + ("_mask" if with_mask else "")
-            suffix = "" if scale_op == "relax.divide" else "_mulscale"
-            out.append(TPPPattern(name + suffix, o, ann, _attention_check, "attention",
-                                  scale_multiplies=scale_op == "relax.multiply"))
+    for guarded in (True, False):
+        for scale_op in ("relax.divide", "relax.multiply"):
+            for with_mask in (True, False):
+                q, kt, v, c = wildcard(), wildcard(), wildcard(), is_const()
+                scores = is_op("relax.matmul")(q, kt)
+                z = is_op(scale_op)(scores, c)
+                ann = {"q": q, "k_t": kt, "v": v, "scale": c, "root": scores}
+                if with_mask:
+                    m = wildcard()
+                    z = is_op("relax.add")(z, m)
+                    ann["mask"] = m
+                sm = probs = is_op("relax.nn.softmax")(z)
+                if guarded:
+                    zero = is_const()
+                    probs = is_op("relax.where")(is_op("relax.isnan")(sm), zero, sm)
+                    ann["nan_guard"] = zero
+                o = is_op("relax.matmul")(probs, v)
+                ann.update({"softmax": sm, "out": o})
+                name = "tpp.attention" + ("_mask" if with_mask else "")
+                name += "" if scale_op == "relax.divide" else "_mulscale"
+                out.append(TPPPattern(name + ("_nanguard" if guarded else ""), o, ann,
+                                      _attention_check, "attention",
+                                      scale_multiplies=scale_op == "relax.multiply"))
     return out
 
 

@@ -22,7 +22,9 @@ from .tensorize import tensorize_row_block, try_tensorize
 class AttentionShape:
     """``bh`` (batch x heads) attention over ``seq`` keys with head size ``dim``;
     ``heads`` maps a (batch x head) index to its mask row (mask has ``bh // heads`` rows),
-    ``mask`` says whether an additive (rows, seq) mask is applied."""
+    ``mask`` says whether an additive (rows, seq) mask is applied; ``zero_masked_rows``
+    gives a row whose keys are all masked (-inf) zero output, as SDPA exports' NaN guard
+    does, instead of NaN."""
 
     bh: int
     seq_q: int
@@ -31,6 +33,7 @@ class AttentionShape:
     heads: int
     scale: float
     mask: bool
+    zero_masked_rows: bool = False
 
 
 def _row_block(rows: int) -> int:
@@ -93,12 +96,22 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     k1 = te.reduce_axis((0, sh.seq), "k1")
     k2 = te.reduce_axis((0, sh.seq), "k2")
     mx = te.compute((sh.bh, sh.seq_q), lambda b, i: te.max(z[b, i, k1], axis=k1), name="row_max")
-    shifted = te.compute(z.shape, lambda b, i, j: z[b, i, j] - mx[b, i], name="shifted")
+    if sh.zero_masked_rows:  # all keys -inf: exp(-inf - finite) = 0, sum 0, output 0
+        lowest = tirx.const(-3.4028234663852886e38, "float32")
+        shift = te.compute(mx.shape, lambda b, i: tirx.max(mx[b, i], lowest),
+                           name="row_shift")
+    else:
+        shift = mx
+    shifted = te.compute(z.shape, lambda b, i, j: z[b, i, j] - shift[b, i], name="shifted")
     e = te.compute(z.shape, lambda b, i, j: tirx.exp(shifted[b, i, j]), name="exp")
     total = te.compute((sh.bh, sh.seq_q), lambda b, i: te.sum(e[b, i, k2], axis=k2),
                        name="row_sum")
-    inv = te.compute((sh.bh, sh.seq_q), lambda b, i: tirx.const(1.0, "float32") / total[b, i],
-                     name="inv_sum")
+    one, zero = tirx.const(1.0, "float32"), tirx.const(0.0, "float32")
+    if sh.zero_masked_rows:
+        inv = te.compute((sh.bh, sh.seq_q), lambda b, i: tirx.Select(
+            total[b, i] > zero, one / total[b, i], zero), name="inv_sum")
+    else:
+        inv = te.compute((sh.bh, sh.seq_q), lambda b, i: one / total[b, i], name="inv_sum")
     p = te.compute(z.shape, lambda b, i, j: e[b, i, j] * inv[b, i], name="probs")
     kv = te.reduce_axis((0, sh.seq), "kv")
     out = te.compute(
@@ -114,7 +127,8 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     sch.reorder(b, io, ii, c, kvl)
     block_loop = sch.fuse(b, io)
     sch.parallel(block_loop)
-    for name in ("probs", "inv_sum", "row_sum", "exp", "shifted", "row_max", "logits",
+    for name in ("probs", "inv_sum", "row_sum", "exp", "shifted",
+                 *(("row_shift",) if sh.zero_masked_rows else ()), "row_max", "logits",
                  "scores"):
         sch.compute_at(sch.get_sblock(name), block_loop)
 
