@@ -1,5 +1,6 @@
 """Decomposed activations that exporters emit, recognised as one op (``canonicalize.py``):
-GPT-2's tanh-GELU after a MatMul fuses into the GEMM epilogue, with ORT's result."""
+GPT-2's tanh-GELU after a MatMul fuses into the GEMM epilogue, with ORT's result; Llama's
+RMS norm in the forms exporters write becomes one row-wise kernel."""
 
 from __future__ import annotations
 
@@ -111,3 +112,35 @@ def test_identity_casts_do_not_break_attention() -> None:
     ops = [b.value.op.name for b in drop_identity_casts(f).body.blocks[0].bindings
            if isinstance(b.value, relax.Call)]
     assert ops == ["relax.astype"]  # the fp16 cast stays, the fp32 one is gone
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("form", ["pow_square", "mul_square", "div_sqrt"])
+def test_rms_norm_forms_are_one_kernel(form: str) -> None:
+    """``gamma * x / sqrt(mean(x^2) + eps)`` as torch exports ``x * torch.rsqrt(..)`` (Pow,
+    ReduceMean, Sqrt, Div(1, .)), with ``x * x`` and gamma first, or as ``x / sqrt(..)``;
+    a single row (a decoder step) included."""
+    rng = np.random.default_rng(5)
+    consts = {"two": np.float32(2.0), "eps": np.float32(1e-6), "one": np.float32(1.0),
+              "gamma": rng.standard_normal(96).astype("float32")}
+    square = (helper.make_node("Pow", ["x", "two"], ["sq"]) if form == "pow_square" else
+              helper.make_node("Mul", ["x", "x"], ["sq"]))
+    nodes = [square, helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"])]
+    if form == "div_sqrt":
+        nodes += [helper.make_node("Div", ["x", "s"], ["n"]),
+                  helper.make_node("Mul", ["n", "gamma"], ["y"])]
+    else:
+        nodes += [helper.make_node("Div", ["one", "s"], ["r"]),
+                  helper.make_node("Mul", ["x", "r"], ["n"]),
+                  helper.make_node("Mul", ["gamma", "n"], ["y"])]
+    for rows in (1, 6):
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 96])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        x = rng.standard_normal((rows, 96)).astype("float32")
+        compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)
+        assert "tpp.rms_norm: 1" in compiled.report()

@@ -1,4 +1,4 @@
-"""Row-wise equation kernels (layer norm, softmax) against numpy, at any row count: one,
+"""Row-wise equation kernels (layer norm, RMS norm, softmax) against numpy, at any row count: one,
 primes (ViT's 197 tokens) and counts with divisors."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import tvm
 from tpp_tvm.schedules.rowwise import (
     layer_norm_schedule,
     padded_rows,
+    rms_norm_schedule,
     row_block,
     softmax_schedule,
 )
@@ -36,6 +37,18 @@ def test_layer_norm_any_row_count(rows: int) -> None:
                np.zeros_like(x))
     mean = x.mean(-1, keepdims=True)
     want = (x - mean) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_rms_norm_any_row_count(rows: int) -> None:
+    width = 96
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, width)).astype("float32")
+    gamma = rng.standard_normal(width).astype("float32")
+    got = _run(rms_norm_schedule(rows, width, 1e-6, isa_of(TARGET)), x, gamma,
+               np.zeros_like(x))
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * gamma
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from .exprs import scalar_value
+from .exprs import scalar_value, static_shape
 
 
 def _erf_gelu_pattern():
@@ -99,6 +99,42 @@ def drop_identity_casts(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def rewrite_rms_norm(func: relax.Function) -> relax.Function:
+    """``gamma * (x / sqrt(mean(x², -1) + eps))`` in the forms exporters write it (``x²`` as
+    a power or a product, the division as ``x * (1 / s)``, ``x / s`` or ``x * rsqrt(..)``,
+    gamma on either side) → ``R.nn.rms_norm``: Llama's norm, one row-wise TPP kernel. As
+    TVM fused it, each output element recomputed the row's mean: 0.76 ms for one 1024-wide
+    row (Llama's decode step spent 20% of its time there)."""
+    x, gamma, two, one, eps = wildcard(), wildcard(), is_const(), is_const(), is_const()
+    square = is_op("relax.power")(x, two) | is_op("relax.multiply")(x, x)
+    mean = is_op("relax.mean")(square)
+    shifted = is_op("relax.add")(mean, eps)
+    root = is_op("relax.sqrt")(shifted)
+    inverse = is_op("relax.divide")(one, root)
+    norm = (is_op("relax.multiply")(x, inverse) | is_op("relax.multiply")(inverse, x)
+            | is_op("relax.divide")(x, root) | is_op("relax.multiply")(x, is_op("relax.rsqrt")(
+                shifted)))
+    pattern = is_op("relax.multiply")(gamma, norm) | is_op("relax.multiply")(norm, gamma)
+
+    def rewriter(orig, m):
+        shape = static_shape(m[x])
+        if shape is None or str(m[x].ty.dtype) != "float32" or not shape:
+            return orig
+        if static_shape(m[gamma]) != [shape[-1]] or scalar_value(m[eps]) is None:
+            return orig
+        if two in m and scalar_value(m[two]) != 2.0:
+            return orig
+        if one in m and scalar_value(m[one]) != 1.0:
+            return orig
+        attrs = m[mean].attrs
+        axes = [int(a) % len(shape) for a in (attrs.axis or range(len(shape)))]
+        if axes != [len(shape) - 1] or not attrs.keepdims:
+            return orig
+        return relax.op.nn.rms_norm(m[x], m[gamma], axes=[-1], epsilon=scalar_value(m[eps]))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 def merge_operand_scales(func: relax.Function) -> relax.Function:
     """``matmul(q * a, kᵀ * b)`` with scalar constants ``a``, ``b`` → ``matmul(q, kᵀ) * ab``.
 
@@ -125,6 +161,6 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
     """Apply the activation rewrites to every Relax function of the module."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[gv] = merge_operand_scales(rewrite_silu(rewrite_tanh_gelu(
-                rewrite_erf_gelu(drop_identity_casts(func)))))
+            mod[gv] = rewrite_rms_norm(merge_operand_scales(rewrite_silu(rewrite_tanh_gelu(
+                rewrite_erf_gelu(drop_identity_casts(func))))))
     return mod

@@ -37,6 +37,7 @@ from ..schedules.rowwise import (
     equation_schedule,
     layer_norm_schedule,
     padded_rows,
+    rms_norm_schedule,
     softmax_schedule,
 )
 from .patterns import TPPPattern, pattern_table
@@ -343,6 +344,15 @@ def _lower_layer_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], na
                            [matched["gamma"], matched["beta"]])
 
 
+def _lower_rms_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                    isa: str) -> relax.Expr:
+    """RMS norm over the last axis: rows flattened, one TPP-equation kernel."""
+    eps = float(matched["root"].attrs.epsilon)
+    return _rowwise_kernel(bb, matched["lhs"], name,
+                           lambda rows, width: rms_norm_schedule(rows, width, eps, isa),
+                           [matched["gamma"]])
+
+
 def _lower_softmax(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                    isa: str) -> relax.Expr:
     """Softmax over the last axis: rows flattened, one TPP-equation kernel."""
@@ -461,6 +471,7 @@ LOWERINGS = {
     "matmul": _lower_matmul,
     "col_sum": _lower_col_sum,
     "layer_norm": _lower_layer_norm,
+    "rms_norm": _lower_rms_norm,
     "softmax": _lower_softmax,
 }
 

@@ -313,15 +313,31 @@ def _last_axis_check(ctx: relax.transform.PatternCheckContext) -> bool:
     return int(attrs.axis) % ndim == ndim - 1
 
 
+def _rms_norm_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """RMS norm over the last axis of a static fp32 tensor with a gamma row of H."""
+    a = ctx.annotated_expr
+    x = a["lhs"]
+    if not (_static_f32(x) and _static_f32(a["gamma"])):
+        return False
+    ndim = len(x.ty.shape.values)
+    if [int(ax) % ndim for ax in a["root"].attrs.axes] != [ndim - 1]:
+        return False
+    return [int(d) for d in a["gamma"].ty.shape.values] == [int(x.ty.shape.values[-1])]
+
+
 def rowwise_patterns() -> list[TPPPattern]:
-    """Layer norm and softmax over the last axis: row-wise TPP equations."""
+    """Layer norm, RMS norm and softmax over the last axis: row-wise TPP equations."""
     x, gamma, beta = wildcard(), wildcard(), wildcard()  # constants, or trained params
     ln = is_op("relax.nn.layer_norm")(x, gamma, beta)
     x2 = wildcard()
     sm = is_op("relax.nn.softmax")(x2)
+    x3, gamma3 = wildcard(), wildcard()
+    rms = is_op("relax.nn.rms_norm")(x3, gamma3)
     return [
         TPPPattern("tpp.layer_norm", ln, {"lhs": x, "gamma": gamma, "beta": beta, "root": ln},
                    _last_axis_check, "layer_norm"),
+        TPPPattern("tpp.rms_norm", rms, {"lhs": x3, "gamma": gamma3, "root": rms},
+                   _rms_norm_check, "rms_norm"),
         TPPPattern("tpp.softmax", sm, {"lhs": x2, "root": sm}, _last_axis_check, "softmax"),
     ]
 

@@ -1,4 +1,4 @@
-"""Row-wise equations on TPPs: layer norm and softmax over the last axis.
+"""Row-wise equations on TPPs: layer norm, RMS norm and softmax over the last axis.
 
 Each is a small tree of TPPs (LIBXSMM's "equations") applied to a block of ``mr`` rows
 while it sits in L1: column reductions (sum, sum of squares, max), broadcast binary ops
@@ -8,6 +8,8 @@ are plain TIR.
 
 layer norm (two-pass, as accurate as the reference):
     mean = sum(x)/H;  d = x - mean;  rstd = 1/sqrt(sum(d^2)/H + eps);  y = d*rstd*gamma + beta
+RMS norm:
+    rstd = 1/sqrt(sum(x^2)/H + eps);  y = x*rstd*gamma
 softmax:
     m = max(x);  e = exp(x - m);  y = e * (1/sum(e))
 """
@@ -114,6 +116,27 @@ def layer_norm_schedule(rows: int, width: int, eps: float, isa: str) -> s_tir.Sc
         ("scaled", TPPSpec("mul", m=mr, n=width, bcast="col")),
         ("weighted", TPPSpec("mul", m=mr, n=width, bcast="row")),
         ("layer_norm", TPPSpec("add", m=mr, n=width, bcast="row")),
+    ]
+    return schedule_row_stages(func, stages, mr, isa)
+
+
+def rms_norm_schedule(rows: int, width: int, eps: float, isa: str) -> s_tir.Schedule:
+    """RMS norm over the last axis of a (rows, width) fp32 tensor with gamma."""
+    mr = row_block(rows, width)
+    X = te.placeholder((rows, width), "float32", name="x")
+    gamma = te.placeholder((width,), "float32", name="gamma")
+    k = te.reduce_axis((0, width), "k")
+    ssq = te.compute((rows,), lambda i: te.sum(X[i, k] * X[i, k], axis=k), name="row_ssq")
+    rstd = te.compute((rows,), lambda i: tirx.rsqrt(
+        ssq[i] * tirx.const(1.0 / width, "float32") + tirx.const(eps, "float32")), name="rstd")
+    scaled = te.compute((rows, width), lambda i, j: X[i, j] * rstd[i], name="scaled")
+    y = te.compute((rows, width), lambda i, j: scaled[i, j] * gamma[j], name="rms_norm")
+    func = te.create_prim_func([X, gamma, y])
+    stages = [
+        ("row_ssq", TPPSpec("reduce_sumsq_cols", m=mr, n=width)),
+        ("rstd", None),
+        ("scaled", TPPSpec("mul", m=mr, n=width, bcast="col")),
+        ("rms_norm", TPPSpec("mul", m=mr, n=width, bcast="row")),
     ]
     return schedule_row_stages(func, stages, mr, isa)
 
