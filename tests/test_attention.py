@@ -13,6 +13,7 @@ from tpp_tvm.target import target
 
 
 def _reference(q, kt, mask, v, shape: AttentionShape):
+    kt, v = np.repeat(kt, shape.group, 0), np.repeat(v, shape.group, 0)  # shared K/V heads
     z = q.astype(np.float64) @ kt * shape.scale
     if mask is not None:
         z = z + np.repeat(mask, shape.heads, 0)[:, None, :]
@@ -27,6 +28,8 @@ def _reference(q, kt, mask, v, shape: AttentionShape):
         AttentionShape(bh=4, seq_q=16, seq=24, dim=16, heads=2, scale=0.25, mask=True),
         AttentionShape(bh=3, seq_q=6, seq=10, dim=12, heads=3, scale=1.0, mask=False),
         AttentionShape(bh=2, seq_q=8, seq=32, dim=40, heads=1, scale=0.1, mask=True),
+        AttentionShape(bh=8, seq_q=8, seq=32, dim=16, heads=4, scale=0.25, mask=True,
+                       group=4),
     ],
 )
 def test_attention_matches_numpy(shape):
@@ -34,8 +37,8 @@ def test_attention_matches_numpy(shape):
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     rng = np.random.default_rng(shape.seq)
     q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
-    kt = rng.standard_normal((shape.bh, shape.dim, shape.seq), dtype="float32")
-    v = rng.standard_normal((shape.bh, shape.seq, shape.dim), dtype="float32")
+    kt = rng.standard_normal((shape.bh // shape.group, shape.dim, shape.seq), dtype="float32")
+    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
     mask = None
     if shape.mask:
         mask = np.where(rng.random((shape.bh // shape.heads, shape.seq)) < 0.25, -1e4, 0)

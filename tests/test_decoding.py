@@ -85,6 +85,10 @@ def test_cache_buckets_give_the_unpadded_models_logits(llama, session) -> None:
     # 8-token prompt bucket, then the 15- and 31-slot cache buckets: three builds, not 12.
     sizes = sorted((s["seq"], s["past"]) for s in session.model.compiled_sizes)
     assert sizes == [(1, 15), (1, 31), (8, 1)]
+    # RMS norms, and attention reading the shared K/V heads in place (no repeat).
+    report = session.report()
+    assert "tpp.rms_norm: 5" in report
+    assert "tpp.attention_mask_mulscale_nanguard_gqa: 2" in report
 
 
 def test_generate_and_prepare(session) -> None:

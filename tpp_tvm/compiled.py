@@ -130,6 +130,17 @@ class CompiledModel:
             raise ExecutionError(f"the compiled model failed while running: "
                                  f"{describe_tvm_error(exc)}") from exc
 
+    def run_tensors(self, tensors: list[tvm.runtime.Tensor]) -> list[tvm.runtime.Tensor]:
+        """Run on TVM tensors in :attr:`inputs` order and return TVM tensors: no conversion
+        and no copies, for callers that keep data on TVM tensors between calls (a decoder's
+        KV cache, :mod:`tpp_tvm.decoding`). Shapes and dtypes are checked by TVM only."""
+        try:
+            result = self._vm["main"](*tensors)
+        except Exception as exc:
+            raise ExecutionError(f"the compiled model failed while running: "
+                                 f"{describe_tvm_error(exc)}") from exc
+        return [result] if isinstance(result, tvm.runtime.Tensor) else list(result)
+
     def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
         """Median seconds per call with inputs already converted."""
         tensors = self._convert(args, dict(kwargs))

@@ -366,6 +366,12 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     q, kt, v = matched["q"], matched["k_t"], matched["v"]
     qs, ks = _shape(q), _shape(kt)
     bh = int(np.prod(qs[:-2]))
+    group = 1
+    if "k_grouped" in matched:  # shared K/V heads read in place, not repeated
+        k = matched["k_grouped"]
+        group = qs[1] // _shape(k)[1]
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        v = matched["v_grouped"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched["scale_multiplies"] else 1.0 / c
     rows = padded_query_rows(qs[-2])
@@ -373,8 +379,8 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
         q3 = bb.emit(relax.op.nn.pad(q3, [0, 0, 0, rows - qs[-2], 0, 0]))
-    kt3 = bb.emit(relax.op.reshape(kt, (bh, ks[-2], ks[-1])))
-    v3 = bb.emit(relax.op.reshape(v, (bh, ks[-1], qs[-1])))
+    kt3 = bb.emit(relax.op.reshape(kt, (bh // group, ks[-2], ks[-1])))
+    v3 = bb.emit(relax.op.reshape(v, (bh // group, ks[-1], qs[-1])))
     if keys != ks[-1]:  # zero keys and values, masked out below
         kt3 = bb.emit(relax.op.nn.pad(kt3, [0, 0, 0, 0, 0, keys - ks[-1]]))
         v3 = bb.emit(relax.op.nn.pad(v3, [0, 0, 0, keys - ks[-1], 0, 0]))
@@ -396,7 +402,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
         args.append(relax.const(pad_mask))
     args.append(v3)
     shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
-                           zero_masked_rows="nan_guard" in matched)
+                           zero_masked_rows="nan_guard" in matched, group=group)
     sch = attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))

@@ -413,6 +413,23 @@ def pool_patterns() -> list[TPPPattern]:
     ]
 
 
+def _grouped_check(a: dict, qs: tuple[int, ...]) -> bool:
+    """K and V repeat each of their heads ``group`` times in a row (query head h reads K/V
+    head h // group), and Kᵀ swaps K's last two axes."""
+    if [int(x) for x in a["k_permute"].attrs.axes] != [0, 1, 3, 2]:
+        return False
+    for key in ("k_grouped", "v_grouped"):
+        src = a[key]
+        if not _static_f32(src) or len(src.ty.shape.values) != 4:
+            return False
+        b, kvh, _, d = (int(x) for x in src.ty.shape.values)
+        if [int(x) for x in a[key + "_expand"].attrs.axis] != [2]:
+            return False
+        if b != qs[0] or d != qs[-1] or qs[1] % kvh:
+            return False
+    return True
+
+
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask must
     broadcast over heads and query rows, i.e. be (batch or 1, 1, 1, keys)."""
@@ -431,6 +448,8 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
         return False
     if "nan_guard" in a and scalar_value(a["nan_guard"]) != 0.0:
         return False
+    if "k_grouped" in a and not _grouped_check(a, qs):
+        return False
     softmax = a["softmax"]
     if int(softmax.attrs.axis) % len(qs) != len(qs) - 1:
         return False
@@ -446,18 +465,36 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     return True
 
 
+def _repeated_heads(ann: dict, key: str) -> DFPattern:
+    """transformers' ``repeat_kv`` of a (batch, kv heads, seq, dim) tensor annotated ``key``:
+    ``reshape(broadcast_to(expand_dims(x, 2), (b, kvh, group, s, d)), (b, kvh*group, s, d))``."""
+    x = wildcard()
+    expand = is_op("relax.expand_dims")(x)
+    ann[key], ann[key + "_expand"] = x, expand
+    return is_op("relax.reshape")(is_op("relax.broadcast_to")(expand, wildcard()), wildcard())
+
+
 def attention_patterns() -> list[TPPPattern]:
     """softmax(Q Kᵀ / c (+ mask)) V, with the scale as divide or multiply by a constant;
     optionally with the probabilities' NaNs zeroed (``where(isnan(p), 0, p)``: torch's SDPA
-    export guards fully masked rows so), annotated ``nan_guard``."""
+    export guards fully masked rows so), annotated ``nan_guard``; and optionally with K and V
+    heads repeated for grouped-query attention (annotated ``k_grouped``/``v_grouped``: the
+    kernel reads the shared heads in place)."""
     out = []
-    for guarded in (True, False):
+    for grouped, guarded in ((True, True), (True, False), (False, True), (False, False)):
         for scale_op in ("relax.divide", "relax.multiply"):
             for with_mask in (True, False):
-                q, kt, v, c = wildcard(), wildcard(), wildcard(), is_const()
+                q, c = wildcard(), is_const()
+                ann = {}
+                if grouped:
+                    kt = is_op("relax.permute_dims")(_repeated_heads(ann, "k_grouped"))
+                    v = _repeated_heads(ann, "v_grouped")
+                    ann["k_permute"] = kt
+                else:
+                    kt, v = wildcard(), wildcard()
                 scores = is_op("relax.matmul")(q, kt)
                 z = is_op(scale_op)(scores, c)
-                ann = {"q": q, "k_t": kt, "v": v, "scale": c, "root": scores}
+                ann |= {"q": q, "k_t": kt, "v": v, "scale": c, "root": scores}
                 if with_mask:
                     m = wildcard()
                     z = is_op("relax.add")(z, m)
@@ -471,7 +508,8 @@ def attention_patterns() -> list[TPPPattern]:
                 ann.update({"softmax": sm, "out": o})
                 name = "tpp.attention" + ("_mask" if with_mask else "")
                 name += "" if scale_op == "relax.divide" else "_mulscale"
-                out.append(TPPPattern(name + ("_nanguard" if guarded else ""), o, ann,
+                name += ("_nanguard" if guarded else "") + ("_gqa" if grouped else "")
+                out.append(TPPPattern(name, o, ann,
                                       _attention_check, "attention",
                                       scale_multiplies=scale_op == "relax.multiply"))
     return out

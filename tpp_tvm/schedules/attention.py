@@ -24,7 +24,8 @@ class AttentionShape:
     ``heads`` maps a (batch x head) index to its mask row (mask has ``bh // heads`` rows),
     ``mask`` says whether an additive (rows, seq) mask is applied; ``zero_masked_rows``
     gives a row whose keys are all masked (-inf) zero output, as SDPA exports' NaN guard
-    does, instead of NaN."""
+    does, instead of NaN; ``group`` query heads share each K/V head (grouped-query
+    attention: K and V have ``bh // group`` rows, read in place, never repeated)."""
 
     bh: int
     seq_q: int
@@ -34,6 +35,7 @@ class AttentionShape:
     scale: float
     mask: bool
     zero_masked_rows: bool = False
+    group: int = 1
 
 
 def _row_block(rows: int) -> int:
@@ -69,20 +71,21 @@ def _col_block(cols: int) -> int:
 
 
 def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
-    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh, d, s), [mask (bh/heads, s)],
-    V (bh, s, d); output (bh, sq, d)."""
+    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
+    (bh/heads, s)], V (bh/group, s, d); output (bh, sq, d)."""
     sh = shape
     mr = _row_block(sh.seq_q)
     nr = _col_block(sh.seq)
     nd = _col_block(sh.dim)
     Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
-    KT = te.placeholder((sh.bh, sh.dim, sh.seq), "float32", name="k_t")
-    V = te.placeholder((sh.bh, sh.seq, sh.dim), "float32", name="v")
+    g = sh.group
+    KT = te.placeholder((sh.bh // g, sh.dim, sh.seq), "float32", name="k_t")
+    V = te.placeholder((sh.bh // g, sh.seq, sh.dim), "float32", name="v")
     inputs = [Q, KT]
     kd = te.reduce_axis((0, sh.dim), "kd")
     scores = te.compute(
         (sh.bh, sh.seq_q, sh.seq),
-        lambda b, i, j: te.sum(Q[b, i, kd] * KT[b, kd, j], axis=kd), name="scores",
+        lambda b, i, j: te.sum(Q[b, i, kd] * KT[b // g, kd, j], axis=kd), name="scores",
     )
     scale = tirx.const(sh.scale, "float32")
     if sh.mask:
@@ -116,7 +119,7 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     kv = te.reduce_axis((0, sh.seq), "kv")
     out = te.compute(
         (sh.bh, sh.seq_q, sh.dim),
-        lambda b, i, c: te.sum(p[b, i, kv] * V[b, kv, c], axis=kv), name="attention",
+        lambda b, i, c: te.sum(p[b, i, kv] * V[b // g, kv, c], axis=kv), name="attention",
     )
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
 
