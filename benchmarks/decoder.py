@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import machine, results_dir, run_header, write_results
+from harness import machine, measure_read_bandwidth, results_dir, run_header, write_results
 
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_decoder"
 MODELS = ("gpt2", "llama")
@@ -157,15 +157,13 @@ def run_model(name: str, prompt_len: int, new: int, rounds: int, threads: int,
     for impl in impls:
         if impl != "tpp_tvm":
             loops[impl] = lambda p=PeerLoop(impl, path, threads): p.generate(prompt, new)
-    from peak import measure_bandwidth
-
     best: dict[str, dict] = {}
     tokens = {}
     prefill_ms: dict[str, float] = {}
     bandwidth = 0.0
     for _ in range(rounds):
         # Measured between the rounds, the best kept: the machine's bandwidth drifts too.
-        bandwidth = max(bandwidth, measure_bandwidth("read", threads, repeats=2))
+        bandwidth = max(bandwidth, measure_read_bandwidth(threads))
         for impl, loop in loops.items():
             toks, prefill, steps = loop()
             tokens[impl] = toks

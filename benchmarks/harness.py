@@ -171,6 +171,13 @@ def measure_peaks(threads: list[int], instr: str = "fp32_fma") -> dict[int, floa
     return {t: measure_peak(instr, t) for t in threads}
 
 
+def measure_read_bandwidth(threads: int, repeats: int = 2) -> float:
+    """The measured memory read bandwidth in GB/s (``benchmarks/peak.py --stream read``)."""
+    from peak import measure_bandwidth
+
+    return measure_bandwidth("read", threads, repeats=repeats)
+
+
 def machine() -> str:
     """lscpu's model name plus what tpp_tvm detects (ISA, caches, cores)."""
     name = "unknown CPU"

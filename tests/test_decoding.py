@@ -116,3 +116,14 @@ def test_clear_errors(llama, session) -> None:
     model.graph.input.remove(positions)
     with pytest.raises(ModelLoadError, match=r"lacks \['position_ids'\]"):
         cache_layout(model)
+
+
+def test_cli_generates_the_sessions_tokens(llama, session, capsys) -> None:
+    from tpp_tvm import cli
+
+    assert cli.main(["generate", llama[1], "--prompt", "4,3,2,1", "--new", "5"]) == 0
+    printed = capsys.readouterr().out
+    want = session.generate([[4, 3, 2, 1]], max_new_tokens=5).tokens[0]
+    assert "tokens: " + ",".join(str(int(t)) for t in want) in printed
+    assert "4 steps at" in printed
+    assert cli.main(["generate", llama[1], "--prompt", "a,b"]) == 2

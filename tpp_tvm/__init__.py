@@ -4,6 +4,8 @@ The public API is small:
 
 * :func:`target` – the TPP target for this host (or a named ISA);
 * :func:`compile_onnx` / :func:`load` – an ONNX model compiled onto TPPs, callable with numpy;
+* :class:`DecoderSession` – token-by-token decoding of a causal LM exported with its KV cache
+  (``tpp_tvm.cache_export``);
 * :func:`build` – a Relax module through the ``tpp`` pipeline (``relay.build``'s successor);
 * :func:`from_onnx` – robust ONNX import into Relax;
 * :func:`build_gemm` – one GEMM (+bias, +activation) compiled onto TPPs;
@@ -20,6 +22,7 @@ use ``tpp_tvm.target()`` for the target and ``tpp_tvm.target_info`` for host det
 from . import target as target_info
 from . import tir_pipeline  # noqa: F401 - registers the "tpp" TIR pipeline
 from .compiled import CompiledModel, compile_onnx, compile_relax, load
+from .decoding import DecoderSession
 from .errors import TPPError
 from .frontend import from_onnx
 from .intrinsics import registered
@@ -39,6 +42,7 @@ def custom_op(name: str, fcompute):  # noqa: ANN201 - returns training.custom_op
 
 __all__ = [
     "CompiledModel",
+    "DecoderSession",
     "TPPError",
     "build",
     "build_gemm",

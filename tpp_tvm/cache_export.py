@@ -8,8 +8,9 @@ The batch, the new tokens, the past and the total length are dynamic axes.
 
 transformers 5 keeps the cache in a ``DynamicCache`` object, which the TorchScript exporter
 cannot take as an input, so a wrapper rebuilds it from the flat tensors. The trace runs with
-two new tokens so that the causal-mask branch for prompts is in the graph (traced with one
-token, the export would drop it). transformers and torch are imported lazily.
+two new tokens: transformers branches in Python on a single query (``q_length == 1`` in its
+SDPA integration), and the tracer freezes the branch it took into the graph, which must
+serve prompts as well as steps. transformers and torch are imported lazily.
 """
 
 from __future__ import annotations

@@ -405,6 +405,31 @@ def _have_onnxruntime() -> bool:
     return True
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """Greedy decoding of a causal LM exported with its KV cache (``tpp_tvm.cache_export``)."""
+    from tpp_tvm.decoding import DecoderSession
+
+    try:
+        prompt = [int(t) for t in args.prompt.split(",")]
+    except ValueError:
+        raise CLIError(f"--prompt {args.prompt!r}: give token ids separated by commas") from None
+    if args.new < 1:
+        raise CLIError(f"--new {args.new}: generate at least one token")
+    _fix_threads(args.threads)
+    print(f"compiling {Path(args.model).name} for {len(prompt)} + {args.new} tokens... ",
+          end="", flush=True)
+    t0 = time.perf_counter()
+    session = DecoderSession(args.model, _target(args), precision=args.precision,
+                             tune_logs=_tune_logs_arg(args))
+    session.prepare(len(prompt), len(prompt) + args.new)
+    print(f"done in {time.perf_counter() - t0:.1f} s", flush=True)
+    out = session.generate([prompt], args.new)
+    print("tokens: " + ",".join(str(int(t)) for t in out.tokens[0]))
+    print(f"prefill {1e3 * out.prefill_seconds:.1f} ms; {len(out.step_seconds)} steps at "
+          f"{out.tokens_per_second:.1f} tokens/s")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Compile a BERT encoder and a ResNet onto TPPs, run them, compare with ONNX Runtime."""
     if args.gemm:
@@ -563,6 +588,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--onnx", metavar="MODEL.onnx", help="the ONNX model a .so came from (for --compare)"
     )
     run.set_defaults(func=_cmd_run)
+
+    gen = sub.add_parser("generate", help="greedy decoding of an ONNX causal LM exported "
+                         "with its KV cache (tpp_tvm.cache_export)")
+    gen.add_argument("model", metavar="MODEL", help="the ONNX export with past/present")
+    _add_target_options(gen)
+    gen.add_argument("--prompt", required=True, help="prompt token ids, e.g. 1,2,3")
+    gen.add_argument("--new", type=int, default=16, help="tokens to generate (default 16)")
+    _add_tune_logs_option(gen)
+    gen.set_defaults(func=_cmd_generate)
 
     demo = sub.add_parser(
         "demo", help="compile, run and compare a BERT encoder and a ResNet (or a GEMM)"
