@@ -114,6 +114,20 @@ def test_truncated_external_data(tmp_path) -> None:
         tpp_tvm.compile_onnx(str(path))
 
 
+def test_zero_size_input_dim_is_named() -> None:
+    """A zero-size dim (a decoder's empty past) would reach LLVM as a zero-byte stack
+    buffer ("Check failed: constant_size > 0"); it is refused at import, input named."""
+    with pytest.raises(UnsupportedShapeError, match=r"input 'x' has shape \(0, 4\): "
+                                                     "zero-size dims are not supported"):
+        tpp_tvm.compile_onnx(_matmul_model_dynamic(), shape_dict={"x": (0, 4)})
+
+
+def _matmul_model_dynamic() -> onnx.ModelProto:
+    model = _matmul_model()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    return model
+
+
 def test_model_without_outputs() -> None:
     with pytest.raises(ModelLoadError, match="no outputs"):
         tpp_tvm.compile_onnx(_matmul_model(outputs=False))
