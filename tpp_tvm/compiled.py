@@ -267,6 +267,12 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     except TPPError:
         raise
     except Exception as exc:  # TVM's checks and LLVM: one clear error, the cause chained
+        empty = [f"{i.name!r} {i.shape}" for i in _inputs_of(mod) if 0 in i.shape]
+        if empty and "constant_size > 0" in str(exc):
+            raise UnsupportedShapeError(
+                f"inputs with a zero-size dim ({', '.join(empty)}) give kernels zero-byte "
+                "buffers, which TVM's LLVM codegen rejects; a decoder's empty past: "
+                "tpp_tvm.DecoderSession starts its cache with one masked slot") from exc
         raise CompileError(f"TVM's build failed on this model: {describe_tvm_error(exc)}"
                            ) from exc
     data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),

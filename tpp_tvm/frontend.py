@@ -239,11 +239,6 @@ def _static_input_shapes(
                     )
             shape = tuple(d.dim_value for d in dims)
         shapes[value.name] = tuple(int(d) for d in shape)
-        if 0 in shapes[value.name]:
-            raise UnsupportedShapeError(
-                f"input {value.name!r} has shape {shapes[value.name]}: zero-size dims are not "
-                "supported (TVM's LLVM codegen rejects their zero-byte buffers); a decoder's "
-                "empty past: tpp_tvm.DecoderSession starts its cache with one masked slot")
         ttype.ClearField("shape")
         for size in shapes[value.name]:
             ttype.shape.dim.add().dim_value = size
