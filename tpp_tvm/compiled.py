@@ -120,15 +120,7 @@ class CompiledModel:
         return out
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
-        tensors = self._convert(args, dict(kwargs))
-        try:
-            result = self._vm["main"](*tensors)
-            if isinstance(result, tvm.runtime.Tensor):
-                return [result.numpy()]
-            return [r.numpy() for r in result]
-        except Exception as exc:  # inputs were checked: anything here is TVM's failure
-            raise ExecutionError(f"the compiled model failed while running: "
-                                 f"{describe_tvm_error(exc)}") from exc
+        return [r.numpy() for r in self.run_tensors(self._convert(args, dict(kwargs)))]
 
     def run_tensors(self, tensors: list[tvm.runtime.Tensor]) -> list[tvm.runtime.Tensor]:
         """Run on TVM tensors in :attr:`inputs` order and return TVM tensors: no conversion
@@ -136,7 +128,7 @@ class CompiledModel:
         KV cache, :mod:`tpp_tvm.decoding`). Shapes and dtypes are checked by TVM only."""
         try:
             result = self._vm["main"](*tensors)
-        except Exception as exc:
+        except Exception as exc:  # anything here is TVM's failure
             raise ExecutionError(f"the compiled model failed while running: "
                                  f"{describe_tvm_error(exc)}") from exc
         return [result] if isinstance(result, tvm.runtime.Tensor) else list(result)

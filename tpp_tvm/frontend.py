@@ -911,8 +911,8 @@ def from_onnx(
             raise ModelLoadError(f"TVM's ONNX importer failed: {describe_tvm_error(exc)}"
                                  ) from exc
     # The model's own input names, which callers use: TVM's sanitized ones (``.`` → ``_``)
-    # only name the Relax parameters.
-    names = list(importer._input_names)
+    # only name the Relax parameters (clean_model left the real inputs, in order).
+    names = [v.name for v in model.graph.input]
     if len(names) == len(mod["main"].params):
         mod["main"] = mod["main"].with_attr(ONNX_INPUT_NAMES, names)
     return mod
