@@ -51,21 +51,16 @@ class CacheLayout:
     mask_dtype: str
 
 
-def _dims(value: onnx.ValueInfoProto) -> tuple[int | str, ...]:
-    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                 for d in value.type.tensor_type.shape.dim)
-
-
-def _dtype(value: onnx.ValueInfoProto) -> str:
-    return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
-
-
 def cache_layout(model: onnx.ModelProto) -> CacheLayout:
     """Read the cache layout off the export's names: ``input_ids``, ``attention_mask``,
     ``position_ids``, inputs with ``past`` in their name and the outputs named like them
     with ``present``; errors name what is missing."""
-    init = {t.name for t in model.graph.initializer}
-    inputs = {v.name: v for v in model.graph.input if v.name not in init}
+    from .dynamic import input_patterns
+
+    patterns = input_patterns(model)
+    if patterns is None:
+        raise ModelLoadError("the model's inputs are not all tensors of known rank")
+    inputs = {p.name: p for p in patterns}
     outputs = [v.name for v in model.graph.output]
     need = {"tokens": "input_ids", "mask": "attention_mask", "positions": "position_ids"}
     missing = [n for n in need.values() if n not in inputs]
@@ -89,17 +84,17 @@ def cache_layout(model: onnx.ModelProto) -> CacheLayout:
     logits = next((o for o in outputs if o not in present), None)
     if logits is None:
         raise ModelLoadError(f"no logits output among {outputs}")
-    token_dims = set(_dims(inputs["input_ids"]))
-    shapes = tuple(_dims(inputs[n]) for n in past)
-    axes = {tuple(i for i, d in enumerate(s) if isinstance(d, str) and d not in token_dims)
-            for s in shapes}
+    token_dims = set(inputs["input_ids"].dims)
+    shapes = tuple(inputs[n].dims for n in past)
+    axes = {tuple(i for i, d in enumerate(s) if i and isinstance(d, str) and d not in token_dims)
+            for s in shapes}  # axis 0 is the batch
     if len(axes) != 1 or len(next(iter(axes))) != 1:
         raise ModelLoadError(
             f"cache inputs must have one dynamic past-length axis besides the batch; their "
             f"dims are {dict(zip(past, shapes))}")
     return CacheLayout("input_ids", "attention_mask", "position_ids", tuple(past),
                        tuple(present), logits, next(iter(axes))[0], shapes,
-                       _dtype(inputs[past[0]]), _dtype(inputs["attention_mask"]))
+                       inputs[past[0]].dtype, inputs["attention_mask"].dtype)
 
 
 def bucket_for(length: int, buckets: Sequence[int], what: str) -> int:
@@ -210,6 +205,20 @@ class DecoderSession:
         pad = np.zeros((batch, slots - keep), bool)
         self._valid = np.concatenate([pad, self._valid[:, have - keep:]], 1)
 
+    def _build(self, batch: int, seq: int, slots: int) -> Any:
+        """The static build for ``seq`` new tokens after a ``slots``-slot cache (compiled on
+        first use); shapes are given as zero-byte broadcast views."""
+        lay = self.layout
+
+        def shaped(*shape: int) -> np.ndarray:
+            return np.broadcast_to(np.uint8(0), shape)
+
+        arrays = {lay.tokens: shaped(batch, seq), lay.positions: shaped(batch, seq),
+                  lay.mask: shaped(batch, slots + seq)}
+        arrays |= {n: shaped(*self._cache_shape(batch, slots, i))
+                   for i, n in enumerate(lay.past)}
+        return self.model.specialization(self.model.size_of(arrays))
+
     def _run(self, tokens: np.ndarray, new_valid: np.ndarray) -> np.ndarray:
         """One call: ``tokens`` (batch, new) after the cache; returns the last logits."""
         import tvm
@@ -219,11 +228,7 @@ class DecoderSession:
         positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0)[:, -tokens.shape[1]:]
         small = {lay.tokens: tokens.astype(np.int64), lay.positions: positions.astype(np.int64),
                  lay.mask: valid.astype(lay.mask_dtype)}
-        shapes = {name: np.broadcast_to(np.uint8(0), value.shape) for name, value in
-                  small.items()}
-        shapes |= {name: np.broadcast_to(np.uint8(0), tuple(c.shape))
-                   for name, c in zip(lay.past, self._cache)}
-        compiled = self.model.specialization(self.model.size_of(shapes))
+        compiled = self._build(*tokens.shape, self._valid.shape[1])
         feed = {name: tvm.runtime.tensor(value) for name, value in small.items()}
         feed |= dict(zip(lay.past, self._cache))
         out = dict(zip(self._outputs, compiled.run_tensors([feed[i.name]
@@ -270,21 +275,10 @@ class DecoderSession:
     def prepare(self, prompt_length: int, max_length: int, batch: int = 1) -> None:
         """Compile ahead the prompt bucket and the cache buckets a generation up to
         ``max_length`` tokens in total needs (otherwise each compiles on first use)."""
-        lay = self.layout
-        width = bucket_for(prompt_length, self.prompt_buckets, "a prompt")
-        used = prompt_length + 1
-        sizes = [(width, 1)]
-        slots = set()
-        while used <= max_length:
-            slots.add(bucket_for(used, self.decode_buckets, "a KV cache"))
-            used += 1
-        sizes += [(1, s) for s in sorted(slots)]
-        for seq, past in sizes:
-            arrays = {lay.tokens: np.empty((batch, seq)), lay.positions: np.empty((batch, seq)),
-                      lay.mask: np.empty((batch, past + seq))}
-            arrays |= {n: np.empty(self._cache_shape(batch, past, i))
-                       for i, n in enumerate(lay.past)}
-            self.model.specialization(self.model.size_of(arrays))
+        self._build(batch, bucket_for(prompt_length, self.prompt_buckets, "a prompt"), 1)
+        for slots in sorted({bucket_for(used, self.decode_buckets, "a KV cache")
+                             for used in range(prompt_length + 1, max_length + 1)}):
+            self._build(batch, 1, slots)
 
     def generate(self, prompts: np.ndarray | Sequence[Sequence[int]], max_new_tokens: int
                  ) -> Generation:
