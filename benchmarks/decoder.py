@@ -82,13 +82,11 @@ class PeerLoop:
     def __init__(self, impl: str, path: Path, threads: int) -> None:
         import onnx
 
+        from tpp_tvm.decoding import cache_layout
+
         model = onnx.load(str(path), load_external_data=False)
-        init = {t.name for t in model.graph.initializer}
-        self.inputs = {v.name: v for v in model.graph.input if v.name not in init}
+        self.layout = cache_layout(model)
         self.outputs = [v.name for v in model.graph.output]
-        self.past = [n for n in self.inputs if n.startswith("past")]
-        self.shapes = {n: [d.dim_value for d in self.inputs[n].type.tensor_type.shape.dim]
-                       for n in self.past}
         if impl == "onnxruntime":
             import onnxruntime as ort
 
@@ -109,23 +107,22 @@ class PeerLoop:
             self.run = run
 
     def generate(self, prompt: np.ndarray, new: int) -> tuple[np.ndarray, float, list[float]]:
+        lay = self.layout
         batch, length = prompt.shape
         cache = {}
-        for n in self.past:
-            shape = list(self.shapes[n])
-            shape[0], shape[2] = batch, 0
-            cache[n] = np.zeros(shape, np.float32)
+        for name, dims in zip(lay.past, lay.cache_shapes):
+            shape = [batch, *(d if isinstance(d, int) else 0 for d in dims[1:])]
+            cache[name] = np.zeros(shape, lay.cache_dtype)  # the past axis: empty
         tokens, steps, ids = [], [], prompt
         t0 = time.perf_counter()
         prefill = 0.0
         for i in range(new):
             total = length + i
-            feed = {"input_ids": ids, "attention_mask": np.ones((batch, total), np.int64),
-                    "position_ids": np.arange(total - ids.shape[1], total)[None].repeat(batch, 0)}
+            feed = {lay.tokens: ids, lay.mask: np.ones((batch, total), np.int64),
+                    lay.positions: np.arange(total - ids.shape[1], total)[None].repeat(batch, 0)}
             out = dict(zip(self.outputs, self.run(feed | cache)))
-            for n in self.past:
-                cache[n] = out[n.replace("past_key_values", "present")]
-            tokens.append(out["logits"][:, -1].argmax(-1))
+            cache = {p: out[q] for p, q in zip(lay.past, lay.present)}
+            tokens.append(out[lay.logits][:, -1].argmax(-1))
             ids = tokens[-1][:, None].astype(np.int64)
             now = time.perf_counter()
             if i == 0:
