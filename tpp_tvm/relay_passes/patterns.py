@@ -413,19 +413,19 @@ def pool_patterns() -> list[TPPPattern]:
     ]
 
 
-def _grouped_check(a: dict, qs: tuple[int, ...]) -> bool:
+def _grouped_check(a: dict, qs: tuple[int, ...], keys: int) -> bool:
     """K and V repeat each of their heads ``group`` times in a row (query head h reads K/V
-    head h // group), and Kᵀ swaps K's last two axes."""
+    head h // group), only their heads, and Kᵀ swaps K's last two axes."""
     if [int(x) for x in a["k_permute"].attrs.axes] != [0, 1, 3, 2]:
         return False
     for key in ("k_grouped", "v_grouped"):
         src = a[key]
         if not _static_f32(src) or len(src.ty.shape.values) != 4:
             return False
-        b, kvh, _, d = (int(x) for x in src.ty.shape.values)
+        b, kvh, s, d = (int(x) for x in src.ty.shape.values)
         if [int(x) for x in a[key + "_expand"].attrs.axis] != [2]:
             return False
-        if b != qs[0] or d != qs[-1] or qs[1] % kvh:
+        if b != qs[0] or s != keys or d != qs[-1] or qs[1] % kvh:
             return False
     return True
 
@@ -448,7 +448,7 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
         return False
     if "nan_guard" in a and scalar_value(a["nan_guard"]) != 0.0:
         return False
-    if "k_grouped" in a and not _grouped_check(a, qs):
+    if "k_grouped" in a and not _grouped_check(a, qs, ks[-1]):
         return False
     softmax = a["softmax"]
     if int(softmax.attrs.axis) % len(qs) != len(qs) - 1:
