@@ -83,8 +83,9 @@ class CompiledModel:
         self._module = module
         self.inputs = inputs
         self._report = report
-        if any(k.endswith(TILES_MARK) for k in report.get("lowered", {})):
-            _require_tiles()
+        # Checked at the first run, not here: a model compiled for an AMX target on a host
+        # without AMX must still export (cross-compilation); only running it needs tiles.
+        self._tiles_unchecked = any(k.endswith(TILES_MARK) for k in report.get("lowered", {}))
         self.threads = configure_threads(threads)
         self._vm = relax.VirtualMachine(module, tvm.cpu())
 
@@ -119,6 +120,13 @@ class CompiledModel:
                     f"({describe_tvm_error(exc)})") from exc
         return out
 
+    def _main(self):
+        """The VM's entry function, once this process may run the model's tile kernels."""
+        if self._tiles_unchecked:
+            _require_tiles()
+            self._tiles_unchecked = False
+        return self._vm["main"]
+
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         return [r.numpy() for r in self.run_tensors(self._convert(args, dict(kwargs)))]
 
@@ -126,8 +134,9 @@ class CompiledModel:
         """Run on TVM tensors in :attr:`inputs` order and return TVM tensors: no conversion
         and no copies, for callers that keep data on TVM tensors between calls (a decoder's
         KV cache, :mod:`tpp_tvm.decoding`). Shapes and dtypes are checked by TVM only."""
+        fn = self._main()
         try:
-            result = self._vm["main"](*tensors)
+            result = fn(*tensors)
         except Exception as exc:  # anything here is TVM's failure
             raise ExecutionError(f"the compiled model failed while running: "
                                  f"{describe_tvm_error(exc)}") from exc
@@ -136,7 +145,7 @@ class CompiledModel:
     def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
         """Median seconds per call with inputs already converted."""
         tensors = self._convert(args, dict(kwargs))
-        fn = self._vm["main"]
+        fn = self._main()
         fn(*tensors)
         times = []
         for _ in range(repeat):
