@@ -15,8 +15,8 @@ from tpp_tvm.target import target
 def _reference(q, kt, mask, v, shape: AttentionShape):
     kt, v = np.repeat(kt, shape.group, 0), np.repeat(v, shape.group, 0)  # shared K/V heads
     z = q.astype(np.float64) @ kt * shape.scale
-    if mask is not None:
-        z = z + np.repeat(mask, shape.heads, 0)[:, None, :]
+    if mask is not None:  # (bh / heads, 1 or seq_q, seq)
+        z = z + np.repeat(mask, shape.heads, 0)
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return p @ v
@@ -30,6 +30,8 @@ def _reference(q, kt, mask, v, shape: AttentionShape):
         AttentionShape(bh=2, seq_q=8, seq=32, dim=40, heads=1, scale=0.1, mask=True),
         AttentionShape(bh=8, seq_q=8, seq=32, dim=16, heads=4, scale=0.25, mask=True,
                        group=4),
+        AttentionShape(bh=6, seq_q=14, seq=32, dim=16, heads=3, scale=0.25, mask=True,
+                       mask_per_query=True),
     ],
 )
 def test_attention_matches_numpy(shape):
@@ -41,7 +43,8 @@ def test_attention_matches_numpy(shape):
     v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
     mask = None
     if shape.mask:
-        mask = np.where(rng.random((shape.bh // shape.heads, shape.seq)) < 0.25, -1e4, 0)
+        mq = shape.seq_q if shape.mask_per_query else 1
+        mask = np.where(rng.random((shape.bh // shape.heads, mq, shape.seq)) < 0.25, -1e4, 0)
         mask = mask.astype("float32")
     out = np.zeros((shape.bh, shape.seq_q, shape.dim), "float32")
     args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v, out)]
@@ -120,6 +123,43 @@ def test_ragged_keys_with_a_mask_run_padded():
     feeds["m"] = mask
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert "tpp.attention_mask: 1" in compiled.report()
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize(("batch", "mask_shape"), [
+    (1, (1, 1, 13, 13)),  # the constant causal mask of the GPT-2 and Llama exports
+    (2, (2, 1, 13, 13)),  # causal and padding folded together, per sequence
+    (2, (2, 3, 13, 13)),  # per head too (ALiBi-style biases)
+    (2, (1, 3, 1, 13)),   # per head, one bias for both sequences: no row mapping exists
+])
+def test_masks_per_query_row_are_one_kernel(batch: int, mask_shape: tuple) -> None:
+    """An additive mask with a query axis (causal masks, per-head biases) runs inside the
+    attention kernel for 13 queries (padded to 16 rows) and keys (padded to 32), against
+    ORT; a mask whose rows do not map onto (batch·head) rows stays bmm + softmax."""
+    from onnx import TensorProto, helper
+
+    heads, seq, dim = 3, 13, 16
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "c"], ["z"]),
+             helper.make_node("Add", ["z", "m"], ["zm"]),
+             helper.make_node("Softmax", ["zm"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    shape = [batch, heads, seq, dim]
+    rng = np.random.default_rng(16)
+    mask = np.triu(np.full((seq, seq), -1e9, "float32"), 1)
+    mask = (mask + rng.standard_normal(mask_shape).astype("float32")).astype("float32")
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, f, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", f, None)],
+        [helper.make_tensor("c", f, [], [0.25]),
+         helper.make_tensor("m", f, mask.shape, mask.ravel())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {n: rng.standard_normal(shape).astype("float32") for n in "qkv"}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    fused = mask_shape != (1, 3, 1, 13)
+    assert ("tpp.attention_mask_mulscale: 1" in compiled.report()) == fused, compiled.report()
 
 
 @pytest.mark.requires_torch

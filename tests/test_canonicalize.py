@@ -144,3 +144,37 @@ def test_rms_norm_forms_are_one_kernel(form: str) -> None:
         x = rng.standard_normal((rows, 96)).astype("float32")
         compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)
         assert "tpp.rms_norm: 1" in compiled.report()
+
+
+@pytest.mark.requires_onnxruntime
+def test_epilogues_behind_a_row_reshape_fuse_into_the_gemm() -> None:
+    """GPT-2's Conv1D flattens rows around each GEMM (MatMul + Add on 2-D rows, then a
+    Reshape to (batch, seq, n)): the activation and the residual add after the reshape
+    still fuse into the GEMMs' epilogues (the reshape sinks below them), against ORT."""
+    rng = np.random.default_rng(8)
+    consts = {"w1": rng.standard_normal((64, 48)) * 0.2, "b1": rng.standard_normal(48),
+              "w2": rng.standard_normal((48, 64)) * 0.2, "b2": rng.standard_normal(64),
+              "s3": np.array([1, 37, 48]), "s2": np.array([37, 48]),
+              "so": np.array([1, 37, 64])}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Reshape", ["hb", "s3"], ["h3"]),
+             helper.make_node("Tanh", ["h3"], ["a3"]),
+             helper.make_node("Reshape", ["a3", "s2"], ["a"]),
+             helper.make_node("MatMul", ["a", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["ob"]),
+             helper.make_node("Reshape", ["ob", "so"], ["o3"]),
+             helper.make_node("Add", ["r", "o3"], ["y"])]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", f, [37, 64]),
+                     helper.make_tensor_value_info("r", f, [1, 37, 64])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.asarray(v, "int64" if k.startswith("s") else "float32"), k)
+         for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((37, 64)).astype("float32"),
+             "r": rng.standard_normal((1, 37, 64)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    lowered = compiled.report_data["lowered"]
+    assert set(lowered) == {"tpp.dense_bias_tanh", "tpp.dense_bias_residual"}, lowered

@@ -16,7 +16,7 @@ import math
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple, rewrite_call, wildcard
 
 from .exprs import scalar_value, static_shape
 
@@ -156,11 +156,73 @@ def merge_operand_scales(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def drop_single_concats(func: relax.Function) -> relax.Function:
+    """``concat((x,))`` → ``x``: a decoder's cache concat when the export has no past (the
+    zoo's GPT-2 and Llama exports). It hid the ``repeat_kv`` chain of grouped-query attention
+    from the attention pattern and cost a copy of K and V per layer."""
+    x = wildcard()
+    return rewrite_call(is_op("relax.concat")(is_tuple([x])), lambda orig, m: m[x], func)
+
+
+#: Element-wise ops a reshape commutes with that a GEMM epilogue can take.
+_EPILOGUE_UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
+                   "relax.nn.silu", "relax.tanh")
+
+
+def sink_dense_reshapes(func: relax.Function) -> relax.Function:
+    """``act(reshape(dense))`` → ``reshape(act(dense))`` and ``reshape(dense) + r`` →
+    ``reshape(dense + reshape(r))`` (r shaped like the reshape), where ``dense`` is a
+    matmul by a constant (+ a constant bias), possibly activated already.
+
+    GPT-2's ``Conv1D`` layers flatten rows around every GEMM (``view(-1, n)``, ``addmm``,
+    ``view(*size)``), so its tanh-GELU and residual adds met the GEMM only through a
+    reshape and ran as separate kernels. Sunk below them, the reshape is a free view and
+    the epilogue fuses into the GEMM. Only reshapes keeping the last axis move (rows merged
+    or split), so a bias row still lines up."""
+    x, w, b, r = wildcard(), is_const(), is_const(), wildcard()
+    dense = is_op("relax.matmul")(x, w)
+    dense = dense | is_op("relax.add")(dense, b)
+    dense = dense | is_op("relax.nn.gelu_tanh")(dense) | is_op("relax.nn.gelu")(dense)
+    reshaped = is_op("relax.reshape")(dense, wildcard())
+    unary = None
+    for op in _EPILOGUE_UNARY:
+        unary = is_op(op)(reshaped) if unary is None else unary | is_op(op)(reshaped)
+    added = is_op("relax.add")(reshaped, r) | is_op("relax.add")(r, reshaped)
+
+    def inner(view: relax.Call) -> relax.Expr | None:
+        """The reshape's source when the reshape keeps its last axis, else None."""
+        src = view.args[0]
+        src_shape, out_shape = static_shape(src), static_shape(view)
+        if src_shape is None or out_shape is None or not src_shape or not out_shape:
+            return None
+        return src if src_shape[-1] == out_shape[-1] else None
+
+    def rewrite_unary(orig, m):
+        view = m[reshaped]
+        src = inner(view)
+        if src is None:
+            return orig
+        return relax.op.reshape(relax.Call(orig.op, [src], orig.attrs), static_shape(view))
+
+    def rewrite_add(orig, m):
+        view, other = m[reshaped], m[r]
+        src = inner(view)
+        shape = static_shape(view)
+        if src is None or static_shape(other) != shape or \
+                str(other.ty.dtype) != str(src.ty.dtype):
+            return orig
+        flat = relax.op.reshape(other, static_shape(src))
+        return relax.op.reshape(relax.op.add(src, flat), shape)
+
+    return rewrite_call(added, rewrite_add, rewrite_call(unary, rewrite_unary, func))
+
+
 @tvm.transform.module_pass(opt_level=0, name="tpp.CanonicalizeActivations")
 def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - pass name
     """Apply the activation rewrites to every Relax function of the module."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[gv] = rewrite_rms_norm(merge_operand_scales(rewrite_silu(rewrite_tanh_gelu(
-                rewrite_erf_gelu(drop_identity_casts(func))))))
+            func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(drop_identity_casts(func))))
+            func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
+            mod[gv] = sink_dense_reshapes(func)
     return mod

@@ -387,22 +387,28 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     args = [q3, kt3]
     heads = bh
     masked = "mask" in matched or keys != ks[-1]
+    per_query = False
     if "mask" in matched:
         mask = matched["mask"]
         ms = _shape(mask)
-        heads = bh // ms[0]
-        mask2 = bb.emit(relax.op.reshape(mask, (ms[0], ms[-1])))
+        mask_rows = int(np.prod(ms[:-2]))
+        heads = bh // mask_rows
+        per_query = ms[-2] > 1
+        mask3 = bb.emit(relax.op.reshape(mask, (mask_rows, ms[-2], ms[-1])))
         if keys != ks[-1]:
-            mask2 = bb.emit(relax.op.nn.pad(mask2, [0, 0, 0, keys - ks[-1]],
+            mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, 0, 0, keys - ks[-1]],
                                             pad_value=float("-inf")))
-        args.append(mask2)
+        if per_query and rows != qs[-2]:  # the padded query rows' outputs are dropped
+            mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, rows - qs[-2], 0, 0]))
+        args.append(mask3)
     elif masked:
-        pad_mask = np.zeros((1, keys), "float32")
-        pad_mask[:, ks[-1]:] = -np.inf
+        pad_mask = np.zeros((1, 1, keys), "float32")
+        pad_mask[..., ks[-1]:] = -np.inf
         args.append(relax.const(pad_mask))
     args.append(v3)
     shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
-                           zero_masked_rows="nan_guard" in matched, group=group)
+                           zero_masked_rows="nan_guard" in matched, group=group,
+                           mask_per_query=per_query)
     sch = attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))

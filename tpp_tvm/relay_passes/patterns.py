@@ -431,8 +431,8 @@ def _grouped_check(a: dict, qs: tuple[int, ...], keys: int) -> bool:
 
 
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask must
-    broadcast over heads and query rows, i.e. be (batch or 1, 1, 1, keys)."""
+    """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask is
+    (batch or 1, heads or 1, queries or 1, keys), as padding, causal and ALiBi masks are."""
     a = ctx.annotated_expr
     q, kt, v, scale = a["q"], a["k_t"], a["v"], a["scale"]
     if not all(_static_f32(x) for x in (q, kt, v)):
@@ -458,11 +458,20 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
         if not _static_f32(mask):
             return False
         ms = tuple(int(d) for d in mask.ty.shape.values)
-        if len(ms) != len(qs) or ms[-1] != ks[-1] or any(d != 1 for d in ms[1:-1]):
+        if len(ms) != len(qs) or ms[-1] != ks[-1] or ms[-2] not in (1, qs[-2]):
             return False
-        if ms[0] not in (1, qs[0]):
-            return False
+        return mask_rows_broadcast(ms[:-2], qs[:-2])
     return True
+
+
+def mask_rows_broadcast(mask_lead: tuple[int, ...], lead: tuple[int, ...]) -> bool:
+    """Whether an attention mask's leading (batch, head) dims are a prefix of the scores'
+    followed by ones: then (batch·head) row ``b`` reads mask row ``b // (rows / mask
+    rows)`` (a mask per batch, per batch and head, or one for all)."""
+    p = 0
+    while p < len(lead) and mask_lead[p] == lead[p]:
+        p += 1
+    return all(d == 1 for d in mask_lead[p:])
 
 
 def _repeated_heads(ann: dict, key: str) -> DFPattern:

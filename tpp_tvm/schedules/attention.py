@@ -22,7 +22,8 @@ from .tensorize import tensorize_row_block, try_tensorize
 class AttentionShape:
     """``bh`` (batch x heads) attention over ``seq`` keys with head size ``dim``;
     ``heads`` maps a (batch x head) index to its mask row (mask has ``bh // heads`` rows),
-    ``mask`` says whether an additive (rows, seq) mask is applied; ``zero_masked_rows``
+    ``mask`` says whether an additive (rows, 1 or seq_q, seq) mask is applied, per query
+    (a causal mask) when ``mask_per_query``; ``zero_masked_rows``
     gives a row whose keys are all masked (-inf) zero output, as SDPA exports' NaN guard
     does, instead of NaN; ``group`` query heads share each K/V head (grouped-query
     attention: K and V have ``bh // group`` rows, read in place, never repeated)."""
@@ -36,6 +37,7 @@ class AttentionShape:
     mask: bool
     zero_masked_rows: bool = False
     group: int = 1
+    mask_per_query: bool = False
 
 
 def _row_block(rows: int) -> int:
@@ -72,7 +74,7 @@ def _col_block(cols: int) -> int:
 
 def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
-    (bh/heads, s)], V (bh/group, s, d); output (bh, sq, d)."""
+    (bh/heads, sq or 1, s)], V (bh/group, s, d); output (bh, sq, d)."""
     sh = shape
     mr = _row_block(sh.seq_q)
     nr = _col_block(sh.seq)
@@ -89,10 +91,11 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     )
     scale = tirx.const(sh.scale, "float32")
     if sh.mask:
-        M = te.placeholder((sh.bh // sh.heads, sh.seq), "float32", name="mask")
+        mq = sh.seq_q if sh.mask_per_query else 1
+        M = te.placeholder((sh.bh // sh.heads, mq, sh.seq), "float32", name="mask")
         inputs.append(M)
         z = te.compute(scores.shape, lambda b, i, j: scores[b, i, j] * scale
-                       + M[b // sh.heads, j], name="logits")
+                       + M[b // sh.heads, i if sh.mask_per_query else 0, j], name="logits")
     else:
         z = te.compute(scores.shape, lambda b, i, j: scores[b, i, j] * scale, name="logits")
     inputs.append(V)
