@@ -144,6 +144,10 @@ def _epilogue_check(a: dict, n: int) -> bool:
     if "residual" in a:
         if not _static_f32(a["residual"]):
             return False
+        if "bias" not in a and isinstance(a["residual"], tvm.ir.Constant):
+            # A constant shaped like a 1x1 output (squeeze-excite's convolutions) is the
+            # bias: as a "residual" it blocked the bias + activation entries that follow.
+            return False
         out_shape = [int(d) for d in a["root"].ty.shape.values]
         if [int(d) for d in a["residual"].ty.shape.values] != out_shape:
             return False
