@@ -301,3 +301,31 @@ def test_k_blocked_small_gemm_matches_numpy():
     kern = build_gemm(32, 130, 4096, bias=True, activation="relu")
     np.testing.assert_allclose(kern(a, b, bias), np.maximum(a @ b + bias, 0), rtol=1e-4,
                                atol=1e-3)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(49, 320, 1152), (3136, 24, 144), (13, 70, 9)])
+def test_column_scaled_a_is_scaled_per_row_tile(m: int, n: int, k: int) -> None:
+    """(A diag(s)) B + bias: the squeeze-excite channel scale applied as each row tile of A
+    is read (``A_colscale`` under the tile loop, not a pass over A), against numpy."""
+    import tvm
+
+    from tpp_tvm.schedules.gemm import gemm_schedule
+    from tpp_tvm.target import target
+
+    sch, plan = gemm_schedule(m, n, k, "avx512", bias=True, a_col_scale=True)
+    epilogue = "out" if (plan.mp, plan.np_) != (m, n) else "epilogue"
+    tile_loop = sch.get(sch.get_loops(sch.get_sblock(epilogue))[0])
+    assert sch.get(sch.get_loops(sch.get_sblock("A_colscale"))[0]).same_as(tile_loop), \
+        "the scaled rows must be computed under the tile loop"
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k), dtype="float32")
+    b = rng.standard_normal((k, n), dtype="float32")
+    s = rng.random(k, dtype="float32")
+    bias = rng.standard_normal(n, dtype="float32")
+    args = [a, pack_b_numpy(b, plan.nr, "kn", plan.kp), s,
+            np.pad(bias, (0, plan.np_ - n)), np.zeros((m, n), "float32")]
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in args]
+    lib(*tensors)
+    want = (a * s) @ b + bias
+    np.testing.assert_allclose(tensors[-1].numpy(), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))

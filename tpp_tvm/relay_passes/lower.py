@@ -123,11 +123,15 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     xs = _shape(x)
     k, n = w_kn.shape
     m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
+    col_scale = matched.get("lhs_scale")
+    if col_scale is not None and precision != "float32":  # scaled rows are fp32 only
+        x, col_scale = bb.emit(relax.op.multiply(x, col_scale)), None
     sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
                               activation=matched.get("activation"),
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"),
-                              dtype=precision, threads=threads)
+                              dtype=precision, a_col_scale=col_scale is not None,
+                              threads=threads)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
     prec = plan.precision
@@ -137,6 +141,8 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
         a2 = bb.emit(relax.call_tir(cvt, [a2], relax.TensorType((plan.mp, plan.kp), prec.a)))
     w_packed = pack_b_numpy(w_kn.astype(numpy_dtype(prec.b)), plan.nr, "kn", plan.kp, prec.vnni)
     args = [a2, relax.const(w_packed)]
+    if col_scale is not None:
+        args.append(bb.emit(relax.op.reshape(col_scale, (k,))))
     if "bias" in matched:
         bias = matched["bias"].value.numpy().reshape(-1)
         args.append(relax.const(np.pad(bias, (0, plan.np_ - n)).astype("float32")))
@@ -245,6 +251,8 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         # A pointwise convolution is a GEMM over all pixels: far longer M than one row.
         w_kn = np.ascontiguousarray(w_oihw[:, :, 0, 0].T)
         return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision, threads)
+    if "lhs_scale" in matched:  # the pattern check admits pointwise convolutions only
+        raise RuntimeError(f"{name}: a scaled input needs a pointwise convolution")
     sch, plan = conv_schedule(shape, isa, bias="bias" in matched,
                               activation=matched.get("activation"),
                               residual="residual" in matched,

@@ -170,14 +170,39 @@ _ROOTS = {
 }
 
 
+def _scaled_input_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """A pointwise NHWC convolution of ``x * s``, s a channel row (1, 1, 1, C): the
+    squeeze-excite scale the GEMM applies to its rows of A as it reads them."""
+    a = ctx.annotated_expr
+    attrs, scale = a["root"].attrs, a["lhs_scale"]
+    if not (_conv_check(ctx) and _static_f32(scale)) or str(attrs.kernel_layout) != "HWIO":
+        return False
+    r, s_, c, _ = (int(d) for d in a["weight"].ty.shape.values)
+    if (r, s_, int(attrs.strides[0])) != (1, 1, 1) or any(int(p) for p in attrs.padding):
+        return False
+    shape = [int(d) for d in scale.ty.shape.values]
+    return len(shape) == 4 and shape[-1] == c and all(d == 1 for d in shape[:-1])
+
+
 def contraction_pattern(kind: str, bias: bool, activation: str | None, residual: bool,
-                        post_activation: str | None = None) -> TPPPattern:
-    """``<contraction>(x, W const)`` (+ bias const) (+ act) (+ residual) (+ act)."""
+                        post_activation: str | None = None, scaled_input: bool = False
+                        ) -> TPPPattern:
+    """``<contraction>(x, W const)`` (+ bias const) (+ act) (+ residual) (+ act); with
+    ``scaled_input`` (pointwise convolutions) the contraction reads ``x * s``, s a channel
+    row annotated ``lhs_scale``."""
     op, check = _ROOTS[kind]
     lhs, weight = wildcard(), is_const()
-    out = is_op(op)(lhs, weight)
-    ann = {"lhs": lhs, "weight": weight, "root": out}
+    ann = {"lhs": lhs, "weight": weight}
     name = kind
+    if scaled_input:
+        scale = ann["lhs_scale"] = wildcard()
+        out = is_op(op)(is_op("relax.multiply")(lhs, scale)
+                        | is_op("relax.multiply")(scale, lhs), weight)
+        name += "_scaled_input"
+        check = _scaled_input_check
+    else:
+        out = is_op(op)(lhs, weight)
+    ann["root"] = out
     if bias:
         b = is_const()
         out = is_op("relax.add")(out, b)
@@ -531,6 +556,14 @@ def attention_patterns() -> list[TPPPattern]:
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
     table = attention_patterns()  # before bmm/softmax: it contains both
+    # Squeeze-excite's channel scale read into the pointwise convolution after it.
+    for residual in (True, False):
+        for activation in (*ACTIVATIONS, None):
+            for bias in (True, False):
+                table.append(contraction_pattern("tpp.conv2d", bias, activation, residual,
+                                                 scaled_input=True))
+    table.append(contraction_pattern("tpp.conv2d", True, None, True, "relax.nn.relu",
+                                     scaled_input=True))
     for kind in _ROOTS:
         for bias in (True, False):
             table.append(contraction_pattern(kind, bias, None, True, "relax.nn.relu"))

@@ -47,19 +47,20 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   b_packed: bool = True, post_activation: str | None = None,
                   dtype: str = "float32", dequantize: bool = False,
                   a_transposed: bool = False, b_transposed: bool = False,
-                  a_scale: float = 1.0, threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
+                  a_scale: float = 1.0, a_col_scale: bool = False, threads: int = 1
+                  ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
     On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
     parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
-    vector unit. Parameters in order: A, B (packed), [scale, offset (int8
-    ``dequantize``)], [bias], [residual], output."""
+    vector unit. Parameters in order: A, B (packed), [A's column scale (K,)], [scale,
+    offset (int8 ``dequantize``)], [bias], [residual], output."""
     check_gemm(m, n, k, dtype, activation)
     tiles = runs_on_tiles(isa, dtype) and b_packed
     plan = plan_gemm(m, n, k, dtype, "amx" if tiles else "avx512")
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
-                                  a_scale)
+                                  a_scale, a_col_scale)
     func = te.create_prim_func([*inputs, out])
     if tiles:
         return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan
@@ -128,6 +129,7 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     if threads is None:
         sch.parallel(tile_loop)
     vector_isa = register_tile_isa(isa)
+    scale_rows_per_tile(sch, tile_loop)
     schedule_pads(sch, ("A_pad", "A_scale", "B_pad",
                         *schedule_transposes(sch, plan, vector_isa)))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
@@ -139,6 +141,17 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     if threads is not None:  # after tensorizing: a split fused loop blocks blockize
         split_tasks(sch, tile_loop, (plan.mp // mr) * (plan.np_ // nr) * batch_extent, threads)
     return sch
+
+
+def scale_rows_per_tile(sch: s_tir.Schedule, tile_loop: s_tir.LoopRV) -> None:
+    """A's column-scaled rows (``A_colscale``) computed per output tile, into a row-tile
+    buffer in L1 that the microkernel reads: mr x K multiplies per mr x K x nr FMAs."""
+    try:
+        blk = sch.get_sblock("A_colscale")
+    except Exception:  # noqa: BLE001 - the GEMM has no column scale
+        return
+    sch.compute_at(blk, tile_loop)
+    sch.vectorize(sch.split(sch.get_loops(blk)[-1], [None, 16])[1])
 
 
 def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lead: list,
@@ -153,7 +166,8 @@ def _schedule_k_blocked(sch, blk, plan: GemmPlan, isa: str, stages, kc: int, lea
     sch.reorder(*lead, jo, ko, io, ii, ji, ki)
     panel_loop = sch.fuse(*lead, jo) if lead else jo
     sch.parallel(panel_loop)
-    schedule_pads(sch, ("A_pad", "A_scale", "B_pad", *schedule_transposes(sch, plan, isa)))
+    schedule_pads(sch, ("A_pad", "A_scale", "A_colscale", "B_pad",
+                        *schedule_transposes(sch, plan, isa)))
     epilogue = fuse_epilogue(sch, panel_loop, plan.mp, plan.nr, stages)
     init = sch.decompose_reduction(blk, ko)
     tensorize_rows(sch, init, TPPSpec("zero", m=plan.mp, n=plan.nr), isa, "C panel init")

@@ -22,7 +22,8 @@ from .gemm_plan import GemmPlan
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True,
             post_activation: str | None = None, dequantize: bool = False,
-            a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0
+            a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0,
+            a_col_scale: bool = False
             ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
@@ -33,14 +34,17 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
     transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
     microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
-    contraction's constant factor). Transposed or scaled operands are fp32 only.
+    contraction's constant factor). ``a_col_scale`` adds an input S (K,) right after B and
+    computes (A diag(S)) B: a squeeze-excite channel scale applied to A's rows as each row
+    tile is read (``A_colscale``), never as a pass of its own over the activation.
+    Transposed or scaled operands are fp32 only.
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
     mp, np_, kp = plan.mp, plan.np_, plan.kp
     prec = plan.precision
     V = prec.vnni
     lead = (batch,) if batch else ()
-    if V > 1 and (a_transposed or b_transposed or a_scale != 1.0):
+    if V > 1 and (a_transposed or b_transposed or a_scale != 1.0 or a_col_scale):
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: transposed or scaled operands are supported in fp32 only")
     if a_transposed:
@@ -60,6 +64,8 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     else:
         B = te.placeholder((*lead, k, n), prec.b, name="B")
     inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
+    if a_col_scale:
+        inputs.append(te.placeholder((*lead, k), "float32", name="a_col_scale"))
     if a_transposed:
         A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_transpose")
     else:
@@ -69,6 +75,10 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
         src = A_in
         A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * tirx.const(a_scale, "float32"),
                           name="A_scale")
+    if a_col_scale:
+        src, S = A_in, inputs[-1]
+        A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * S[
+            (*ix[:-2], tirx.min(ix[-1], k - 1))], name="A_colscale")
 
     def mac(a, b):
         if prec.acc == prec.a:
