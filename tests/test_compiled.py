@@ -288,3 +288,32 @@ def test_inputs_keep_their_onnx_names(tmp_path) -> None:
     np.testing.assert_array_equal(load(path)(**{"past.0.key": value})[0], np.maximum(value, 0))
     dynamic = compile_onnx(model)
     np.testing.assert_array_equal(dynamic(**{"past.0.key": value})[0], np.maximum(value, 0))
+
+
+def test_profile_gives_each_parts_share_of_the_run() -> None:
+    """After ``profile``, report() gives what is left on TVM's default code with its measured
+    time and share, and the split between TPP kernels, default code and the VM."""
+    import re
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((32, 48)).astype("float32"), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[1, 0])]  # no TPP: TVM's code
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [64, 32])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    assert "Measured" not in compiled.report()
+    x = rng.standard_normal((64, 32)).astype("float32")
+    rows = compiled.profile(x, repeat=2)
+    assert rows and all(ms >= 0 and calls >= 1 for _, ms, calls in rows)
+    assert any(name.startswith("tpp_dense_relu") for name, _, _ in rows), rows
+    report = compiled.report()
+    assert re.search(r"  \w*transpose\w*: \d+\.\d{3} ms \(\d+\.\d%\)", report), report
+    shares = re.search(r"TPP kernels ([\d.]+)%, TVM's default code ([\d.]+)%, VM and layout "
+                       r"views ([\d.]+)%", report)
+    assert shares and abs(sum(float(v) for v in shares.groups()) - 100) < 0.5, report

@@ -364,6 +364,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     outputs = _run_once(compiled, inputs)
     for i, out in enumerate(outputs):
         print(f"output {i}: {out.dtype} {tuple(out.shape)}")
+    if args.profile:
+        if isinstance(compiled, DynamicModel):
+            raise CLIError("--profile times a static build: compile the size with "
+                           "`compile --shape` (all dims fixed) and profile that")
+        compiled.profile(*inputs.values())
+        print(compiled.report())
     if args.bench or args.compare:
         tpp_s = _median_seconds(lambda: _run_once(compiled, inputs))
         print(f"tpp_tvm:     {_time_ms(tpp_s)} on {compiled.threads} thread(s) (median)")
@@ -578,6 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dynamic", type=_parse_bounds, default={},
                      help=dynamic_help + "; the model then runs at --shape's size")
     run.add_argument("--bench", action="store_true", help="print the median latency")
+    run.add_argument("--profile", action="store_true",
+                     help="time every kernel and print the report with each part's share "
+                          "(TPP kernels, what is left on TVM's default code, the VM)")
     _add_tune_logs_option(run)
     run.add_argument(
         "--compare",

@@ -30,7 +30,7 @@ from .errors import (
     describe_tvm_error,
 )
 from .inputs import bind_inputs
-from .profiling import peak_rss
+from .profiling import peak_rss, profile_vm
 from .relay_passes.lower import TILES_MARK, LoweringReport
 from .relay_passes.pipeline import build
 from .runtime import configure_threads, target_threads
@@ -86,6 +86,7 @@ class CompiledModel:
         # Checked at the first run, not here: a model compiled for an AMX target on a host
         # without AMX must still export (cross-compilation); only running it needs tiles.
         self._tiles_unchecked = any(k.endswith(TILES_MARK) for k in report.get("lowered", {}))
+        self._profile: list[tuple[str, float, int]] = []
         self.threads = configure_threads(threads)
         self._vm = relax.VirtualMachine(module, tvm.cpu())
 
@@ -154,6 +155,29 @@ class CompiledModel:
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
+    def profile(self, *args, repeat: int = 5, **kwargs) -> list[tuple[str, float, int]]:
+        """Time every kernel over ``repeat`` calls on these inputs: (symbol, ms per call,
+        calls per call), slowest first. Kept, so :meth:`report` then gives the measured share
+        of the run of TPP kernels, of what is left on TVM's default code, and of the VM."""
+        tensors = self._convert(args, dict(kwargs))
+        self._main()  # tile permission, before the first kernel runs
+        self._profile = profile_vm(self._vm, tensors, repeat)
+        return list(self._profile)
+
+    def _measured_lines(self, rest: list[str]) -> tuple[list[str], dict[str, float]]:
+        """The profile's summary line and each default-scheduled function's ms (none
+        without a :meth:`profile`)."""
+        if not self._profile:
+            return [], {}
+        times = {name: ms for name, ms, _ in self._profile}
+        total = sum(times.values()) or 1.0
+        on_tvm = sum(times.get(name, 0.0) for name in rest)
+        tpp = sum(ms for name, ms in times.items() if name.startswith("tpp_"))
+        line = (f"Measured ({total:.2f} ms per run, profiled): TPP kernels "
+                f"{100 * tpp / total:.1f}%, TVM's default code {100 * on_tvm / total:.1f}%, "
+                f"VM and layout views {100 * (total - tpp - on_tvm) / total:.1f}%")
+        return [line], {name: times.get(name, 0.0) for name in rest}
+
     def report(self) -> str:
         """Which subgraphs went to TPP kernels and which fell back, counted by pattern."""
         precision = self._report.get("precision", "float32")
@@ -170,10 +194,19 @@ class CompiledModel:
         lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
         lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
         rest = self._report.get("default_scheduled", [])
+        measured, rest_ms = self._measured_lines(rest)
         if rest:
             lines.append(f"On TVM's fused ops with default schedules (no TPP): {len(rest)}")
-            shown = rest if len(rest) <= 12 else rest[:12] + [f"... {len(rest) - 12} more"]
+            if rest_ms:  # slowest first, each with its share of the profiled run
+                total = sum(ms for _, ms, _ in self._profile) or 1.0
+                rest = sorted(rest, key=lambda name: -rest_ms[name])
+                named = [f"{name}: {rest_ms[name]:.3f} ms ({100 * rest_ms[name] / total:.1f}%)"
+                         for name in rest]
+            else:
+                named = list(rest)
+            shown = named if len(named) <= 12 else named[:12] + [f"... {len(named) - 12} more"]
             lines += [f"  {name}" for name in shown]
+        lines += measured
         rewrites = self._report.get("rewrites", {})
         if rewrites:
             lines.append("Graph rewrites:")
