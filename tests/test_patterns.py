@@ -50,7 +50,8 @@ def test_squeeze_excite_convolutions_take_their_bias_and_activation():
              helper.make_node("Sigmoid", ["g"], ["s"]),
              helper.make_node("Mul", ["x", "s"], ["xs"]),
              helper.make_node("Conv", ["xs", "w3", "b3"], ["o"]),  # the block's projection
-             helper.make_node("Add", ["o", "x"], ["y"])]
+             helper.make_node("Add", ["o", "x"], ["o_res"]),
+             helper.make_node("Relu", ["o_res"], ["y"])]  # RegNetY's block output
     f = TensorProto.FLOAT
     graph = helper.make_graph(
         nodes, "se", [helper.make_tensor_value_info("image", f, [1, 3, 9, 9])],
@@ -62,6 +63,6 @@ def test_squeeze_excite_convolutions_take_their_bias_and_activation():
     lowered = compiled.report_data["lowered"]
     assert lowered.get("tpp.conv2d_bias_silu") == 1, lowered
     assert lowered.get("tpp.conv2d_bias_sigmoid") == 1, lowered
-    assert lowered.get("tpp.conv2d_scaled_input_bias_residual") == 1, lowered
+    assert lowered.get("tpp.conv2d_scaled_input_bias_residual_relu") == 1, lowered
     rest = compiled.report_data.get("default_scheduled", [])
     assert not [k for k in rest if "multiply" in k or "sigmoid" in k], rest  # edge transposes

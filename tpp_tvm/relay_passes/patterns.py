@@ -556,14 +556,16 @@ def attention_patterns() -> list[TPPPattern]:
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
     table = attention_patterns()  # before bmm/softmax: it contains both
-    # Squeeze-excite's channel scale read into the pointwise convolution after it.
+    # Squeeze-excite's channel scale read into the pointwise convolution after it (the
+    # same variants, in the same order, as the plain contractions below).
+    for bias in (True, False):
+        table.append(contraction_pattern("tpp.conv2d", bias, None, True, "relax.nn.relu",
+                                         scaled_input=True))
     for residual in (True, False):
         for activation in (*ACTIVATIONS, None):
             for bias in (True, False):
                 table.append(contraction_pattern("tpp.conv2d", bias, activation, residual,
                                                  scaled_input=True))
-    table.append(contraction_pattern("tpp.conv2d", True, None, True, "relax.nn.relu",
-                                     scaled_input=True))
     for kind in _ROOTS:
         for bias in (True, False):
             table.append(contraction_pattern(kind, bias, None, True, "relax.nn.relu"))
