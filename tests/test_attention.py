@@ -66,6 +66,20 @@ def test_attention_needs_a_row_block():
         attention_schedule(AttentionShape(1, 13, 8, 8, 1, 1.0, False), "avx512")
 
 
+def _attention_nodes(scale_op: str, masked: bool) -> list:
+    """ONNX nodes of softmax(Q Kᵀ (scale_op) c (+ m)) V over inputs q, k, v (and m), as
+    exporters write attention."""
+    from onnx import helper
+
+    z = "zm" if masked else "z"
+    return [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["q", "kt"], ["s"]),
+            helper.make_node(scale_op, ["s", "c"], ["z"]),
+            *([helper.make_node("Add", ["z", "m"], ["zm"])] if masked else []),
+            helper.make_node("Softmax", [z], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"])]
+
+
 @pytest.mark.requires_onnxruntime
 def test_prime_query_counts_run_padded_through_the_fused_kernel():
     """ViT's 197 tokens have no row block: the queries are padded with zero rows to the next
@@ -77,11 +91,7 @@ def test_prime_query_counts_run_padded_through_the_fused_kernel():
     assert padded_query_rows(197) == 200 and padded_query_rows(64) == 64
     heads, seq, dim = 2, 13, 16
     f = TensorProto.FLOAT
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"]),
-             helper.make_node("Mul", ["s", "c"], ["z"]),
-             helper.make_node("Softmax", ["z"], ["p"], axis=-1),
-             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes = _attention_nodes("Mul", masked=False)
     shape = [1, heads, seq, dim]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info(n, f, shape) for n in "qkv"],
@@ -104,12 +114,7 @@ def test_ragged_keys_with_a_mask_run_padded():
     assert padded_keys(197) == 224 and padded_keys(128) == 128
     heads, seq, dim = 2, 13, 16
     f = TensorProto.FLOAT
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"]),
-             helper.make_node("Div", ["s", "c"], ["z"]),
-             helper.make_node("Add", ["z", "m"], ["zm"]),
-             helper.make_node("Softmax", ["zm"], ["p"], axis=-1),
-             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes = _attention_nodes("Div", masked=True)
     shape = [1, heads, seq, dim]
     inputs = [helper.make_tensor_value_info(n, f, shape) for n in "qkv"]
     inputs.append(helper.make_tensor_value_info("m", f, [1, 1, 1, seq]))
@@ -140,12 +145,7 @@ def test_masks_per_query_row_are_one_kernel(batch: int, mask_shape: tuple) -> No
 
     heads, seq, dim = 3, 13, 16
     f = TensorProto.FLOAT
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"]),
-             helper.make_node("Mul", ["s", "c"], ["z"]),
-             helper.make_node("Add", ["z", "m"], ["zm"]),
-             helper.make_node("Softmax", ["zm"], ["p"], axis=-1),
-             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes = _attention_nodes("Mul", masked=True)
     shape = [batch, heads, seq, dim]
     rng = np.random.default_rng(16)
     mask = np.triu(np.full((seq, seq), -1e9, "float32"), 1)
