@@ -178,3 +178,22 @@ def test_epilogues_behind_a_row_reshape_fuse_into_the_gemm() -> None:
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
     lowered = compiled.report_data["lowered"]
     assert set(lowered) == {"tpp.dense_bias_tanh", "tpp.dense_bias_residual"}, lowered
+
+
+def test_single_input_concats_are_dropped() -> None:
+    """``concat((x,))`` (a decoder export's cache concat with no past) is ``x`` itself; a
+    concat of two tensors stays."""
+    from tvm import relax
+
+    from tpp_tvm.relay_passes.canonicalize import drop_single_concats
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            one = bb.emit(relax.op.concat([x], axis=0))
+            two = bb.emit(relax.op.concat([one, x], axis=0))
+            out = bb.emit_output(relax.op.nn.relu(two))
+        bb.emit_func_output(out)
+    text = str(drop_single_concats(bb.get()["main"]))
+    assert text.count("R.concat(") == 1 and "R.concat((x, x)" in text, text
