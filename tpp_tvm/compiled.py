@@ -164,19 +164,22 @@ class CompiledModel:
         self._profile = profile_vm(self._vm, tensors, repeat)
         return list(self._profile)
 
-    def _measured_lines(self, rest: list[str]) -> tuple[list[str], dict[str, float]]:
-        """The profile's summary line and each default-scheduled function's ms (none
-        without a :meth:`profile`)."""
+    def _default_code_lines(self, rest: list[str]) -> tuple[list[str], list[str]]:
+        """The functions left on TVM's default code (slowest first, each with its time and
+        share once :meth:`profile` ran) and the profile's summary line (none without one)."""
         if not self._profile:
-            return [], {}
+            return list(rest), []
         times = {name: ms for name, ms, _ in self._profile}
         total = sum(times.values()) or 1.0
-        on_tvm = sum(times.get(name, 0.0) for name in rest)
-        tpp = sum(ms for name, ms in times.items() if name.startswith("tpp_"))
-        line = (f"Measured ({total:.2f} ms per run, profiled): TPP kernels "
-                f"{100 * tpp / total:.1f}%, TVM's default code {100 * on_tvm / total:.1f}%, "
-                f"VM and layout views {100 * (total - tpp - on_tvm) / total:.1f}%")
-        return [line], {name: times.get(name, 0.0) for name in rest}
+        ms = {name: times.get(name, 0.0) for name in rest}
+        named = [f"{name}: {ms[name]:.3f} ms ({100 * ms[name] / total:.1f}%)"
+                 for name in sorted(rest, key=lambda name: -ms[name])]
+        on_tvm = sum(ms.values())
+        tpp = sum(t for name, t in times.items() if name.startswith("tpp_"))
+        summary = (f"Measured ({total:.2f} ms per run, profiled): TPP kernels "
+                   f"{100 * tpp / total:.1f}%, TVM's default code {100 * on_tvm / total:.1f}%, "
+                   f"VM and layout views {100 * (total - tpp - on_tvm) / total:.1f}%")
+        return named, [summary]
 
     def report(self) -> str:
         """Which subgraphs went to TPP kernels and which fell back, counted by pattern."""
@@ -194,16 +197,9 @@ class CompiledModel:
         lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
         lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
         rest = self._report.get("default_scheduled", [])
-        measured, rest_ms = self._measured_lines(rest)
+        named, measured = self._default_code_lines(rest)
         if rest:
             lines.append(f"On TVM's fused ops with default schedules (no TPP): {len(rest)}")
-            if rest_ms:  # slowest first, each with its share of the profiled run
-                total = sum(ms for _, ms, _ in self._profile) or 1.0
-                rest = sorted(rest, key=lambda name: -rest_ms[name])
-                named = [f"{name}: {rest_ms[name]:.3f} ms ({100 * rest_ms[name] / total:.1f}%)"
-                         for name in rest]
-            else:
-                named = list(rest)
             shown = named if len(named) <= 12 else named[:12] + [f"... {len(named) - 12} more"]
             lines += [f"  {name}" for name in shown]
         lines += measured
