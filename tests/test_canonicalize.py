@@ -197,3 +197,35 @@ def test_single_input_concats_are_dropped() -> None:
         bb.emit_func_output(out)
     text = str(drop_single_concats(bb.get()["main"]))
     assert text.count("R.concat(") == 1 and "R.concat((x, x)" in text, text
+
+
+@pytest.mark.parametrize("scale_shape, folds", [((48,), True), ((1, 1, 48), True), ((), True),
+                                                ((37, 1), False)])
+def test_a_constant_output_scale_folds_into_the_weights(scale_shape, folds) -> None:
+    """``(x @ W + b) * c`` with ``c`` per output column (ConvNeXt's layer scale) becomes
+    ``x @ (W c) + b c``, same values; a scale per row stays a multiply."""
+    import tvm
+    from tvm import relax
+
+    from tpp_tvm.relay_passes.canonicalize import fold_output_scales
+
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((64, 48)).astype("float32"), rng.standard_normal(48)
+    c = rng.uniform(0.5, 2.0, scale_shape).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 37, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(w)),
+                                     relax.const(b.astype("float32"))))
+            out = bb.emit_output(relax.op.multiply(relax.const(c), h))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = tvm.IRModule({"main": fold_output_scales(mod["main"])})
+    assert ("R.multiply" not in str(folded["main"])) == folds, folded["main"]
+    xs = rng.standard_normal((1, 37, 64)).astype("float32")
+    runs = []
+    for m in (mod, folded):
+        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
+        runs.append(vm["main"](tvm.runtime.tensor(xs)).numpy())
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, rewrite_call, wildcard
 
-from .exprs import scalar_value, static_shape
+from .exprs import const_value, scalar_value, static_shape
 
 
 def _erf_gelu_pattern():
@@ -164,6 +164,42 @@ def drop_single_concats(func: relax.Function) -> relax.Function:
     return rewrite_call(is_op("relax.concat")(is_tuple([x])), lambda orig, m: m[x], func)
 
 
+def fold_output_scales(func: relax.Function) -> relax.Function:
+    """``(x @ W + b) * c`` → ``x @ (W c) + b c`` for constants ``W``, ``b`` and a constant
+    ``c`` per output column (or a scalar).
+
+    ConvNeXt's layer scale (``gamma * pwconv2(x)``) sat between the second GEMM and the
+    residual add, so the add could not join the GEMM's epilogue and the product ran as a
+    kernel of TVM's default code per block; folded into the weights it costs nothing."""
+    x, w, b, c = wildcard(), is_const(), is_const(), is_const()
+    dense = is_op("relax.matmul")(x, w)
+    dense = dense | is_op("relax.add")(dense, b) | is_op("relax.add")(b, dense)
+    pattern = is_op("relax.multiply")(dense, c) | is_op("relax.multiply")(c, dense)
+
+    def rewriter(orig, m):
+        weight, scale = const_value(m[w]), const_value(m[c])
+        out = static_shape(orig)
+        if weight is None or scale is None or weight.ndim != 2 or out is None or \
+                static_shape(m[dense]) != out or weight.dtype.kind != "f" or \
+                scale.dtype != weight.dtype:
+            return orig
+        n = weight.shape[1]
+        if scale.size not in (1, n) or scale.ndim > len(out) or \
+                (scale.size == n and scale.shape[-1] != n):
+            return orig  # a scale along rows (or anything else) stays a multiply
+        row = scale.reshape(-1)
+        scaled = relax.op.matmul(m[x], relax.const(weight * row))
+        if b not in m:
+            return scaled
+        bias = const_value(m[b])
+        if bias is None or bias.dtype != weight.dtype or bias.shape[-1:] != (n,) or \
+                any(d != 1 for d in bias.shape[:-1]):
+            return orig
+        return relax.op.add(scaled, relax.const(bias * row))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 #: Element-wise ops a reshape commutes with that a GEMM epilogue can take.
 _EPILOGUE_UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
                    "relax.nn.silu", "relax.tanh")
@@ -224,5 +260,6 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
         if isinstance(func, relax.Function):
             func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(drop_identity_casts(func))))
             func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
+            func = fold_output_scales(func)
             mod[gv] = sink_dense_reshapes(func)
     return mod

@@ -47,6 +47,7 @@ from .lower import (
 )
 from .patterns import pattern_table
 from .quantized import lower_quantized
+from .transposes import SinkLayoutTransposes
 
 PIPELINE_NAME = "tpp"
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ def partition_passes(isa: str, report: LoweringReport | None = None, threads: in
         # Filters HWIO: output channels innermost, so a convolution subgraph's loop nest is
         # a contraction the tuning rules tile around a TPP (OHWI has K innermost).
         nhwc_convolutions(report),
+        SinkLayoutTransposes,
         fold_constants(),
         relax.transform.FuseOpsByPattern(
             [p.as_fusion_pattern() for p in pattern_table()],

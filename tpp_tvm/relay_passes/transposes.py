@@ -88,17 +88,22 @@ def _move_unary(call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr 
     return None
 
 
-def sink_transposes(func: relax.Function) -> relax.Function:
-    """Move transposes below layout-agnostic ops and cancel inverse pairs (see module)."""
+def sink_transposes(func: relax.Function, perms: list[list[int]] | None = None
+                    ) -> relax.Function:
+    """Move transposes below layout-agnostic ops and cancel inverse pairs (see module);
+    with ``perms`` (all of one rank), only transposes by one of them move or cancel."""
     x, y = wildcard(), wildcard()
     transposed = is_op("relax.permute_dims")(x)
     twice = is_op("relax.permute_dims")(transposed)
     binary_lhs = is_op("relax.permute_dims")(x)
     binary_rhs = is_op("relax.permute_dims")(y)
 
+    def movable(perm: list[int] | None) -> bool:
+        return perm is not None and (perms is None or perm in perms)
+
     def cancel(orig, m):
         inner, outer = _axes(m[transposed]), _axes(orig)
-        if inner is None or outer is None:
+        if not (movable(inner) and movable(outer)):
             return orig
         combined = [inner[a] for a in outer]
         if combined == list(range(len(combined))):
@@ -107,7 +112,7 @@ def sink_transposes(func: relax.Function) -> relax.Function:
 
     def sink_unary(orig, m):
         perm = _axes(m[transposed])
-        if perm is None:
+        if not movable(perm):
             return orig
         moved = _move_unary(orig, m[x], perm)
         if moved is None or orig.op.name in _FULL_REDUCTIONS:
@@ -121,11 +126,11 @@ def sink_transposes(func: relax.Function) -> relax.Function:
         pa = _axes(m[binary_lhs]) if binary_lhs in m else None
         pb = _axes(m[binary_rhs]) if binary_rhs in m else None
         if pa is not None and pb is not None:
-            if pa != pb:
+            if pa != pb or not movable(pa):
                 return orig
             return relax.op.permute_dims(relax.Call(orig.op, [m[x], m[y]], orig.attrs), pa)
         perm = pa if pa is not None else pb
-        if perm is None:
+        if not movable(perm):
             return orig
         other = _follows(b if pa is not None else a, perm)
         if other is None:
@@ -139,6 +144,9 @@ def sink_transposes(func: relax.Function) -> relax.Function:
     unary_patterns = [is_op(op)(transposed, varg_default_wildcard=True) for op in sorted(
         _UNARY | _FULL_REDUCTIONS | {"relax.quantize", "relax.dequantize",
                                      "relax.nn.max_pool2d", "relax.mean"})]
+    identity = is_op("relax.permute_dims")(x)
+    func = rewrite_call(identity, lambda orig, m: m[x] if _axes(orig) == list(
+        range(_ndim(m[x]))) and (perms is None or _ndim(m[x]) == len(perms[0])) else orig, func)
     func = rewrite_call(twice, cancel, func)
     for _ in range(64):  # each round moves every transpose one op further down
         before = func
@@ -154,3 +162,16 @@ def sink_transposes(func: relax.Function) -> relax.Function:
         if structural_equal(before, func):
             break
     return func
+
+
+@tvm.transform.module_pass(opt_level=0, name="tpp.SinkLayoutTransposes")
+def SinkLayoutTransposes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - pass name
+    """:func:`sink_transposes` of the NCHW/NHWC layout transposes on every Relax function,
+    for fp32 graphs after ``ConvertLayout``: it leaves each NCHW residual add between an
+    inverse pair of transposes (ConvNeXt's first stage added its residuals NCHW: a
+    transposing kernel of TVM's default code and a TPP add per block, where the add joins
+    the GEMM's epilogue). Other transposes (a matmul's operand) stay where they are."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = sink_transposes(func, [TO_NCHW, TO_NHWC])
+    return mod
