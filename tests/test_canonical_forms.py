@@ -63,18 +63,41 @@ def test_conv1d_runs_on_a_tpp(c, oc, k, stride, pads, width, kernel) -> None:
     assert kernel in report
 
 
-@pytest.mark.parametrize("groups,c,oc,x_shape,k", [
-    (16, 64, 64, [1, 64, 49], [8]),        # wav2vec2's positional conv, smaller
-    (3, 6, 9, [1, 6, 11, 13], [3, 3]),     # 2-D, prime group count
-    (2, 4, 6, [2, 4, 7, 5], [1, 1]),       # pointwise, batch 2
+@pytest.mark.parametrize("groups,c,oc,x_shape,k,stride", [
+    (16, 64, 64, [1, 64, 49], [8], 1),         # wav2vec2's positional conv, smaller
+    (3, 6, 9, [1, 6, 11, 13], [3, 3], 1),      # 2-D, prime group count
+    (2, 4, 6, [2, 4, 7, 5], [1, 1], 1),        # pointwise, batch 2
+    (4, 32, 40, [1, 32, 13, 11], [3, 3], 2),   # RegNet-like, strided, 10 channels a group
 ])
-def test_grouped_convolutions_split_into_per_group_tpp_kernels(groups, c, oc, x_shape, k
-                                                                ) -> None:
+def test_grouped_convolutions_run_as_one_tpp_kernel(groups, c, oc, x_shape, k, stride
+                                                    ) -> None:
+    """One grouped kernel reads each group's channels in place and writes them NHWC: no
+    per-group slices and no concat."""
     w = (RNG.standard_normal((oc, c // groups, *k)) * 0.1).astype("float32")
     pads = [kk // 2 for kk in k] * 2
-    node = helper.make_node("Conv", ["x", "w"], ["y"], group=groups, pads=pads)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], group=groups, pads=pads,
+                            strides=[stride] * len(k))
     report = _check(_model(node, x_shape, w), x_shape)
-    assert "tpp." in report and "runtime_weight" not in report
+    assert "tpp.conv2d: 1" in report and "runtime_weight" not in report, report
+    assert "concat" not in report and "split" not in report, report
+
+
+def test_a_grouped_convolution_takes_its_epilogue() -> None:
+    """Bias (a row per group), ReLU and a residual fuse into the grouped kernel."""
+    c, groups = 24, 3
+    w = (RNG.standard_normal((c, c // groups, 3, 3)) * 0.1).astype("float32")
+    b = RNG.standard_normal(c).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"], group=groups, pads=[1] * 4),
+             helper.make_node("Relu", ["h"], ["a"]),
+             helper.make_node("Add", ["a", "x"], ["y"])]
+    shape = [1, c, 9, 7]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w"),
+                                             numpy_helper.from_array(b, "b")])
+    report = _check(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                    shape)
+    assert "tpp.conv2d_bias_relu_residual: 1" in report, report
 
 
 @pytest.mark.parametrize("shape,perm", [([37, 53], [1, 0]), ([1, 144, 7, 17], [0, 2, 3, 1]),

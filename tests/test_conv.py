@@ -4,6 +4,8 @@ padding, strides, K-blocked panels and fused bias + activation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import tvm
@@ -52,6 +54,37 @@ def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
             np.pad(bias, (0, plan.np_ - sh.oc))]
     got = _run(sch, args, (sh.n, sh.oh, sh.ow, sh.oc))
     want = np.maximum(_conv_ref(x, w, sh, 0.0) + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("sh", "blocked"), [
+    (ConvShape(1, 9, 7, 24, 30, 3, 3, 1, (1, 1, 1, 1), 3), False),   # 10 outputs a group
+    (ConvShape(2, 13, 11, 128, 128, 3, 3, 2, (1, 1, 1, 1), 2), False),  # RegNet-like
+    (ConvShape(1, 1, 21, 96, 96, 1, 64, 1, (0, 32, 0, 31), 2), True),  # wav2vec2 positional
+])
+def test_grouped_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
+    """Each group's channels read in place, a bias row per group, the output NHWC as
+    (n, oh, ow, group, channel); the long filter row is K-blocked like an ungrouped one."""
+    from tpp_tvm.schedules.conv import conv_k_block, padded_channels, plan_conv
+
+    rng = np.random.default_rng(sh.oc)
+    x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
+    w = (rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)) * 0.2).astype("float32")
+    bias = rng.standard_normal(sh.oc).astype("float32")
+    res = rng.standard_normal((sh.n, sh.oh, sh.ow, sh.groups, sh.og)).astype("float32")
+    plan = plan_conv(sh)
+    kc = conv_k_block(sh.r, sh.s * padded_channels(sh.cg, plan), plan.nr)
+    assert (kc is not None) == blocked
+    sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu", residual=True)
+    bias_rows = np.pad(bias.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og)))
+    args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, groups=sh.groups), bias_rows,
+            res]
+    got = _run(sch, args, res.shape).reshape(sh.n, sh.oh, sh.ow, sh.oc)
+    one = replace(sh, c=sh.cg, oc=sh.og, groups=1)
+    want = np.concatenate([_conv_ref(x[..., g * sh.cg:(g + 1) * sh.cg],
+                                     w[g * sh.og:(g + 1) * sh.og], one, 0.0)
+                           for g in range(sh.groups)], axis=-1)
+    want = np.maximum(want + bias, 0) + res.reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -10,8 +10,9 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
   (``mean``/``max`` over the spatial axes), which the pattern table takes;
 - a 1-D convolution is a 2-D one over a single-row image (``W`` kept as the row), so it
   lands on the BRGEMM convolution TPP;
-- a grouped convolution with more than one channel per group is ``groups`` ordinary
-  convolutions on channel slices, concatenated: one BRGEMM convolution per group;
+- a grouped convolution with more than one channel per group and a filter computed at run
+  time is ``groups`` ordinary convolutions on channel slices, concatenated (a constant
+  filter goes to the grouped convolution kernel as it is: no slice or concat copies);
 - an explicit zero ``Pad`` of the spatial axes before a convolution (TF-style "same"
   padding, MobileNet's) is the convolution's own padding: the pad no longer sits
   between layers, where it kept the layout transposes around each convolution.
@@ -26,8 +27,8 @@ from tvm import relax
 
 from .exprs import const_value, static_shape
 
-#: Grouped convolutions with up to this many groups are split into per-group convolutions
-#: (each one BRGEMM); beyond it (depthwise-like), one grouped kernel is the better unit.
+#: Grouped convolutions with a run-time filter and up to this many groups are split into
+#: per-group convolutions (each one BRGEMM); beyond it, TVM's code is the better unit.
 MAX_SPLIT_GROUPS = 64
 
 
@@ -146,6 +147,8 @@ def _split_groups(call: relax.Call) -> relax.Expr | None:
             or str(attrs.out_layout) not in ("", "NCHW"):
         return None
     if wshape[1] == 1:  # depthwise-like: one channel per group
+        return None
+    if const_value(w) is not None:  # the grouped convolution kernel takes it as it is
         return None
     xs = relax.op.split(x, groups, axis=1)
     w_np = const_value(w)

@@ -181,7 +181,8 @@ def _pointwise(call: relax.Call, weight: np.ndarray) -> bool:
     attrs = call.attrs
     layout = str(attrs.kernel_layout)
     r, s = (weight.shape[layout.index(ax)] for ax in "HW")
-    return (r, s, int(attrs.strides[0])) == (1, 1, 1) and not any(int(p) for p in attrs.padding)
+    return (r, s, int(attrs.strides[0]), int(attrs.groups)) == (1, 1, 1, 1) and not any(
+        int(p) for p in attrs.padding)
 
 
 def _lower_matmul(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
@@ -246,8 +247,9 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     oc, _, r, s = w_oihw.shape
     pad = [int(p) for p in attrs.padding]
     pad = pad * 2 if len(pad) == 2 else pad
-    shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]), tuple(pad))
-    if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
+    groups = int(attrs.groups)
+    shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]), tuple(pad), groups)
+    if _pointwise(call, w_np):
         # A pointwise convolution is a GEMM over all pixels: far longer M than one row.
         w_kn = np.ascontiguousarray(w_oihw[:, :, 0, 0].T)
         return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision, threads)
@@ -258,13 +260,19 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"))
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
-    args = [bb.emit(relax.op.reshape(x, (n, h, w * c))), relax.const(pack_filter(w_oihw, plan.nr))]
+    args = [bb.emit(relax.op.reshape(x, (n, h, w * c))),
+            relax.const(pack_filter(w_oihw, plan.nr, groups=groups))]
+    # Grouped: the kernel writes (n, oh, ow, groups, channels per group), NHWC once reshaped.
+    out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
     if "bias" in matched:
-        bias = matched["bias"].value.numpy().reshape(-1)
-        args.append(relax.const(np.pad(bias, (0, plan.np_ - oc)).astype("float32")))
+        bias = matched["bias"].value.numpy().reshape(groups, shape.og)
+        bias = np.pad(bias, ((0, 0), (0, plan.np_ - shape.og))).astype("float32")
+        args.append(relax.const(bias if groups > 1 else bias[0]))  # a row per group
     if "residual" in matched:
-        args.append(matched["residual"])
-    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
+        res = matched["residual"]
+        args.append(bb.emit(relax.op.reshape(res, out_shape)) if groups > 1 else res)
+    out = relax.call_tir(gv, args, relax.TensorType(out_shape, "float32"))
+    return relax.op.reshape(bb.emit(out), (n, shape.oh, shape.ow, oc)) if groups > 1 else out
 
 
 def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,

@@ -98,13 +98,19 @@ def _static_f32(expr: relax.Expr) -> bool:
 
 
 def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """An NHWC 2D convolution we have kernels for (groups 1, no dilation, square stride)."""
+    """An NHWC 2D convolution we have kernels for (no dilation, square stride; grouped with
+    more than one channel per group when the filter is a constant, fp32)."""
     a = ctx.annotated_expr
     call = a["root"]
     attrs = call.attrs
     if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
         return False
-    if int(attrs.groups) != 1 or any(int(d) != 1 for d in attrs.dilation):
+    if any(int(d) != 1 for d in attrs.dilation):
+        return False
+    groups = int(attrs.groups)
+    if groups != 1 and not (
+            isinstance(a["weight"], tvm.ir.GenericConst) and _static_f32(a["lhs"])
+            and int(a["lhs"].ty.shape.values[3]) // groups > 1):
         return False
     if int(attrs.strides[0]) != int(attrs.strides[1]):
         return False

@@ -8,6 +8,11 @@ next output pixel, so the ``conv_brgemm`` TPP reduces K = S*C per filter row and
 over the R filter rows, with the tile in registers (beta 0); the epilogue TPPs (bias,
 activation, residual) then run on it. The input is zero-padded once when the convolution
 pads (spatial padding plus the row tail of the pixel tiling).
+
+A grouped convolution is the same kernel with a group loop outermost: the padding pass
+gathers each group's channels into an image of its own, each group has its own filter
+panels, and the epilogue writes the group's tile straight into its channels of the NHWC
+output, so there are no per-group slices or concat copies (RegNet's 3x3 layers).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ class SlidingWindow:
 
 @dataclass(frozen=True)
 class ConvShape(SlidingWindow):
-    """An NHWC convolution: input (n, h, w, c), filter (r, s, c, oc), stride, padding."""
+    """An NHWC convolution: input (n, h, w, c), filter (r, s, c / groups, oc), stride,
+    padding; ``groups`` convolutions side by side, each on c / groups input channels."""
 
     n: int
     h: int
@@ -71,17 +77,32 @@ class ConvShape(SlidingWindow):
     s: int
     stride: int = 1
     pad: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    groups: int = 1
+
+    @property
+    def cg(self) -> int:
+        """Input channels per group."""
+        return self.c // self.groups
+
+    @property
+    def og(self) -> int:
+        """Output channels per group."""
+        return self.oc // self.groups
 
     @property
     def flops(self) -> int:
-        return 2 * self.n * self.oh * self.ow * self.oc * self.r * self.s * self.c
+        return 2 * self.n * self.oh * self.ow * self.oc * self.r * self.s * self.cg
 
 
 def plan_conv(shape: ConvShape, dtype: str = "float32") -> GemmPlan:
-    """Register tile over (output pixels of a row, output channels)."""
+    """Register tile over (output pixels of a row, output channels of a group)."""
     if shape.oh < 1 or shape.ow < 1:
         raise UnsupportedShapeError(f"conv2d: empty output for {shape}")
-    return plan_gemm(shape.ow, shape.oc, shape.c * shape.r * shape.s, dtype)
+    if shape.groups < 1 or shape.c % shape.groups or shape.oc % shape.groups:
+        raise UnsupportedShapeError(
+            f"conv2d: {shape.c} input and {shape.oc} output channels do not split into "
+            f"{shape.groups} groups")
+    return plan_gemm(shape.ow, shape.og, shape.cg * shape.r * shape.s, dtype)
 
 
 def padded_channels(c: int, plan: GemmPlan) -> int:
@@ -107,61 +128,80 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     V = prec.vnni
     owp, ocp = plan.mp, plan.np_
     st = sh.stride
-    cc = padded_channels(sh.c, plan)
+    G, cg = sh.groups, sh.cg
+    cc = padded_channels(cg, plan)
     int8 = prec.acc == "int32"
     # Rows are flattened (W*C): the input arrives as (n, h, w*c), a free reshape of NHWC.
     X = te.placeholder((sh.n, sh.h, sh.w * sh.c), prec.a, name="data")
+    # Grouped: one filter panel set and one padded image per group, (group, ...) first.
+    gdim = (G,) if G > 1 else ()
     if V > 1:
-        W = te.placeholder((ocp // nr, sh.r, sh.s * cc // V, nr, V), prec.b, name="filter_packed")
+        W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc // V, nr, V), prec.b,
+                           name="filter_packed")
     else:
-        W = te.placeholder((ocp // nr, sh.r, sh.s * cc, nr), prec.b, name="filter_packed")
+        W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc, nr), prec.b,
+                           name="filter_packed")
     zero_point = te.placeholder((1,), prec.a, name="a_zero_point") if int8 else None
     hp = (sh.oh - 1) * st + sh.r
     wp = max((owp - 1) * st + sh.s, sh.w)
     top, left = sh.pad[0], sh.pad[1]
+    # A group's channels are gathered into its own image by the padding pass, so the taps
+    # of one filter row stay one contiguous run of S*C/groups elements.
     needs_pad = (hp, wp) != (sh.h, sh.w) or top or left or cc != sh.c
     fill = zero_point[0] if int8 else tirx.const(0, prec.a)
 
-    def padded(n, y, z):
-        iy, ix, ch = y - top, z // cc - left, z % cc
-        inside = tirx.all(iy >= 0, iy < sh.h, ix >= 0, ix < sh.w, ch < sh.c)
-        src = tirx.max(tirx.min(iy, sh.h - 1), 0), tirx.max(tirx.min(ix, sh.w - 1), 0)
+    def padded(n, *ix):
+        g, y, z = ix if G > 1 else (0, *ix)
+        iy, ix_, ch = y - top, z // cc - left, z % cc
+        inside = tirx.all(iy >= 0, iy < sh.h, ix_ >= 0, ix_ < sh.w, ch < cg)
+        src = tirx.max(tirx.min(iy, sh.h - 1), 0), tirx.max(tirx.min(ix_, sh.w - 1), 0)
         return tirx.if_then_else(
-            inside, X[n, src[0], src[1] * sh.c + tirx.min(ch, sh.c - 1)], fill)
+            inside, X[n, src[0], src[1] * sh.c + g * cg + tirx.min(ch, cg - 1)], fill)
 
-    Xp = te.compute((sh.n, hp, wp * cc), padded, name="A_pad") if needs_pad else X
+    Xp = te.compute((sh.n, *gdim, hp, wp * cc), padded, name="A_pad") if needs_pad else X
 
     def mac(a, b):
         return a * b if prec.acc == prec.a else tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
+
+    def a_at(n, g, row, col):
+        return Xp[(n, g, row, col) if G > 1 else (n, row, col)]
+
+    def w_at(g, *ix):
+        return W[(g, *ix) if G > 1 else ix]
 
     if V > 1:
         ko = te.reduce_axis((0, sh.s * cc // V), name="ko")
         kv = te.reduce_axis((0, V), name="kv")
         red = [ko, kv]
 
-        def tap(n, y, x, o, r):
-            return mac(Xp[n, y * st + r, x * (st * cc) + ko * V + kv],
-                       W[o // nr, r, ko, o % nr, kv])
+        def tap(n, y, x, g, o, r):
+            return mac(a_at(n, g, y * st + r, x * (st * cc) + ko * V + kv),
+                       w_at(g, o // nr, r, ko, o % nr, kv))
     else:
         k = te.reduce_axis((0, sh.s * cc), name="k")
         red = [k]
 
-        def tap(n, y, x, o, r):
-            return mac(Xp[n, y * st + r, x * (st * cc) + k], W[o // nr, r, k, o % nr])
+        def tap(n, y, x, g, o, r):
+            return mac(a_at(n, g, y * st + r, x * (st * cc) + k), w_at(g, o // nr, r, k, o % nr))
 
-    if sh.r > 1:
-        r = te.reduce_axis((0, sh.r), name="r")
-        C = te.compute((sh.n, sh.oh, owp, ocp),
-                       lambda n, y, x, o: te.sum(tap(n, y, x, o, r), axis=[r, *red]), name="C")
-    else:  # a unit reduction loop cannot be tensorized: no filter-row axis at all
-        C = te.compute((sh.n, sh.oh, owp, ocp),
-                       lambda n, y, x, o: te.sum(tap(n, y, x, o, 0), axis=red), name="C")
+    def contraction(n, y, *gxo):
+        g, x, o = gxo if G > 1 else (0, *gxo)
+        if sh.r > 1:
+            return te.sum(tap(n, y, x, g, o, r), axis=[r, *red])
+        # a unit reduction loop cannot be tensorized: no filter-row axis at all
+        return te.sum(tap(n, y, x, g, o, 0), axis=red)
+
+    r = te.reduce_axis((0, sh.r), name="r") if sh.r > 1 else None
+    # Grouped: C is (n, oh, group, ow, channel), a register tile in its two trailing dims
+    # as the microkernel needs; the epilogue writes it NHWC as (n, oh, ow, group, channel).
+    C = te.compute((sh.n, sh.oh, *gdim, owp, ocp), contraction, name="C")
     quant_inputs, stages = [], []
     if int8:
         deq_inputs, C, stages = dequantize_te(C)
         quant_inputs = [zero_point, *deq_inputs]
-    extra, out, epilogue = epilogue_te(C, (sh.n, sh.oh, sh.ow, sh.oc), bias, activation,
-                                       residual, post_activation)
+    extra, out, epilogue = epilogue_te(C, (sh.n, sh.oh, sh.ow, *gdim, sh.og), bias, activation,
+                                       residual, post_activation,
+                                       (0, 1, 3, 2, 4) if G > 1 else None)
     return [X, W, *quant_inputs, *extra], out, stages + epilogue
 
 
@@ -175,16 +215,19 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     if dtype not in ("float32", "int8"):
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32 or int8 (u8 data x s8 filter)")
+    if dtype != "float32" and shape.groups > 1:
+        raise UnsupportedDTypeError(f"grouped conv2d: dtype {dtype!r} unsupported; float32")
     isa = register_tile_isa(isa)
     plan = plan_conv(shape, dtype)
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
     blk = sch.get_sblock("C")
-    n, y, x, o, *red = sch.get_loops(blk)
+    n, y, *go, x, o = sch.get_loops(blk)[:4 + (shape.groups > 1)]
+    red = sch.get_loops(blk)[4 + (shape.groups > 1):]
     xo, xi = sch.split(x, [None, plan.mr])
     oo, oi = sch.split(o, [None, plan.nr])
-    cc = padded_channels(shape.c, plan)
+    cc = padded_channels(shape.cg, plan)
     elem = 4 // prec.vnni  # bytes per element
     b_dtype = prec.b if prec.b != prec.a else None
     tile = TPPSpec("conv_brgemm", prec.a, b_dtype=b_dtype, m=plan.mr, n=plan.nr,
@@ -194,10 +237,11 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         # the innermost reduction is the VNNI pack for int8: block the group axis above it
         *rs, k, kv = red if prec.vnni > 1 else (*red, None)
         ko, ki = sch.split(k, [None, kc // prec.vnni])
-        sch.reorder(oo, *rs, ko, n, y, xo, xi, oi, ki, *([kv] if kv is not None else []))
-        sch.parallel(oo)
+        sch.reorder(*go, oo, *rs, ko, n, y, xo, xi, oi, ki, *([kv] if kv is not None else []))
+        panels = sch.fuse(*go, oo) if go else oo
+        sch.parallel(panels)
         schedule_pads(sch, ("A_pad",))
-        epilogue = fuse_epilogue(sch, oo, plan.mr, plan.nr, stages)
+        epilogue = fuse_epilogue(sch, panels, plan.mr, plan.nr, stages)
         init = sch.decompose_reduction(blk, rs[0] if rs else ko)
         tensorize_rows(sch, init, TPPSpec("zero", prec.acc, m=plan.mr, n=plan.nr), isa,
                        "C panel init")
@@ -206,13 +250,14 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
             raise RuntimeError("K-blocked conv microkernel did not tensorize")  # a bug
         tensorize_epilogue(sch, epilogue, isa)
         return sch, plan
+    # Per group: its panels outer or its image outer (groups outermost either way).
     if weights_outer(shape.n * shape.h * shape.w * cc * elem // 4,
                      shape.r * shape.s * cc * plan.np_ * elem // 4):
-        sch.reorder(oo, n, y, xo, xi, oi, *red)
-        tile_loop = sch.fuse(oo, n, y, xo)
+        sch.reorder(*go, oo, n, y, xo, xi, oi, *red)
+        tile_loop = sch.fuse(*go, oo, n, y, xo)
     else:
-        sch.reorder(n, y, xo, oo, xi, oi, *red)
-        tile_loop = sch.fuse(n, y, xo, oo)
+        sch.reorder(n, *go, y, xo, oo, xi, oi, *red)
+        tile_loop = sch.fuse(n, *go, y, xo, oo)
     sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad",))
     epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
@@ -235,10 +280,15 @@ def conv_k_block(r: int, sc: int, nr: int, elem: int = 4, vnni: int = 1) -> int 
     return best
 
 
-def pack_filter(w_oihw: np.ndarray, nr: int, vnni: int = 1) -> np.ndarray:
+def pack_filter(w_oihw: np.ndarray, nr: int, vnni: int = 1, groups: int = 1) -> np.ndarray:
     """OIHW filter → zero-padded (ceil(O/nr), H, W*Ip, nr) panels for the conv TPP, or with
     ``vnni`` > 1 (int8: 4) the VNNI panels (ceil(O/nr), H, W*Ip/vnni, nr, vnni); Ip is I
-    rounded up to a multiple of ``vnni`` (the padded channels' weights are zero)."""
+    rounded up to a multiple of ``vnni`` (the padded channels' weights are zero). Grouped
+    (I = channels per group): the groups' panels stacked, ``(groups, ...)``."""
+    if groups > 1:
+        og = w_oihw.shape[0] // groups
+        return np.stack([pack_filter(w_oihw[g * og:(g + 1) * og], nr, vnni)
+                         for g in range(groups)])
     o, i, h, w = w_oihw.shape
     op, ip = -(-o // nr) * nr, -(-i // vnni) * vnni
     padded = np.zeros((op, ip, h, w), dtype=w_oihw.dtype)

@@ -126,7 +126,8 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
-                residual: bool, post_activation: str | None = None
+                residual: bool, post_activation: str | None = None,
+                c_axes: tuple[int, ...] | None = None
                 ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """The fused epilogue after a contraction C (padded in its last two dims), as equation
     TPPs: Y = post(act(C + bias) + residual), one pass over each register tile.
@@ -135,13 +136,26 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     tile (bias, act) form ``epilogue`` and the rest go with dropping the padding (``out``),
     whose edge tiles cannot be tensorized. Returns (extra inputs, output tensor, stages as
     (name, equation steps; none for a plain copy)).
+
+    ``c_axes`` (a grouped convolution: C is (n, oh, group, ow, channel), the output
+    (n, oh, ow, group, channel)) gives, for each dim of C, the output dim it is: all steps
+    then run in one ``out`` stage that also transposes, with a bias row per group.
     """
-    padded = tuple(int(d) for d in C.shape) != tuple(valid)
-    bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
-    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
-    inputs = [t for t in (bias_t, res_t) if t is not None]
     pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
     post = (("residual",) if residual else ()) + ((post_activation,) if post_activation else ())
+    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
+    if c_axes is not None:
+        bias_t = te.placeholder((int(C.shape[c_axes.index(len(valid) - 2)]), int(C.shape[-1])),
+                                "float32", name="bias_packed") if bias else None
+        inputs = [t for t in (bias_t, res_t) if t is not None]
+        out = te.compute(valid, lambda *ix: equation_expr(pre + post, C[tuple(
+            ix[a] for a in c_axes)], [p[ix[-len(p.shape):]] if k == "bias" else p[ix]
+                                      for p, k in zip(inputs, equation_operands(pre + post))]),
+            name="out")
+        return inputs, out, [("out", pre + post)]
+    padded = tuple(int(d) for d in C.shape) != tuple(valid)
+    bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
+    inputs = [t for t in (bias_t, res_t) if t is not None]
     if not padded:
         steps = pre + post
         if not steps:
