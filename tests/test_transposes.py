@@ -140,3 +140,50 @@ def test_a_convnext_block_runs_nhwc_with_its_layer_scale_folded() -> None:
     rest = report.get("default_scheduled", [])
     assert all("multiply" not in name and "add" not in name for name in rest), rest
     assert len(rest) <= 2, rest  # NCHW -> NHWC at the input, back at the output
+
+
+def _views(func: relax.Function, *args: np.ndarray) -> relax.Function:
+    """``drop_identity_views`` on ``func`` (a builder), checked numerically."""
+    from tpp_tvm.relay_passes.transposes import drop_identity_views
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(a.shape, str(a.dtype)))
+              for i, a in enumerate(args)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(func(bb, *params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    new = relax.transform.DeadCodeElimination()(
+        tvm.IRModule({"main": drop_identity_views(mod["main"])}))
+    np.testing.assert_allclose(_run(new, *args), _run(mod, *args), rtol=0, atol=0)
+    return new["main"]
+
+
+def test_view_chains_that_keep_the_element_order_are_dropped() -> None:
+    """wav2vec2's 1-D convolutions: squeeze, expand_dims and a unit-dim transpose back to the
+    convolution's shape are nothing; its positional conv's input (two transposes around an
+    expand_dims) is a reshape."""
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((1, 1, 7, 8)).astype("float32")
+
+    def unit_dims(bb, y):
+        a = bb.emit(relax.op.squeeze(relax.op.nn.relu(y), axis=[1]))
+        b = bb.emit(relax.op.expand_dims(a, axis=[2]))
+        return relax.op.nn.relu(relax.op.permute_dims(b, [0, 2, 1, 3]))
+
+    assert _ops(_views(unit_dims, y)) == ["relax.nn.relu", "relax.nn.relu"]
+    x = rng.standard_normal((1, 5, 8)).astype("float32")
+
+    def two_transposes(bb, x):
+        a = bb.emit(relax.op.permute_dims(relax.op.nn.relu(x), [0, 2, 1]))
+        b = bb.emit(relax.op.expand_dims(a, axis=[2]))
+        return relax.op.permute_dims(b, TO_NHWC)
+
+    assert _ops(_views(two_transposes, x)) == ["relax.nn.relu", "relax.reshape"]
+
+    def a_real_transpose(bb, x):
+        a = bb.emit(relax.op.expand_dims(relax.op.nn.relu(x), axis=[2]))
+        return relax.op.permute_dims(a, TO_NCHW)
+
+    assert "relax.permute_dims" in _ops(_views(a_real_transpose, x))

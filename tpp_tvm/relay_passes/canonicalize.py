@@ -201,7 +201,7 @@ def fold_output_scales(func: relax.Function) -> relax.Function:
 
 
 #: Element-wise ops a reshape commutes with that a GEMM epilogue can take.
-_EPILOGUE_UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
+EPILOGUE_UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
                    "relax.nn.silu", "relax.tanh")
 
 
@@ -221,7 +221,7 @@ def sink_dense_reshapes(func: relax.Function) -> relax.Function:
     dense = dense | is_op("relax.nn.gelu_tanh")(dense) | is_op("relax.nn.gelu")(dense)
     reshaped = is_op("relax.reshape")(dense, wildcard())
     unary = None
-    for op in _EPILOGUE_UNARY:
+    for op in EPILOGUE_UNARY:
         unary = is_op(op)(reshaped) if unary is None else unary | is_op(op)(reshaped)
     added = is_op("relax.add")(reshaped, r) | is_op("relax.add")(r, reshaped)
 

@@ -142,6 +142,7 @@ def partition_passes(isa: str, report: LoweringReport | None = None, threads: in
         # Filters HWIO: output channels innermost, so a convolution subgraph's loop nest is
         # a contraction the tuning rules tile around a TPP (OHWI has K innermost).
         nhwc_convolutions(report),
+        fold_constants(),  # the filters' layout transposes: constants the passes can read
         SinkLayoutTransposes,
         fold_constants(),
         relax.transform.FuseOpsByPattern(

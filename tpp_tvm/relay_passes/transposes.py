@@ -15,8 +15,11 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm_ffi import structural_equal
+
+from .canonicalize import EPILOGUE_UNARY
+from .exprs import bindings, static_shape
 
 #: Element-wise ops with one tensor input and no axis: ``f(x.T) = f(x).T``.
 _UNARY = frozenset({
@@ -164,14 +167,101 @@ def sink_transposes(func: relax.Function, perms: list[list[int]] | None = None
     return func
 
 
+#: Ops that only re-index memory.
+_VIEWS = ("relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.permute_dims")
+
+
+def _view_of(expr: relax.Expr, binds: dict) -> relax.Call | None:
+    """The view op ``expr`` is (or is bound to), else None."""
+    value = binds.get(expr) if isinstance(expr, relax.Var) else expr
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
+            value.op.name in _VIEWS and static_shape(value) is not None:
+        return value
+    return None
+
+
+def _keeps_order(chain: list[relax.Call], src_shape: list[int]) -> bool:
+    """Whether the views ``chain`` (first applied first) leave a tensor of ``src_shape``'s
+    elements in the same row-major order, tried on an index array."""
+    size = int(np.prod(src_shape))
+    if size > 1 << 22:
+        return False
+    a = np.arange(size).reshape(src_shape)
+    for call in chain:
+        a = np.transpose(a, _axes(call)) if call.op.name == "relax.permute_dims" \
+            else a.reshape(static_shape(call))
+    return bool((a.ravel() == np.arange(size)).all())
+
+
+def drop_identity_views(func: relax.Function) -> relax.Function:
+    """A chain of views (reshape, squeeze, expand_dims, transposes) that keeps its source's
+    element order is a reshape of the source, or the source itself when the shapes agree.
+    Each 1-D convolution of wav2vec2's feature extractor sat between ``squeeze``,
+    ``expand_dims`` and a unit-dim ``permute_dims`` (a copy per layer, and the GELU could
+    not reach the convolution's epilogue); its positional convolution's input was three
+    views of the projection's output, two of them transposes."""
+    binds = bindings(func)
+    view = None
+    for op in _VIEWS:
+        view = is_op(op)(wildcard()) if view is None else view | is_op(op)(wildcard())
+
+    def rewriter(orig, m):
+        shape = static_shape(orig)
+        if shape is None:
+            return orig
+        chain, src, best = [orig], orig.args[0], None
+        while static_shape(src) is not None:
+            if _keeps_order(chain[::-1], static_shape(src)):
+                best = (src, len(chain))
+            parent = _view_of(src, binds)
+            if parent is None:
+                break
+            chain.append(parent)
+            src = parent.args[0]
+        if best is None:
+            return orig
+        src, length = best
+        if static_shape(src) == shape:
+            return src
+        if length == 1 and orig.op.name != "relax.permute_dims":
+            return orig  # already a single view that is not a copy
+        return relax.op.reshape(src, shape)
+
+    return rewrite_call(view, rewriter, func)
+
+
+def sink_views_below_activations(func: relax.Function) -> relax.Function:
+    """``act(view(conv))`` → ``view(act(conv))`` for a squeeze or reshape of a convolution
+    (+ constant bias), so the activation joins the convolution's epilogue (a 1-D
+    convolution runs as a single-row 2-D one, squeezed back to 1-D before its GELU)."""
+    conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
+    conv = conv | is_op("relax.add")(conv, is_const())
+    view = is_op("relax.squeeze")(conv) | is_op("relax.reshape")(conv, wildcard())
+    pattern = None
+    for op in EPILOGUE_UNARY:
+        pattern = is_op(op)(view) if pattern is None else pattern | is_op(op)(view)
+
+    def rewriter(orig, m):
+        inner = m[view]
+        shape = static_shape(inner)
+        if shape is None:
+            return orig
+        return relax.op.reshape(relax.Call(orig.op, [inner.args[0]], orig.attrs), shape)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 @tvm.transform.module_pass(opt_level=0, name="tpp.SinkLayoutTransposes")
 def SinkLayoutTransposes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - pass name
     """:func:`sink_transposes` of the NCHW/NHWC layout transposes on every Relax function,
     for fp32 graphs after ``ConvertLayout``: it leaves each NCHW residual add between an
     inverse pair of transposes (ConvNeXt's first stage added its residuals NCHW: a
     transposing kernel of TVM's default code and a TPP add per block, where the add joins
-    the GEMM's epilogue). Other transposes (a matmul's operand) stay where they are."""
+    the GEMM's epilogue). Other transposes (a matmul's operand) stay where they are. Then
+    activations move above the views after a convolution and view chains that change
+    nothing go (:func:`drop_identity_views`)."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[gv] = sink_transposes(func, [TO_NCHW, TO_NHWC])
+            func = sink_views_below_activations(sink_transposes(func, [TO_NCHW, TO_NHWC]))
+            mod[gv] = drop_identity_views(func)
     return mod
