@@ -23,8 +23,10 @@ def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
     return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 
 
-def _check(build, *args: np.ndarray) -> relax.Function:
-    """Build ``main`` with ``build(bb, params)``, sink, and compare the two numerically."""
+def _check(build, *args: np.ndarray, rewrite=sink_transposes, tol: float = 1e-6
+           ) -> relax.Function:
+    """Build ``main`` with ``build(bb, params)``, apply ``rewrite``, and compare the two
+    numerically."""
     bb = relax.BlockBuilder()
     params = [relax.Var(f"x{i}", relax.TensorType(a.shape, str(a.dtype)))
               for i, a in enumerate(args)]
@@ -33,10 +35,10 @@ def _check(build, *args: np.ndarray) -> relax.Function:
             out = bb.emit_output(build(bb, *params))
         bb.emit_func_output(out)
     mod = bb.get()
-    sunk = relax.transform.DeadCodeElimination()(
-        tvm.IRModule({"main": sink_transposes(mod["main"])}))
-    np.testing.assert_allclose(_run(sunk, *args), _run(mod, *args), rtol=1e-6, atol=1e-6)
-    return sunk["main"]
+    new = relax.transform.DeadCodeElimination()(
+        tvm.IRModule({"main": rewrite(mod["main"])}))
+    np.testing.assert_allclose(_run(new, *args), _run(mod, *args), rtol=tol, atol=tol)
+    return new["main"]
 
 
 def test_a_qdq_resnet_step_runs_without_transposes() -> None:
@@ -142,22 +144,11 @@ def test_a_convnext_block_runs_nhwc_with_its_layer_scale_folded() -> None:
     assert len(rest) <= 2, rest  # NCHW -> NHWC at the input, back at the output
 
 
-def _views(func: relax.Function, *args: np.ndarray) -> relax.Function:
-    """``drop_identity_views`` on ``func`` (a builder), checked numerically."""
+def _views(build, *args: np.ndarray) -> relax.Function:
+    """``drop_identity_views`` on what ``build`` makes, exactly the same values."""
     from tpp_tvm.relay_passes.transposes import drop_identity_views
 
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(a.shape, str(a.dtype)))
-              for i, a in enumerate(args)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(func(bb, *params))
-        bb.emit_func_output(out)
-    mod = bb.get()
-    new = relax.transform.DeadCodeElimination()(
-        tvm.IRModule({"main": drop_identity_views(mod["main"])}))
-    np.testing.assert_allclose(_run(new, *args), _run(mod, *args), rtol=0, atol=0)
-    return new["main"]
+    return _check(build, *args, rewrite=drop_identity_views, tol=0.0)
 
 
 def test_view_chains_that_keep_the_element_order_are_dropped() -> None:

@@ -207,8 +207,8 @@ def drop_identity_views(func: relax.Function) -> relax.Function:
 
     def rewriter(orig, m):
         shape = static_shape(orig)
-        if shape is None:
-            return orig
+        if shape is None or (orig.op.name == "relax.permute_dims" and len(shape) < 3):
+            return orig  # a matrix transpose is a GEMM operand's (``matmul_ta``), kept
         chain, src, best = [orig], orig.args[0], None
         while static_shape(src) is not None:
             if _keeps_order(chain[::-1], static_shape(src)):
