@@ -147,9 +147,6 @@ def sink_transposes(func: relax.Function, perms: list[list[int]] | None = None
     unary_patterns = [is_op(op)(transposed, varg_default_wildcard=True) for op in sorted(
         _UNARY | _FULL_REDUCTIONS | {"relax.quantize", "relax.dequantize",
                                      "relax.nn.max_pool2d", "relax.mean"})]
-    identity = is_op("relax.permute_dims")(x)
-    func = rewrite_call(identity, lambda orig, m: m[x] if _axes(orig) == list(
-        range(_ndim(m[x]))) and (perms is None or _ndim(m[x]) == len(perms[0])) else orig, func)
     func = rewrite_call(twice, cancel, func)
     for _ in range(64):  # each round moves every transpose one op further down
         before = func

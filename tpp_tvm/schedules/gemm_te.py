@@ -145,14 +145,11 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     post = (("residual",) if residual else ()) + ((post_activation,) if post_activation else ())
     res_t = te.placeholder(valid, "float32", name="residual") if residual else None
     if c_axes is not None:
-        bias_t = te.placeholder((int(C.shape[c_axes.index(len(valid) - 2)]), int(C.shape[-1])),
-                                "float32", name="bias_packed") if bias else None
+        bias_t = te.placeholder((valid[-2], int(C.shape[-1])), "float32",
+                                name="bias_packed") if bias else None
         inputs = [t for t in (bias_t, res_t) if t is not None]
-        out = te.compute(valid, lambda *ix: equation_expr(pre + post, C[tuple(
-            ix[a] for a in c_axes)], [p[ix[-len(p.shape):]] if k == "bias" else p[ix]
-                                      for p, k in zip(inputs, equation_operands(pre + post))]),
-            name="out")
-        return inputs, out, [("out", pre + post)]
+        return inputs, _equation_stage(C, valid, pre + post, inputs, "out", c_axes), \
+            [("out", pre + post)]
     padded = tuple(int(d) for d in C.shape) != tuple(valid)
     bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
     inputs = [t for t in (bias_t, res_t) if t is not None]
@@ -186,10 +183,17 @@ def dequantize_te(C: te.Tensor) -> tuple[list[te.Tensor], te.Tensor, list]:
 
 
 def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ...],
-                    operands: list[te.Tensor], name: str) -> te.Tensor:
+                    operands: list[te.Tensor], name: str,
+                    src_axes: tuple[int, ...] | None = None) -> te.Tensor:
+    """``steps`` on ``src`` (read at the output index permuted by ``src_axes``); a bias
+    spans the output's trailing dims (a row, or a row per group)."""
     kinds = equation_operands(steps)
-    return te.compute(shape, lambda *ix: equation_expr(steps, src[ix], [
-        p[ix[-1]] if k == "bias" else p[ix] for p, k in zip(operands, kinds)
+
+    def at(ix: tuple) -> tirx.PrimExpr:
+        return src[tuple(ix[a] for a in src_axes)] if src_axes else src[ix]
+
+    return te.compute(shape, lambda *ix: equation_expr(steps, at(ix), [
+        p[ix[-len(p.shape):]] if k == "bias" else p[ix] for p, k in zip(operands, kinds)
     ]), name=name)
 
 
