@@ -97,6 +97,20 @@ def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None
     assert _count(asm, dot) >= 4 and _count(asm, "tilestored") >= 4
 
 
+def _check_dequantize_bias_relu(kernel, rng, bias) -> None:
+    """An int8 tile GEMM with dequantization, bias and ReLU against numpy (exact int64)."""
+    import numpy as np
+
+    p = kernel.plan
+    a = rng.integers(0, 256, (p.m, p.k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (p.k, p.n)).astype(np.int8)
+    scale = rng.uniform(1e-3, 2e-3, p.n).astype("float32")
+    offset = rng.standard_normal(p.n).astype("float32")
+    want = np.maximum((a.astype(np.int64) @ b.astype(np.int64)) * scale + offset + bias, 0)
+    np.testing.assert_allclose(kernel(a, b, bias, scale=scale, offset=offset), want,
+                               rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("options", [
     {"dtype": "bfloat16", "bias": True, "activation": "gelu"},
     {"dtype": "bfloat16", "batch": 3},
@@ -124,13 +138,7 @@ def test_amx_gemm_epilogues_run_on_tiles(options: dict) -> None:
     lead = (options["batch"],) if "batch" in options else ()
     bias = rng.standard_normal(n).astype("float32")
     if dtype == "int8":
-        a = rng.integers(0, 256, (m, k)).astype(np.uint8)
-        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
-        scale = rng.uniform(1e-3, 2e-3, n).astype("float32")
-        offset = rng.standard_normal(n).astype("float32")
-        want = np.maximum((a.astype(np.int64) @ b.astype(np.int64)) * scale + offset + bias, 0)
-        got = kernel(a, b, bias, scale=scale, offset=offset)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        _check_dequantize_bias_relu(kernel, rng, bias)
         return
     import ml_dtypes
 
@@ -148,6 +156,64 @@ def test_amx_gemm_epilogues_run_on_tiles(options: dict) -> None:
 
         want = 0.5 * want * (1 + erf(want / np.sqrt(2)))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def _epilogue_between_tile_products(asm: str, dot: str) -> bool:
+    """Whether vector (``v...ps``) instructions run between two tile products of one block
+    (no tile store or zeroing between them): the previous block's epilogue interleaved."""
+    ins = [line.split()[0] for line in asm.splitlines()
+           if line.startswith("\t") and not line.startswith("\t.")]
+    in_block, vector_since = False, False
+    for op in ins:
+        if op == dot:
+            if in_block and vector_since:
+                return True
+            in_block, vector_since = True, False
+        elif op.startswith(("tilestore", "tilezero")):
+            in_block, vector_since = False, False
+        elif in_block and op.startswith("v") and op.endswith("ps"):
+            vector_since = True
+    return False
+
+
+@pytest.mark.parametrize(("dtype", "options"), [
+    ("bfloat16", {"bias": True, "activation": "gelu"}),
+    ("int8", {"dequantize": True, "bias": True, "activation": "relu"}),
+], ids=["bf16-gelu", "int8-dequantize-relu"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_amx_gemm_epilogue_runs_between_tile_products(dtype: str, options: dict,
+                                                      threads: int) -> None:
+    """Each block's tile steps run in parts with a slice of the previous block's epilogue
+    between them (``interleave_tile_epilogues``), so the vector unit works while the tiles
+    compute; the last block's epilogue follows the loop. 128 x 256 x 256: 8 K steps and 8
+    row slices per block; against numpy where the host has AMX."""
+    import numpy as np
+
+    from tpp_tvm.kernels import build_gemm
+
+    m, n, k = 128, 256, 256
+    kernel = build_gemm(m, n, k, dtype=dtype, target=target("amx", num_cores=threads),
+                        **options)
+    asm = kernel.module.inspect_source("asm")
+    dot = "tdpbf16ps" if dtype == "bfloat16" else "tdpbusd"
+    assert _epilogue_between_tile_products(asm, dot)
+    assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
+    if not (HOST.amx_tile and HOST.amx_permitted):
+        pytest.skip(f"running it needs an AMX host with tile state ({HOST.summary()})")
+    rng = np.random.default_rng(1)
+    bias = rng.standard_normal(n).astype("float32")
+    if dtype == "int8":
+        _check_dequantize_bias_relu(kernel, rng, bias)
+        return
+    import ml_dtypes
+    from scipy.special import erf
+
+    a = rng.standard_normal((m, k), dtype="float32")
+    b = rng.standard_normal((k, n), dtype="float32")
+    x = (a.astype(ml_dtypes.bfloat16).astype(np.float64)
+         @ b.astype(ml_dtypes.bfloat16).astype(np.float64)) + bias
+    np.testing.assert_allclose(kernel(a, b, bias), 0.5 * x * (1 + erf(x / np.sqrt(2))),
+                               rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.requires_amx

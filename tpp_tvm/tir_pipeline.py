@@ -44,7 +44,11 @@ from tvm.runtime import Executable
 from tvm.tirx import compilation_pipeline
 
 from tpp_tvm.intrinsics import vector_math
-from tpp_tvm.intrinsics.amx import TILE_CONFIG_ATTR, configure_tiles_per_task
+from tpp_tvm.intrinsics.amx import (
+    TILE_CONFIG_ATTR,
+    configure_tiles_per_task,
+    interleave_tile_epilogues,
+)
 from tpp_tvm.intrinsics.llvm_ir import IRFunction, denormal_flushing, module_text
 from tpp_tvm.runtime import target_threads
 from tpp_tvm.target import require_features
@@ -193,6 +197,15 @@ def configure_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     return configure_tiles_per_task(func, int(block[0]), int(block[1]))
 
 
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.InterleaveTileEpilogues")
+def interleave_epilogues(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """AMX GEMMs run each block's epilogue between the next block's tile steps (lowered TIR,
+    where the block loop is plain statements)."""
+    if func.attrs is None or func.attrs.get(TILE_CONFIG_ATTR) is None:
+        return func
+    return interleave_tile_epilogues(func)
+
+
 #: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.
 DENORMALS_FLUSHED = "tpp.denormals_flushed"
 
@@ -328,7 +341,8 @@ def _tpp_pipeline():
     @tvm.transform.module_pass(opt_level=0, name="tpp.TIRPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         check_target_features(mod)
-        return stack_allocate_small_buffers(base(flush_denormals(configure_tiles(mod))))
+        lowered = base(flush_denormals(configure_tiles(mod)))
+        return stack_allocate_small_buffers(interleave_epilogues(lowered))
 
     def finalize_host_fast() -> tvm.transform.Pass:
         passes = finalize_host()

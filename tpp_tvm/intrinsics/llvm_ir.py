@@ -307,6 +307,99 @@ def amx_configure(m: int, n: int) -> tuple[IRFunction, IRFunction]:
                        AMX_FEATURES))
 
 
+@dataclass(frozen=True)
+class TileBrgemm:
+    """An AMX BRGEMM microkernel in three parts, so that a kernel can put other work between
+    its K steps (:func:`tpp_tvm.intrinsics.amx.interleave_tile_epilogues` runs the previous
+    block's AVX-512 epilogue there, while the tile unit computes):
+
+    * ``begin(ptr c, i32 ldc)``: C tiles zeroed (beta 0) or loaded from ``c``;
+    * ``steps(ptr a, ptr b, i32 lda, i32 a_batch, i32 b_group, i32 b_batch, i32 t0, i32 t1)``:
+      steps ``t0 <= t < t1`` of the ``steps`` (batch x K/16-group) tile dot products;
+    * ``end(ptr c, i32 ldc)``: C tiles stored to ``c``.
+
+    The tiles stay in the tile registers between the calls (they are architectural tiles
+    numbered by the configuration, not values LLVM allocates)."""
+
+    begin: IRFunction
+    run: IRFunction
+    end: IRFunction
+    steps: int
+    beta: int
+
+
+#: The split microkernels made so far, by the symbol of their configuration-free function.
+_TILE_BRGEMMS: dict[str, TileBrgemm] = {}
+
+
+def tile_brgemm(name: str) -> TileBrgemm | None:
+    """The parts of the configuration-free tile microkernel ``name`` (None if unknown)."""
+    return _TILE_BRGEMMS.get(name)
+
+
+def _amx_parts(name: str, intrinsic: str, V: int, a_dtype: str, b_dtype: str, m: int, n: int,
+               kgroups: int, batch: int, beta: int) -> TileBrgemm:
+    mt, nt = m // AMX_ROWS, n // 16
+    acc_t = "float" if a_dtype == "bfloat16" else "i32"
+    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
+    esize = 2 if a_dtype == "bfloat16" else 1
+    steps = kgroups // AMX_GROUPS
+    c_tile = {(i, j): i * nt + j for i in range(mt) for j in range(nt)}
+    a_tile = {i: mt * nt + i for i in range(mt)}
+    b_tile = {j: mt * nt + mt + j for j in range(nt)}
+
+    def c_pointers() -> list[str]:
+        lines = ["  %ldc64 = sext i32 %ldc to i64", "  %ldcb = mul i64 %ldc64, 4"]
+        for (i, j), t in c_tile.items():
+            lines += [f"  %crow{t} = mul i32 {i * AMX_ROWS}, %ldc",
+                      f"  %coff{t} = add i32 %crow{t}, {j * 16}",
+                      f"  %pc{t} = getelementptr {acc_t}, ptr %c, i32 %coff{t}"]
+        return lines
+
+    begin = [f"define linkonce_odr void @{name}_begin(ptr %c, i32 %ldc) #ATTRS {{", "entry:"]
+    if beta == 0:
+        begin += [f"  call void @llvm.x86.tilezero(i8 {t})" for t in c_tile.values()]
+    else:
+        begin += c_pointers() + [f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
+                                 for t in c_tile.values()]
+    begin += ["  ret void", "}"]
+    end = [f"define linkonce_odr void @{name}_end(ptr %c, i32 %ldc) #ATTRS {{", "entry:",
+           *c_pointers(),
+           *(f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
+             for t in c_tile.values()), "  ret void", "}"]
+    run = [f"define linkonce_odr void @{name}_steps(ptr %a, ptr %b, i32 %lda, i32 %a_batch, "
+           "i32 %b_group, i32 %b_batch, i32 %t0, i32 %t1) #ATTRS {", "entry:",
+           "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
+           "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}",
+           "  %none = icmp sge i32 %t0, %t1", "  br i1 %none, label %exit, label %loop", "loop:",
+           "  %t = phi i32 [ %t0, %entry ], [ %tn, %loop ]",
+           f"  %r = udiv i32 %t, {steps}", f"  %s = urem i32 %t, {steps}",
+           "  %ra = mul i32 %r, %a_batch", f"  %sa = mul i32 %s, {AMX_GROUPS * V}",
+           "  %abase = add i32 %ra, %sa", "  %rb = mul i32 %r, %b_batch",
+           f"  %sg = mul i32 %s, {AMX_GROUPS}", "  %sb = mul i32 %sg, %b_group",
+           "  %bbase = add i32 %rb, %sb"]
+    for i, t in a_tile.items():
+        run += [f"  %arow{i} = mul i32 {i * AMX_ROWS}, %lda",
+                f"  %aoff{i} = add i32 %abase, %arow{i}",
+                f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
+                f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pa{i}, i64 %ldab)"]
+    for j, t in b_tile.items():
+        run += [f"  %boff{j} = add i32 %bbase, {j * 16 * V}",
+                f"  %pb{j} = getelementptr {eb}, ptr %b, i32 %boff{j}",
+                f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pb{j}, i64 %ldbb)"]
+    run += [f"  call void @{intrinsic}(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[j]})"
+            for (i, j), t in c_tile.items()]
+    run += ["  %tn = add i32 %t, 1", "  %done = icmp eq i32 %tn, %t1",
+            "  br i1 %done, label %exit, label %loop", "exit:", "  ret void", "}"]
+    declares = ("declare void @llvm.x86.tilezero(i8 immarg)",
+                "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
+                "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
+                f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)")
+    parts = [IRFunction(f"{name}_{part}", "\n".join(lines), declares, AMX_FEATURES)
+             for part, lines in (("begin", begin), ("steps", run), ("end", end))]
+    return TileBrgemm(*parts, steps=steps * batch, beta=beta)
+
+
 def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
                beta: int, configure: bool = True) -> IRFunction:
     """An AMX BRGEMM microkernel (same signature and math as :func:`dot_brgemm`).
@@ -316,9 +409,10 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     exactly AMX's B-tile rows) and issues one ``tdpbf16ps``/``tdpbusd`` per C tile.
 
     The tile work is always the function ``<name>_nocfg``, which assumes the caller loaded
-    :func:`amx_configure`'s configuration. With ``configure`` (a self-contained TPP) the
-    returned function is a wrapper that loads the configuration, calls it and releases the
-    tiles, and the module text holds both, so a kernel that configures once per thread
+    :func:`amx_configure`'s configuration; it calls the :class:`TileBrgemm` parts (begin, all
+    steps, end), which the module text also holds. With ``configure`` (a self-contained TPP)
+    the returned function is a wrapper that loads the configuration, calls it and releases
+    the tiles, so a kernel that configures once per thread
     (:func:`tpp_tvm.intrinsics.amx.configure_tiles_per_task`) only renames its calls.
     """
     op = AMX_DOT.get((a_dtype, b_dtype))
@@ -332,58 +426,22 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
         raise UnsupportedDTypeError(
             f"AMX BRGEMM: tile {m}x{n} with K={kgroups * V} is not supported; C must be 16 "
             f"or 32 rows by 16 or 32 columns and K a multiple of {AMX_GROUPS * V}")
-    mt, nt = m // AMX_ROWS, n // 16
-    acc_t = "float" if a_dtype == "bfloat16" else "i32"
-    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
-    esize = 2 if a_dtype == "bfloat16" else 1
-    steps = kgroups // AMX_GROUPS
     wrapper = f"tpp_amx_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}_beta{beta}"
     name = wrapper + NO_CONFIG
-    c_tile = {(i, j): i * nt + j for i in range(mt) for j in range(nt)}
-    a_tile = {i: mt * nt + i for i in range(mt)}
-    b_tile = {j: mt * nt + mt + j for j in range(nt)}
-    body = [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
-            "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:",
-            "  %ldc64 = sext i32 %ldc to i64", "  %ldcb = mul i64 %ldc64, 4",
-            "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
-            "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}"]
-    for (i, j), t in c_tile.items():
-        off = i * AMX_ROWS
-        body += [f"  %crow{t} = mul i32 {off}, %ldc", f"  %coff{t} = add i32 %crow{t}, {j * 16}",
-                 f"  %pc{t} = getelementptr {acc_t}, ptr %c, i32 %coff{t}"]
-        body.append(f"  call void @llvm.x86.tilezero(i8 {t})" if beta == 0 else
-                    f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pc{t}, i64 %ldcb)")
-    body += ["  br label %loop", "loop:", "  %t = phi i32 [ 0, %entry ], [ %tn, %loop ]",
-             f"  %r = udiv i32 %t, {steps}", f"  %s = urem i32 %t, {steps}",
-             "  %ra = mul i32 %r, %a_batch", f"  %sa = mul i32 %s, {AMX_GROUPS * V}",
-             "  %abase = add i32 %ra, %sa", "  %rb = mul i32 %r, %b_batch",
-             f"  %sg = mul i32 %s, {AMX_GROUPS}", "  %sb = mul i32 %sg, %b_group",
-             "  %bbase = add i32 %rb, %sb"]
-    for i, t in a_tile.items():
-        body += [f"  %arow{i} = mul i32 {i * AMX_ROWS}, %lda",
-                 f"  %aoff{i} = add i32 %abase, %arow{i}",
-                 f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
-                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pa{i}, i64 %ldab)"]
-    for j, t in b_tile.items():
-        body += [f"  %boff{j} = add i32 %bbase, {j * 16 * V}",
-                 f"  %pb{j} = getelementptr {eb}, ptr %b, i32 %boff{j}",
-                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pb{j}, i64 %ldbb)"]
-    for (i, j), t in c_tile.items():
-        body.append(f"  call void @{intrinsic}(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[j]})")
-    body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps * batch}",
-             "  br i1 %done, label %exit, label %loop", "exit:"]
-    body += [f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
-             for t in c_tile.values()]
-    body += ["  ret void", "}"]
-    declares = ("declare void @llvm.x86.tilezero(i8 immarg)",
-                "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
-                "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
-                f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)")
+    parts = _amx_parts(name, intrinsic, V, a_dtype, b_dtype, m, n, kgroups, batch, beta)
+    _TILE_BRGEMMS[name] = parts
+    args = ("ptr %a, ptr %b, ptr %c, i32 %lda, i32 %a_batch, i32 %b_group, i32 %b_batch, "
+            "i32 %ldc")
+    body = [parts.begin.definition, parts.run.definition, parts.end.definition,
+            f"define linkonce_odr void @{name}({args}) #ATTRS {{", "entry:",
+            f"  call void @{parts.begin.name}(ptr %c, i32 %ldc)",
+            f"  call void @{parts.run.name}(ptr %a, ptr %b, i32 %lda, i32 %a_batch, "
+            f"i32 %b_group, i32 %b_batch, i32 0, i32 {parts.steps})",
+            f"  call void @{parts.end.name}(ptr %c, i32 %ldc)", "  ret void", "}"]
+    declares = parts.run.declares
     if not configure:
         return IRFunction(name, "\n".join(body), declares, AMX_FEATURES)
     cfg, _ = amx_tile_config(m, n)
-    args = ("ptr %a, ptr %b, ptr %c, i32 %lda, i32 %a_batch, i32 %b_group, i32 %b_batch, "
-            "i32 %ldc")
     body += [f"@{wrapper}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
              f"define linkonce_odr void @{wrapper}({args}) #ATTRS {{",
              f"  call void @llvm.x86.ldtilecfg(ptr @{wrapper}.cfg)",
