@@ -185,8 +185,9 @@ def test_amx_gemm_epilogue_runs_between_tile_products(dtype: str, options: dict,
                                                       threads: int) -> None:
     """Each block's tile steps run in parts with a slice of the previous block's epilogue
     between them (``interleave_tile_epilogues``), so the vector unit works while the tiles
-    compute; the last block's epilogue follows the loop. 128 x 256 x 256: 8 K steps and 8
-    row slices per block; against numpy where the host has AMX."""
+    compute, and the steps prefetch the next B panel; the last block's epilogue follows the
+    loop. 128 x 256 x 256: 8 K steps and 8 row slices per block, 8 B panels; against numpy
+    where the host has AMX."""
     import numpy as np
 
     from tpp_tvm.kernels import build_gemm
@@ -198,6 +199,7 @@ def test_amx_gemm_epilogue_runs_between_tile_products(dtype: str, options: dict,
     dot = "tdpbf16ps" if dtype == "bfloat16" else "tdpbusd"
     assert _epilogue_between_tile_products(asm, dot)
     assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
+    assert _count(asm, "prefetcht1") >= 8  # the next B panel, fetched into L2 during the steps
     if not (HOST.amx_tile and HOST.amx_permitted):
         pytest.skip(f"running it needs an AMX host with tile state ({HOST.summary()})")
     rng = np.random.default_rng(1)

@@ -25,6 +25,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
+from tvm.sym import Analyzer
 
 from ..errors import UnsupportedISAError
 from . import avx512
@@ -159,6 +160,34 @@ def _shared(these: list[tirx.Buffer], those: list[tirx.Buffer]) -> bool:
     return any(x.same_as(y) for x in these for y in those)
 
 
+def _next_panel(b: tvm.ir.Call, v: tirx.Var, steps: int) -> tuple[tirx.PrimExpr, int] | None:
+    """(pointer, lines per step) that make the ``d`` blocks sharing B's panel each prefetch
+    one d-th of the next panel into L2 while their tiles compute, or None where B's pointer
+    (``&B[index(v)]``) does not step by a constant panel.
+
+    Weights stream from memory once per inference; the panel's first block otherwise waits
+    for each line (AMX Xeon, 1 thread, bf16 128x768x3072 with cold weights: 640 -> 470 us in a
+    C model of this loop)."""
+    if not (isinstance(b, tvm.ir.Call) and b.args and isinstance(b.args[0], TensorLoad)):
+        return None
+    load = b.args[0]
+    index = load.indices[0]
+    analyzer = Analyzer()
+    for d in range(1, 17):
+        step = analyzer.simplify(_substitute(index, [(v, v + d)]) - index)
+        if isinstance(step, tirx.IntImm):
+            break
+    else:
+        return None
+    if step.value <= 0:
+        return None
+    elem = tvm.DataType(str(load.source.dtype)).bits // 8
+    lines = -(-step.value * elem // 64)
+    share = -(-lines // d)  # lines each of the d blocks fetches
+    start = index + step.value + tirx.floormod(v, d) * (share * 64 // elem)
+    return tirx.address_of(load.source[start]), -(-share // steps)
+
+
 def _calls_tiles(stmt: tirx.Stmt) -> bool:
     found = []
     tvm_ffi.structural_walk(stmt, [(tvm.ir.Call, lambda c: found.append(
@@ -240,11 +269,13 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
     def extern(fn, *args) -> tirx.Stmt:
         return tirx.Evaluate(tirx.call_extern("void", fn.name, *args))
 
+    prefetch = _next_panel(b, v, parts.steps) or (b, 0)
     body = [*(_fresh_copy(p) for p in kept), extern(parts.begin, c, ldc)]
     for s in range(slices):
         t0, t1 = s * parts.steps // slices, (s + 1) * parts.steps // slices
         body.append(extern(parts.run, a, b, lda, a_batch, b_group, b_batch,
-                           tirx.const(t0, "int32"), tirx.const(t1, "int32")))
+                           tirx.const(t0, "int32"), tirx.const(t1, "int32"), prefetch[0],
+                           tirx.const(prefetch[1], "int32")))
         work = [r for r in (row_slice(e, s) for e in epilogue) if r is not None]
         if work:
             body.append(tirx.IfThenElse(v > loop.min, _substitute(tirx.SeqStmt(work)

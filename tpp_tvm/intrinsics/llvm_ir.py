@@ -314,8 +314,10 @@ class TileBrgemm:
     block's AVX-512 epilogue there, while the tile unit computes):
 
     * ``begin(ptr c, i32 ldc)``: C tiles zeroed (beta 0) or loaded from ``c``;
-    * ``steps(ptr a, ptr b, i32 lda, i32 a_batch, i32 b_group, i32 b_batch, i32 t0, i32 t1)``:
-      steps ``t0 <= t < t1`` of the ``steps`` (batch x K/16-group) tile dot products;
+    * ``steps(ptr a, ptr b, i32 lda, i32 a_batch, i32 b_group, i32 b_batch, i32 t0, i32 t1,
+      ptr pf, i32 pf_lines)``: steps ``t0 <= t < t1`` of the ``steps`` (batch x K/16-group)
+      tile dot products; step ``t`` also prefetches (into L2) the ``pf_lines`` cache lines
+      from ``pf + 64 t pf_lines`` bytes on (none where ``pf_lines`` is 0);
     * ``end(ptr c, i32 ldc)``: C tiles stored to ``c``.
 
     The tiles stay in the tile registers between the calls (they are architectural tiles
@@ -368,11 +370,12 @@ def _amx_parts(name: str, intrinsic: str, V: int, a_dtype: str, b_dtype: str, m:
            *(f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %pc{t}, i64 %ldcb)"
              for t in c_tile.values()), "  ret void", "}"]
     run = [f"define linkonce_odr void @{name}_steps(ptr %a, ptr %b, i32 %lda, i32 %a_batch, "
-           "i32 %b_group, i32 %b_batch, i32 %t0, i32 %t1) #ATTRS {", "entry:",
+           "i32 %b_group, i32 %b_batch, i32 %t0, i32 %t1, ptr %pf, i32 %pf_lines) #ATTRS {",
+           "entry:",
            "  %lda64 = sext i32 %lda to i64", f"  %ldab = mul i64 %lda64, {esize}",
            "  %ldb64 = sext i32 %b_group to i64", f"  %ldbb = mul i64 %ldb64, {esize}",
            "  %none = icmp sge i32 %t0, %t1", "  br i1 %none, label %exit, label %loop", "loop:",
-           "  %t = phi i32 [ %t0, %entry ], [ %tn, %loop ]",
+           "  %t = phi i32 [ %t0, %entry ], [ %tn, %next ]",
            f"  %r = udiv i32 %t, {steps}", f"  %s = urem i32 %t, {steps}",
            "  %ra = mul i32 %r, %a_batch", f"  %sa = mul i32 %s, {AMX_GROUPS * V}",
            "  %abase = add i32 %ra, %sa", "  %rb = mul i32 %r, %b_batch",
@@ -389,12 +392,20 @@ def _amx_parts(name: str, intrinsic: str, V: int, a_dtype: str, b_dtype: str, m:
                 f"  call void @llvm.x86.tileloadd64(i8 {t}, ptr %pb{j}, i64 %ldbb)"]
     run += [f"  call void @{intrinsic}(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[j]})"
             for (i, j), t in c_tile.items()]
-    run += ["  %tn = add i32 %t, 1", "  %done = icmp eq i32 %tn, %t1",
+    run += ["  %pf0 = mul i32 %t, %pf_lines", "  %any = icmp sgt i32 %pf_lines, 0",
+            "  br i1 %any, label %fetch, label %next", "fetch:",
+            "  %l = phi i32 [ 0, %loop ], [ %ln, %fetch ]", "  %line = add i32 %pf0, %l",
+            "  %off = mul i32 %line, 64", "  %pl = getelementptr i8, ptr %pf, i32 %off",
+            "  call void @llvm.prefetch.p0(ptr %pl, i32 0, i32 2, i32 1)",
+            "  %ln = add i32 %l, 1", "  %fdone = icmp eq i32 %ln, %pf_lines",
+            "  br i1 %fdone, label %next, label %fetch", "next:",
+            "  %tn = add i32 %t, 1", "  %done = icmp eq i32 %tn, %t1",
             "  br i1 %done, label %exit, label %loop", "exit:", "  ret void", "}"]
     declares = ("declare void @llvm.x86.tilezero(i8 immarg)",
                 "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
                 "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
-                f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)")
+                f"declare void @{intrinsic}(i8 immarg, i8 immarg, i8 immarg)",
+                "declare void @llvm.prefetch.p0(ptr, i32 immarg, i32 immarg, i32 immarg)")
     parts = [IRFunction(f"{name}_{part}", "\n".join(lines), declares, AMX_FEATURES)
              for part, lines in (("begin", begin), ("steps", run), ("end", end))]
     return TileBrgemm(*parts, steps=steps * batch, beta=beta)
@@ -436,7 +447,7 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
             f"define linkonce_odr void @{name}({args}) #ATTRS {{", "entry:",
             f"  call void @{parts.begin.name}(ptr %c, i32 %ldc)",
             f"  call void @{parts.run.name}(ptr %a, ptr %b, i32 %lda, i32 %a_batch, "
-            f"i32 %b_group, i32 %b_batch, i32 0, i32 {parts.steps})",
+            f"i32 %b_group, i32 %b_batch, i32 0, i32 {parts.steps}, ptr %b, i32 0)",
             f"  call void @{parts.end.name}(ptr %c, i32 %ldc)", "  ret void", "}"]
     declares = parts.run.declares
     if not configure:
