@@ -218,6 +218,17 @@ def test_amx_gemm_epilogue_runs_between_tile_products(dtype: str, options: dict,
                                rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_amx_gemm_without_epilogue_prefetches_the_next_panel(dtype: str) -> None:
+    """A tile GEMM whose tiles are stored straight into the output (no epilogue) still runs
+    its steps in parts that prefetch the next B panel into L2 (weights cold in memory)."""
+    from tpp_tvm.kernels import build_gemm
+
+    kernel = build_gemm(128, 256, 256, dtype=dtype, target=target("amx", num_cores=1))
+    asm = kernel.module.inspect_source("asm")
+    assert _count(asm, "prefetcht1") >= 8 and _count(asm, "ldtilecfg") == 1
+
+
 @pytest.mark.requires_amx
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_amx_gemm_runs_like_numpy(dtype: str) -> None:

@@ -207,9 +207,9 @@ def _writes_only(stmt: tirx.Stmt, buffer: tirx.Buffer) -> bool:
 
 def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
     """``loop`` (one tile block per iteration: microkernel into C, then the epilogue that
-    reads C) rewritten so that each iteration's tile steps are interleaved with the
-    previous block's epilogue, and the last block's epilogue follows the loop; None when
-    the loop does not have that form."""
+    reads C, if any) rewritten so that each iteration's tile steps are interleaved with the
+    previous block's epilogue and prefetch the next B panel, and the last block's epilogue
+    follows the loop; None when the loop does not have that form."""
     items = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
     calls = [i for i, s in enumerate(items) if _tile_call(s) is not None]
     if len(calls) != 1 or not isinstance(loop.extent, tirx.IntImm) or loop.extent.value < 2:
@@ -232,8 +232,6 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
             if _calls_tiles(stmt):
                 return None
             epilogue.append(_substitute(stmt, lets))
-    if not epilogue:
-        return None
     # Work before the microkernel (A's padding or column scale) stays before it, unless it
     # shares a buffer the previous block's epilogue, now after it, writes or still reads; a
     # C zero fill is dropped where the microkernel does not read C (beta 0).
@@ -288,7 +286,7 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
     tail = [_fresh_copy(_substitute(e, last)) for e in epilogue]
     new_loop = tirx.For(v, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                         loop.annotations)
-    return tirx.SeqStmt([new_loop, *tail])
+    return tirx.SeqStmt([new_loop, *tail]) if tail else new_loop
 
 
 def interleave_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:
