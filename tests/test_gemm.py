@@ -329,3 +329,23 @@ def test_column_scaled_a_is_scaled_per_row_tile(m: int, n: int, k: int) -> None:
     lib(*tensors)
     want = (a * s) @ b + bias
     np.testing.assert_allclose(tensors[-1].numpy(), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_output_tiles_prefetch_the_next_weight_panel() -> None:
+    """A GEMM with packed weights and K whole: each output tile's reduction loop prefetches
+    (into L2) its share of the next weight panel, so the first tile of a panel does not wait
+    on memory for cold weights; results are unchanged. A K-blocked GEMM is not marked."""
+    from tpp_tvm.intrinsics.prefetch import panel_step
+    from tvm import tirx
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 256)).astype("float32")
+    b = rng.standard_normal((256, 384)).astype("float32")
+    kernel = build_gemm(128, 384, 256, bias=True)
+    assert "prefetcht1" in kernel.module.inspect_source("asm")
+    bias = rng.standard_normal(384).astype("float32")
+    np.testing.assert_allclose(kernel(a, b, bias), a @ b + bias, rtol=1e-4, atol=1e-4)
+    assert "prefetcht1" not in build_gemm(64, 4096, 4096).module.inspect_source("asm")
+    v = tirx.Var("v", "int32")
+    assert panel_step(tirx.floordiv(v, 32) * 49152 + 7, v) == (32, 49152)
+    assert panel_step(tirx.floormod(v, 4) * 64, v) is None  # rows, not panels

@@ -50,6 +50,7 @@ from tpp_tvm.intrinsics.amx import (
     interleave_tile_epilogues,
 )
 from tpp_tvm.intrinsics.llvm_ir import IRFunction, denormal_flushing, module_text
+from tpp_tvm.intrinsics.prefetch import prefetch_next_panels
 from tpp_tvm.runtime import target_threads
 from tpp_tvm.target import require_features
 
@@ -206,6 +207,12 @@ def interleave_epilogues(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     return interleave_tile_epilogues(func)
 
 
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.PrefetchNextPanels")
+def prefetch_panels(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """Vector GEMMs marked by their schedule prefetch the next weight panel per tile."""
+    return prefetch_next_panels(func)
+
+
 #: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.
 DENORMALS_FLUSHED = "tpp.denormals_flushed"
 
@@ -342,7 +349,7 @@ def _tpp_pipeline():
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         check_target_features(mod)
         lowered = base(flush_denormals(configure_tiles(mod)))
-        return stack_allocate_small_buffers(interleave_epilogues(lowered))
+        return stack_allocate_small_buffers(prefetch_panels(interleave_epilogues(lowered)))
 
     def finalize_host_fast() -> tvm.transform.Pass:
         passes = finalize_host()

@@ -25,12 +25,12 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
-from tvm.sym import Analyzer
 
 from ..errors import UnsupportedISAError
 from . import avx512
 from .brgemm_template import brgemm_impl
 from .llvm_ir import NO_CONFIG, amx_brgemm, amx_configure, module_text, tile_brgemm
+from .prefetch import fresh_copy, next_panel_share, substitute
 from .spec import TPPSpec
 
 AMX = replace(avx512.AVX512, name="amx", dot_brgemm=amx_brgemm)
@@ -131,22 +131,6 @@ def _tile_call(stmt: tirx.Stmt) -> tvm.ir.Call | None:
     return None
 
 
-def _substitute(node, pairs: list[tuple[tirx.Var, tirx.PrimExpr]]):
-    def var(v: tirx.Var):
-        return next((e for k, e in pairs if k.same_as(v)), v)
-
-    return tvm_ffi.structural_map(node, [(tirx.Var, var)])
-
-
-def _fresh_copy(stmt: tirx.Stmt) -> tirx.Stmt:
-    """``stmt`` with the variables it binds (loop variables, lets) renamed, so that copies
-    of one epilogue can sit side by side (a variable is bound once per function)."""
-    bound = []
-    tvm_ffi.structural_walk(stmt, [(tirx.For, lambda f: bound.append(f.loop_var)),
-                                   (tirx.Bind, lambda b: bound.append(b.var))])
-    return _substitute(stmt, [(v, tirx.Var(v.name, v.ty)) for v in bound])
-
-
 def _buffers(stmts: list[tirx.Stmt], kind: type) -> list[tirx.Buffer]:
     """The buffers ``stmts`` load from (``TensorLoad``) or store to (``BufferStore``)."""
     found = []
@@ -161,31 +145,17 @@ def _shared(these: list[tirx.Buffer], those: list[tirx.Buffer]) -> bool:
 
 
 def _next_panel(b: tvm.ir.Call, v: tirx.Var, steps: int) -> tuple[tirx.PrimExpr, int] | None:
-    """(pointer, lines per step) that make the ``d`` blocks sharing B's panel each prefetch
-    one d-th of the next panel into L2 while their tiles compute, or None where B's pointer
-    (``&B[index(v)]``) does not step by a constant panel.
-
-    Weights stream from memory once per inference; the panel's first block otherwise waits
-    for each line (AMX Xeon, 1 thread, bf16 128x768x3072 with cold weights: 640 -> 470 us in a
-    C model of this loop)."""
+    """(pointer, lines per step) that make each block sharing B's panel prefetch its share
+    of the next panel while its tiles compute (AMX Xeon, 1 thread, weights cold: bf16
+    128x768x3072 686 -> 473 us), or None where ``&B[index(v)]`` does not step by panels."""
     if not (isinstance(b, tvm.ir.Call) and b.args and isinstance(b.args[0], TensorLoad)):
         return None
     load = b.args[0]
-    index = load.indices[0]
-    analyzer = Analyzer()
-    for d in range(1, 17):
-        step = analyzer.simplify(_substitute(index, [(v, v + d)]) - index)
-        if isinstance(step, tirx.IntImm):
-            break
-    else:
+    share = next_panel_share(load, load.indices[0], v)
+    if share is None:
         return None
-    if step.value <= 0:
-        return None
-    elem = tvm.DataType(str(load.source.dtype)).bits // 8
-    lines = -(-step.value * elem // 64)
-    share = -(-lines // d)  # lines each of the d blocks fetches
-    start = index + step.value + tirx.floormod(v, d) * (share * 64 // elem)
-    return tirx.address_of(load.source[start]), -(-share // steps)
+    start, lines = share
+    return tirx.address_of(load.source[start]), -(-lines // steps)
 
 
 def _calls_tiles(stmt: tirx.Stmt) -> bool:
@@ -225,13 +195,13 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
     prologue, epilogue = [], []
     for i, stmt in enumerate(items):
         if isinstance(stmt, tirx.Bind):
-            lets.append((stmt.var, _substitute(stmt.value, lets)))
+            lets.append((stmt.var, substitute(stmt.value, lets)))
         elif i < at:
-            prologue.append(_substitute(stmt, lets))
+            prologue.append(substitute(stmt, lets))
         elif i > at:
             if _calls_tiles(stmt):
                 return None
-            epilogue.append(_substitute(stmt, lets))
+            epilogue.append(substitute(stmt, lets))
     # Work before the microkernel (A's padding or column scale) stays before it, unless it
     # shares a buffer the previous block's epilogue, now after it, writes or still reads; a
     # C zero fill is dropped where the microkernel does not read C (beta 0).
@@ -246,7 +216,7 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
             return None
         kept.append(stmt)
     a, b, c, lda, a_batch, b_group, b_batch, ldc = (
-        _substitute(x, lets) for x in (a, b, c, lda, a_batch, b_group, b_batch, ldc))
+        substitute(x, lets) for x in (a, b, c, lda, a_batch, b_group, b_batch, ldc))
     slices = min(EPILOGUE_SLICES, parts.steps)
     v = loop.loop_var
     prev = [(v, v - 1)]
@@ -260,15 +230,15 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
             lo, hi = s * m // slices, (s + 1) * m // slices
             if lo == hi:
                 return None
-            return _fresh_copy(tirx.For(stmt.loop_var, stmt.min + lo, hi - lo, stmt.kind,
+            return fresh_copy(tirx.For(stmt.loop_var, stmt.min + lo, hi - lo, stmt.kind,
                                         stmt.body))
-        return _fresh_copy(stmt) if s == 0 else None
+        return fresh_copy(stmt) if s == 0 else None
 
     def extern(fn, *args) -> tirx.Stmt:
         return tirx.Evaluate(tirx.call_extern("void", fn.name, *args))
 
     prefetch = _next_panel(b, v, parts.steps) or (b, 0)
-    body = [*(_fresh_copy(p) for p in kept), extern(parts.begin, c, ldc)]
+    body = [*(fresh_copy(p) for p in kept), extern(parts.begin, c, ldc)]
     for s in range(slices):
         t0, t1 = s * parts.steps // slices, (s + 1) * parts.steps // slices
         body.append(extern(parts.run, a, b, lda, a_batch, b_group, b_batch,
@@ -276,14 +246,14 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
                            tirx.const(prefetch[1], "int32")))
         work = [r for r in (row_slice(e, s) for e in epilogue) if r is not None]
         if work:
-            body.append(tirx.IfThenElse(v > loop.min, _substitute(tirx.SeqStmt(work)
+            body.append(tirx.IfThenElse(v > loop.min, substitute(tirx.SeqStmt(work)
                                                                   if len(work) > 1 else work[0],
                                                                   prev), None))
     body.append(extern(parts.end, c, ldc))
     text = tvm.ir.StringImm(module_text(parts.begin, parts.run, parts.end))
     body = tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", text, tirx.SeqStmt(body))
     last = [(v, loop.min + loop.extent - 1)]
-    tail = [_fresh_copy(_substitute(e, last)) for e in epilogue]
+    tail = [fresh_copy(substitute(e, last)) for e in epilogue]
     new_loop = tirx.For(v, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                         loop.annotations)
     return tirx.SeqStmt([new_loop, *tail]) if tail else new_loop

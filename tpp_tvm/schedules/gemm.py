@@ -22,6 +22,7 @@ from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
 from ..intrinsics.amx import TILE_CONFIG_ATTR
+from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm_plan import (
     GemmPlan,
     check_gemm,
@@ -69,8 +70,22 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
 
 def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
                   stages: list[tuple[str, tuple[str, ...]]]) -> s_tir.Schedule:
-    """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`."""
+    """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`. Its output tiles
+    prefetch the next weight panel (``intrinsics.prefetch``, applied by the ``tpp`` TIR
+    pipeline) where packed weights are a parameter and K is not blocked."""
+    packed = any(param.name == WEIGHTS for param in func.params)
+    if packed and _k_block(plan) is None:
+        func = func.with_attr(PREFETCH_ATTR, WEIGHTS)
     return _schedule_blocks(s_tir.Schedule(func), plan, isa, batched, stages)
+
+
+#: The packed weight parameter of a GEMM kernel (``gemm_te``).
+WEIGHTS = "B_packed"
+
+
+def _k_block(plan: GemmPlan) -> int | None:
+    """The K block of an fp32 GEMM whose panel is too big for the L2 (None: K whole)."""
+    return k_block(plan.kp, plan.nr, plan.mp) if plan.precision.vnni == 1 else None
 
 
 def schedule_tile_gemm(func: tirx.PrimFunc, plan: GemmPlan, batched: bool,
@@ -108,7 +123,7 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
     # K-blocking is for fp32 panels; a low-precision panel is 2-4x smaller per k.
-    kc = k_block(k, nr, plan.mp) if prec.vnni == 1 else None
+    kc = _k_block(plan)
     if kc is not None:
         return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
                                    [b] if batched else [], io, ii, jo, ji, red[0])
