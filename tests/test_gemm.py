@@ -335,8 +335,9 @@ def test_output_tiles_prefetch_the_next_weight_panel() -> None:
     """A GEMM with packed weights and K whole: each output tile's reduction loop prefetches
     (into L2) its share of the next weight panel, so the first tile of a panel does not wait
     on memory for cold weights; results are unchanged. A K-blocked GEMM is not marked."""
-    from tpp_tvm.intrinsics.prefetch import panel_step
     from tvm import tirx
+
+    from tpp_tvm.intrinsics.prefetch import panel_step
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((128, 256)).astype("float32")
