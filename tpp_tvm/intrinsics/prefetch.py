@@ -69,6 +69,11 @@ def next_panel_share(load: TensorLoad, index: tirx.PrimExpr, v: tirx.Var
     return index + step + tirx.floormod(v, d) * (share * LINE // elem), share
 
 
+def _panel_bytes(load: TensorLoad, index: tirx.PrimExpr, v: tirx.Var) -> int:
+    found = panel_step(index, v)
+    return 0 if found is None else found[1] * tvm.DataType(str(load.source.dtype)).bits // 8
+
+
 def prefetch_l2(address: tirx.PrimExpr) -> tirx.Stmt:
     """``prefetcht1`` of one line (``llvm.prefetch``: read, locality 2, data)."""
     return tirx.Evaluate(tirx.call_llvm_intrin(
@@ -130,6 +135,8 @@ def _with_prefetch(block: tirx.For, name: str) -> tirx.For:
     if share is None:
         return block
     start, lines = share
+    if lines * LINE >= _panel_bytes(load, first, block.loop_var):
+        return block  # one tile per panel: the weights stay in L2 across tiles anyway
     elem = tvm.DataType(str(load.source.dtype)).bits // 8
     per_k = max(1, -(-lines * LINE // elem // k_loop.extent.value))  # elements per step
     fetch = prefetch_l2(tirx.address_of(load.source[start + (k - k_loop.min) * per_k]))
