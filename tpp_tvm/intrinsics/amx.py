@@ -154,7 +154,7 @@ def _next_panel(b: tvm.ir.Call, v: tirx.Var, steps: int) -> tuple[tirx.PrimExpr,
     share = next_panel_share(load, load.indices[0], v)
     if share is None:
         return None
-    start, lines = share
+    start, lines, _ = share
     return tirx.address_of(load.source[start]), -(-lines // steps)
 
 

@@ -56,22 +56,22 @@ def panel_step(index: tirx.PrimExpr, v: tirx.Var) -> tuple[int, int] | None:
     return None
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def next_panel_share(load: TensorLoad, index: tirx.PrimExpr, v: tirx.Var
-                     ) -> tuple[tirx.PrimExpr, int] | None:
-    """(start index, lines): the share of the next panel block ``v`` prefetches, for a
-    weight load at ``index`` (its block's first element), or None."""
+                     ) -> tuple[tirx.PrimExpr, int, int] | None:
+    """(start index, lines, d): the share of the next panel that block ``v`` prefetches,
+    for a weight load at ``index`` (its block's first element), with d the blocks sharing
+    a panel; or None."""
     found = panel_step(index, v)
     if found is None:
         return None
     d, step = found
     elem = tvm.DataType(str(load.source.dtype)).bits // 8
-    share = -(-(-(-step * elem // LINE)) // d)  # lines each of the d blocks fetches
-    return index + step + tirx.floormod(v, d) * (share * LINE // elem), share
-
-
-def _panel_bytes(load: TensorLoad, index: tirx.PrimExpr, v: tirx.Var) -> int:
-    found = panel_step(index, v)
-    return 0 if found is None else found[1] * tvm.DataType(str(load.source.dtype)).bits // 8
+    share = _ceil_div(_ceil_div(step * elem, LINE), d)  # lines each of the d blocks fetches
+    return index + step + tirx.floormod(v, d) * (share * LINE // elem), share, d
 
 
 def prefetch_l2(address: tirx.PrimExpr) -> tirx.Stmt:
@@ -134,11 +134,11 @@ def _with_prefetch(block: tirx.For, name: str) -> tirx.For:
     share = next_panel_share(load, first, block.loop_var)
     if share is None:
         return block
-    start, lines = share
-    if lines * LINE >= _panel_bytes(load, first, block.loop_var):
+    start, lines, sharers = share
+    if sharers < 2:
         return block  # one tile per panel: the weights stay in L2 across tiles anyway
     elem = tvm.DataType(str(load.source.dtype)).bits // 8
-    per_k = max(1, -(-lines * LINE // elem // k_loop.extent.value))  # elements per step
+    per_k = max(1, _ceil_div(lines * LINE // elem, k_loop.extent.value))  # elements a step
     fetch = prefetch_l2(tirx.address_of(load.source[start + (k - k_loop.min) * per_k]))
     new_k = tirx.For(k, k_loop.min, k_loop.extent, k_loop.kind,
                      tirx.SeqStmt([*body, fetch]), k_loop.thread_binding, k_loop.annotations)
