@@ -332,9 +332,10 @@ def test_column_scaled_a_is_scaled_per_row_tile(m: int, n: int, k: int) -> None:
 
 
 def test_output_tiles_prefetch_the_next_weight_panel() -> None:
-    """A GEMM with packed weights and K whole: each output tile's reduction loop prefetches
-    (into L2) its share of the next weight panel, so the first tile of a panel does not wait
-    on memory for cold weights; results are unchanged. A K-blocked GEMM is not marked."""
+    """A GEMM with packed weights: each output tile's reduction loop prefetches (into L2)
+    its share of the next weight panel, so the first tile of a panel does not wait on
+    memory for cold weights; a K-blocked GEMM's rows likewise fetch the next K chunk.
+    Results are unchanged."""
     from tvm import tirx
 
     from tpp_tvm.intrinsics.prefetch import panel_step
@@ -346,7 +347,12 @@ def test_output_tiles_prefetch_the_next_weight_panel() -> None:
     assert "prefetcht1" in kernel.module.inspect_source("asm")
     bias = rng.standard_normal(384).astype("float32")
     np.testing.assert_allclose(kernel(a, b, bias), a @ b + bias, rtol=1e-4, atol=1e-4)
-    assert "prefetcht1" not in build_gemm(64, 4096, 4096).module.inspect_source("asm")
+    blocked = build_gemm(64, 2048, 4096)
+    assert blocked.plan.k == 4096 and "prefetcht1" in blocked.module.inspect_source("asm")
+    a = rng.standard_normal((64, 4096)).astype("float32")
+    b = rng.standard_normal((4096, 2048)).astype("float32")
+    want = a.astype(np.float64) @ b
+    assert np.abs(blocked(a, b) - want).max() <= 1e-5 * np.abs(want).max()
     v = tirx.Var("v", "int32")
     assert panel_step(tirx.floordiv(v, 32) * 49152 + 7, v) == (32, 49152)
     assert panel_step(tirx.floormod(v, 4) * 64, v) is None  # rows, not panels

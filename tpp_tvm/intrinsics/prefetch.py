@@ -92,34 +92,51 @@ def _weight_loads(stmt: tirx.Stmt, name: str) -> list[TensorLoad]:
     return found
 
 
-def _reduction_loop(stmt: tirx.Stmt, name: str, lets: list
-                    ) -> tuple[tirx.For, list] | None:
+def _reduction_loop(stmt: tirx.Stmt, name: str, lets: list, loops: list
+                    ) -> tuple[tirx.For, list, list] | None:
     """The first innermost serial loop under ``stmt`` (through lets and attributes) that
-    loads ``name``: the microkernel's reduction loop, with the lets bound before it."""
+    loads ``name``: the microkernel's reduction loop, with the lets bound before it and the
+    loops enclosing it (outermost first)."""
     for item in _items(stmt):
         if isinstance(item, tirx.Bind):
             lets = [*lets, (item.var, substitute(item.value, lets))]
         elif isinstance(item, tirx.AttrStmt):
-            found = _reduction_loop(item.body, name, lets)
+            found = _reduction_loop(item.body, name, lets, loops)
             if found is not None:
                 return found
         elif isinstance(item, tirx.For) and _weight_loads(item, name):
             if item.kind == tirx.ForKind.SERIAL and \
                     not any(isinstance(s, tirx.For) for s in _items(item.body)):
-                return item, lets
-            found = _reduction_loop(item.body, name, lets)
+                return item, lets, loops
+            found = _reduction_loop(item.body, name, lets, [*loops, item])
             if found is not None:
                 return found
     return None
 
 
+def _walk(first: tirx.PrimExpr, block: tirx.For, loops: list[tirx.For]
+          ) -> tuple[tirx.Var, int, int, list[tirx.For]] | None:
+    """(v, d, step, sharers): the innermost loop ``v`` that has loops inside it and whose
+    iterations move the weights by a constant ``step`` every ``d`` iterations, and those
+    loops, whose iterations all use the same weights (a K-blocked kernel: the chunk loop and
+    the rows under it); else the tile loop ``block``. The loop right around the reduction
+    (a batch-reduce over filter rows) walks within one panel."""
+    for at in range(len(loops) - 2, -1, -1):  # the innermost one walks within the panel
+        found = panel_step(first, loops[at].loop_var)
+        if found is not None:
+            return loops[at].loop_var, *found, loops[at + 1:]
+    found = panel_step(first, block.loop_var)
+    return None if found is None else (block.loop_var, *found, loops)
+
+
 def _with_prefetch(block: tirx.For, name: str) -> tirx.For:
-    """``block`` (one output tile per iteration) with its reduction loop prefetching, a
-    few bytes per iteration, this tile's share of the next weight panel."""
-    found = _reduction_loop(block.body, name, [])
+    """``block`` (output tiles, one per iteration, or a panel's K chunks and their rows) with
+    its reduction loop prefetching, a few bytes per step, this tile's share of the next
+    panel or chunk of weights."""
+    found = _reduction_loop(block.body, name, [], [])
     if found is None:
         return block
-    k_loop, lets = found
+    k_loop, lets, loops = found
     if not isinstance(k_loop.extent, tirx.IntImm):
         return block
     body = _items(k_loop.body)
@@ -131,14 +148,19 @@ def _with_prefetch(block: tirx.For, name: str) -> tirx.For:
     index = substitute(index.base if isinstance(index, tirx.Ramp) else index, lets)
     k = k_loop.loop_var
     first = substitute(index, [(k, k_loop.min)])
-    share = next_panel_share(load, first, block.loop_var)
-    if share is None:
+    walk = _walk(first, block, loops)
+    if walk is None or not all(isinstance(f.extent, tirx.IntImm) for f in walk[3]):
         return block
-    start, lines, sharers = share
-    if sharers < 2:
+    v, d, step, sharers = walk
+    row, rows = tirx.const(0, "int32"), 1  # this tile's index among the sharing loops
+    for f in sharers:
+        row, rows = row * f.extent.value + (f.loop_var - f.min), rows * f.extent.value
+    if d * rows < 2:
         return block  # one tile per panel: the weights stay in L2 across tiles anyway
     elem = tvm.DataType(str(load.source.dtype)).bits // 8
+    lines = _ceil_div(_ceil_div(step * elem, LINE), d * rows)  # this tile's share
     per_k = max(1, _ceil_div(lines * LINE // elem, k_loop.extent.value))  # elements a step
+    start = first + step + (tirx.floormod(v, d) * rows + row) * (lines * LINE // elem)
     fetch = prefetch_l2(tirx.address_of(load.source[start + (k - k_loop.min) * per_k]))
     new_k = tirx.For(k, k_loop.min, k_loop.extent, k_loop.kind,
                      tirx.SeqStmt([*body, fetch]), k_loop.thread_binding, k_loop.annotations)

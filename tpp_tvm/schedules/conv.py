@@ -24,6 +24,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm_plan import (
     PANEL_BLOCK_BYTES,
     PANEL_BYTES,
@@ -221,7 +222,9 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     plan = plan_conv(shape, dtype)
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)
-    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
+    # The rows sharing a filter panel (or K chunk) prefetch the next one (intrinsics.prefetch).
+    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]).with_attr(PREFETCH_ATTR,
+                                                                      "filter_packed"))
     blk = sch.get_sblock("C")
     loops = sch.get_loops(blk)
     spatial = 4 + (shape.groups > 1)  # n, oh, [group,] ow, channel

@@ -71,10 +71,9 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
 def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
                   stages: list[tuple[str, tuple[str, ...]]]) -> s_tir.Schedule:
     """Tile, tensorize and parallelize a PrimFunc made by :func:`gemm_te`. Its output tiles
-    prefetch the next weight panel (``intrinsics.prefetch``, applied by the ``tpp`` TIR
-    pipeline) where packed weights are a parameter and K is not blocked."""
-    packed = any(param.name == WEIGHTS for param in func.params)
-    if packed and _k_block(plan) is None:
+    prefetch the next weight panel, or K chunk (``intrinsics.prefetch``, applied by the
+    ``tpp`` TIR pipeline), where packed weights are a parameter."""
+    if any(param.name == WEIGHTS for param in func.params):
         func = func.with_attr(PREFETCH_ATTR, WEIGHTS)
     return _schedule_blocks(s_tir.Schedule(func), plan, isa, batched, stages)
 
