@@ -42,6 +42,9 @@ from .tensorize import (
     try_tensorize,
 )
 
+#: Name of a convolution kernel's packed filter parameter.
+FILTER = "filter_packed"
+
 
 class SlidingWindow:
     """Output extent of a 2D sliding window (convolution, pooling) over NHWC input.
@@ -138,10 +141,10 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     gdim = (G,) if G > 1 else ()
     if V > 1:
         W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc // V, nr, V), prec.b,
-                           name="filter_packed")
+                           name=FILTER)
     else:
         W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc, nr), prec.b,
-                           name="filter_packed")
+                           name=FILTER)
     zero_point = te.placeholder((1,), prec.a, name="a_zero_point") if int8 else None
     hp = (sh.oh - 1) * st + sh.r
     wp = max((owp - 1) * st + sh.s, sh.w)
@@ -223,8 +226,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)
     # The rows sharing a filter panel (or K chunk) prefetch the next one (intrinsics.prefetch).
-    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]).with_attr(PREFETCH_ATTR,
-                                                                      "filter_packed"))
+    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]).with_attr(PREFETCH_ATTR, FILTER))
     blk = sch.get_sblock("C")
     loops = sch.get_loops(blk)
     spatial = 4 + (shape.groups > 1)  # n, oh, [group,] ow, channel

@@ -33,7 +33,7 @@ from .gemm_plan import (
     runs_on_tiles,
     weights_outer,
 )
-from .gemm_te import gemm_te
+from .gemm_te import WEIGHTS, gemm_te
 from .tensorize import (
     fuse_epilogue,
     schedule_pads,
@@ -78,15 +78,6 @@ def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,
     return _schedule_blocks(s_tir.Schedule(func), plan, isa, batched, stages)
 
 
-#: The packed weight parameter of a GEMM kernel (``gemm_te``).
-WEIGHTS = "B_packed"
-
-
-def _k_block(plan: GemmPlan) -> int | None:
-    """The K block of an fp32 GEMM whose panel is too big for the L2 (None: K whole)."""
-    return k_block(plan.kp, plan.nr, plan.mp) if plan.precision.vnni == 1 else None
-
-
 def schedule_tile_gemm(func: tirx.PrimFunc, plan: GemmPlan, batched: bool,
                        stages: list[tuple[str, tuple[str, ...]]], threads: int
                        ) -> s_tir.Schedule:
@@ -122,7 +113,7 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
     # K-blocking is for fp32 panels; a low-precision panel is 2-4x smaller per k.
-    kc = _k_block(plan)
+    kc = k_block(k, nr, plan.mp) if prec.vnni == 1 else None
     if kc is not None:
         return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
                                    [b] if batched else [], io, ii, jo, ji, red[0])

@@ -18,6 +18,9 @@ from ..errors import UnsupportedDTypeError
 from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
 from .gemm_plan import GemmPlan
 
+#: Name of a GEMM kernel's packed weight parameter.
+WEIGHTS = "B_packed"
+
 
 def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
             residual: bool = False, b_packed: bool = True,
@@ -52,7 +55,7 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     else:
         A = te.placeholder(plan.a_shape(lead), prec.a, name="A")
     if b_packed:
-        B = te.placeholder(plan.b_packed_shape(lead), prec.b, name="B_packed")
+        B = te.placeholder(plan.b_packed_shape(lead), prec.b, name=WEIGHTS)
     elif V > 1:
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: B must be a packed constant (VNNI layout); a {plan.dtype} "
