@@ -64,28 +64,33 @@ def ensure_tile_permission() -> None:
         raise UnsupportedISAError(f"cannot run AMX kernels here: {why} ({host.summary()})")
 
 
+def _is_tile_call(call: tvm.ir.Call, setup: tuple[str, ...] = ()) -> bool:
+    """Whether ``call`` calls a tile microkernel (not one of the ``setup`` functions)."""
+    return (call.op.same_as(_CALL_EXTERN) and isinstance(call.args[0], tvm.ir.StringImm)
+            and call.args[0].value.startswith(TILE_KERNEL_PREFIX)
+            and call.args[0].value not in setup)
+
+
+def _calls_tiles(stmt: tirx.Stmt, setup: tuple[str, ...] = ()) -> bool:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.Call, lambda c: found.append(
+        _is_tile_call(c, setup)))])
+    return any(found)
+
+
 def configure_tiles_per_task(func: tirx.PrimFunc, m: int, n: int) -> tirx.PrimFunc:
     """``func`` with its tile microkernel calls made configuration-free and the tile
     configuration of (m x n) C blocks loaded once at the start of each parallel task (or of
     the whole function, without a parallel loop) and released at its end."""
     configure, release = amx_configure(m, n)
+    setup = (configure.name, release.name)
     renamed = []
 
-    def is_tile_call(call: tvm.ir.Call) -> bool:
-        return (call.op.same_as(_CALL_EXTERN) and isinstance(call.args[0], tvm.ir.StringImm)
-                and call.args[0].value.startswith(TILE_KERNEL_PREFIX)
-                and call.args[0].value not in (configure.name, release.name))
-
     def rename(call: tvm.ir.Call) -> tvm.ir.Call:
-        if not is_tile_call(call) or call.args[0].value.endswith(NO_CONFIG):
+        if not _is_tile_call(call, setup) or call.args[0].value.endswith(NO_CONFIG):
             return call
         renamed.append(call)
         return tirx.call_extern("void", call.args[0].value + NO_CONFIG, *call.args[1:])
-
-    def calls_tiles(stmt: tirx.Stmt) -> bool:
-        found = []
-        tvm_ffi.structural_walk(stmt, [(tvm.ir.Call, lambda c: found.append(is_tile_call(c)))])
-        return any(found)
 
     def configured(body: tirx.Stmt) -> tirx.Stmt:
         calls = [tirx.Evaluate(tirx.call_extern("void", fn.name)) for fn in (configure, release)]
@@ -97,7 +102,7 @@ def configure_tiles_per_task(func: tirx.PrimFunc, m: int, n: int) -> tirx.PrimFu
 
     def wrap(loop: tirx.For) -> tirx.For:
         # The parallel loop of the tile work (other stages, e.g. padding, have their own).
-        if loop.kind != tirx.ForKind.PARALLEL or not calls_tiles(loop.body):
+        if loop.kind != tirx.ForKind.PARALLEL or not _calls_tiles(loop.body, setup):
             return loop
         wrapped.append(loop)
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
@@ -156,14 +161,6 @@ def _next_panel(b: tvm.ir.Call, v: tirx.Var, steps: int) -> tuple[tirx.PrimExpr,
         return None
     start, lines, _ = share
     return tirx.address_of(load.source[start]), -(-lines // steps)
-
-
-def _calls_tiles(stmt: tirx.Stmt) -> bool:
-    found = []
-    tvm_ffi.structural_walk(stmt, [(tvm.ir.Call, lambda c: found.append(
-        c.op.same_as(_CALL_EXTERN) and isinstance(c.args[0], tvm.ir.StringImm)
-        and c.args[0].value.startswith(TILE_KERNEL_PREFIX)))])
-    return any(found)
 
 
 def _writes_only(stmt: tirx.Stmt, buffer: tirx.Buffer) -> bool:

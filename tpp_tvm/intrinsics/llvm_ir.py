@@ -314,10 +314,11 @@ class TileBrgemm:
     block's AVX-512 epilogue there, while the tile unit computes):
 
     * ``begin(ptr c, i32 ldc)``: C tiles zeroed (beta 0) or loaded from ``c``;
-    * ``steps(ptr a, ptr b, i32 lda, i32 a_batch, i32 b_group, i32 b_batch, i32 t0, i32 t1,
-      ptr pf, i32 pf_lines)``: steps ``t0 <= t < t1`` of the ``steps`` (batch x K/16-group)
-      tile dot products; step ``t`` also prefetches (into L2) the ``pf_lines`` cache lines
-      from ``pf + 64 t pf_lines`` bytes on (none where ``pf_lines`` is 0);
+    * ``run`` (symbol ``<name>_steps``; ``ptr a, ptr b, i32 lda, i32 a_batch,
+      i32 b_group, i32 b_batch, i32 t0, i32 t1, ptr pf, i32 pf_lines``): steps
+      ``t0 <= t < t1`` of the ``steps`` (batch x K/16-group) tile dot products; step ``t``
+      also prefetches (into L2) the ``pf_lines`` cache lines from ``pf + 64 t pf_lines``
+      bytes on (none where ``pf_lines`` is 0);
     * ``end(ptr c, i32 ldc)``: C tiles stored to ``c``.
 
     The tiles stay in the tile registers between the calls (they are architectural tiles
