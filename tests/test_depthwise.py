@@ -11,7 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
 from tpp_tvm.schedules.conv import ConvShape
-from tpp_tvm.schedules.depthwise import depthwise_conv_schedule, pixel_block
+from tpp_tvm.schedules.depthwise import (
+    depthwise_conv_schedule,
+    interior_pixel_blocks,
+    pixel_block,
+)
 from tpp_tvm.tir_pipeline import compile_kernels
 
 
@@ -32,6 +36,9 @@ def _reference(x, w, shape: ConvShape):
     ConvShape(1, 11, 11, 48, 48, 5, 5, 1, (2, 2, 2, 2)),
     ConvShape(1, 9, 7, 16, 16, 7, 7, 1, (3, 3, 3, 3)),     # ConvNeXt's 7x7
     ConvShape(1, 8, 8, 16, 16, 3, 3, 2, (0, 0, 1, 1)),     # asymmetric (TF "same") padding
+    ConvShape(1, 1, 1, 16, 16, 3, 3, 1, (1, 1, 1, 1)),     # one pixel: every tap but one pads
+    ConvShape(1, 13, 13, 16, 16, 3, 3, 1, (1, 1, 1, 1)),   # prime width: one-pixel blocks
+    ConvShape(1, 5, 3, 16, 16, 5, 5, 2, (2, 2, 2, 2)),     # window wider than the input
 ])
 @pytest.mark.parametrize("epilogue", ["none", "bias_relu", "bias_residual"])
 def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
@@ -86,3 +93,22 @@ def test_onnx_depthwise_conv_with_bias_and_relu_runs_on_the_tpp_kernel(stride: i
     x = rng.standard_normal((1, c, 17, 17)).astype("float32")
     compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
     assert "tpp.depthwise_conv2d_bias_relu" in compiled.report()
+
+
+@pytest.mark.parametrize("w,s,stride,left,right", [
+    (112, 3, 1, 1, 1), (112, 3, 2, 0, 1), (57, 5, 2, 1, 2), (56, 7, 1, 3, 3), (7, 3, 1, 1, 1),
+    (3, 5, 2, 2, 2), (1, 3, 1, 1, 1), (13, 3, 1, 1, 1), (28, 5, 1, 2, 2),
+])
+def test_interior_pixel_blocks_are_exactly_those_without_padding_taps(
+        w: int, s: int, stride: int, left: int, right: int) -> None:
+    """The unchecked blocks must never read a padding column, and every block left checked
+    must need a check (else the kernel pays tests it does not need)."""
+    shape = ConvShape(1, 4, w, 16, 16, 3, s, stride, (1, left, 1, right))
+    jb = pixel_block(shape.ow)
+    first, last = interior_pixel_blocks(shape, jb)
+
+    def inside(block: int) -> bool:
+        cols = [(block * jb + a) * stride + rx - left for a in range(jb) for rx in range(s)]
+        return min(cols) >= 0 and max(cols) < w
+
+    assert [b for b in range(shape.ow // jb) if inside(b)] == list(range(first, last))

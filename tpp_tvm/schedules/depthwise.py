@@ -7,12 +7,16 @@ over contiguous channel vectors (LIBXSMM's depthwise kernels do the same with ``
 TPPs). Per output pixel, the taps loop runs outside a vector of channels, so the
 accumulators (a block of output pixels) stay in registers while each tap is one vector FMA;
 the bias, activation and residual are applied before the store. Output rows run in
-parallel; the zero padding is its own parallel, vectorized pass.
+parallel. The kernel is written directly in TIR (not TE plus a schedule) because its pixel
+blocks are split by where their taps land, which no schedule primitive here expresses
+(``loop_partition`` crashes on this loop nest).
 """
 
 from __future__ import annotations
 
-from tvm import s_tir, te, tirx
+from tvm import s_tir, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics.registry import vector_isa
@@ -20,94 +24,96 @@ from ..intrinsics.vector_math import vector_fn
 from .conv import ConvShape
 
 
-def depthwise_te(shape: ConvShape, bias: bool, activation: str | None, residual: bool,
-                 post_activation: str | None = None) -> tuple[list[te.Tensor], te.Tensor]:
-    """Inputs x (n, h, w, c), filter (r, s, c)[, bias (c,)][, residual]; the output."""
-    sh = shape
-    if sh.oc != sh.c:
-        raise UnsupportedShapeError(
-            f"depthwise conv2d: {sh.c} input channels but {sh.oc} outputs (multiplier 1 only)")
-    x = te.placeholder((sh.n, sh.h, sh.w, sh.c), "float32", name="x")
-    w = te.placeholder((sh.r, sh.s, sh.c), "float32", name="w")
-    top, left, bottom, right = sh.pad
-    padded = te.compute(
-        (sh.n, sh.h + top + bottom, sh.w + left + right, sh.c),
-        lambda b, i, j, k: tirx.if_then_else(
-            tirx.all(i >= top, i < sh.h + top, j >= left, j < sh.w + left),
-            x[b, i - top, j - left, k], tirx.const(0.0, "float32")),
-        name="padded")
-    ry = te.reduce_axis((0, sh.r), name="ry")
-    rx = te.reduce_axis((0, sh.s), name="rx")
-    acc = te.compute(
-        (sh.n, sh.oh, sh.ow, sh.c),
-        lambda b, i, j, k: te.sum(
-            padded[b, i * sh.stride + ry, j * sh.stride + rx, k] * w[ry, rx, k], axis=[ry, rx]),
-        name="acc")
-    inputs = [x, w]
-    bias_t = te.placeholder((sh.c,), "float32", name="bias") if bias else None
-    res_t = te.placeholder(acc.shape, "float32", name="residual") if residual else None
-    inputs += [t for t in (bias_t, res_t) if t is not None]
-    act = vector_fn(activation) if activation else None
-    post = vector_fn(post_activation) if post_activation else None
-
-    def epilogue(*i):
-        v = acc(*i)
-        if bias_t is not None:
-            v = v + bias_t[i[-1]]
-        if act is not None:
-            v = act(v)
-        if res_t is not None:
-            v = v + res_t(*i)
-        if post is not None:
-            v = post(v)
-        return v
-
-    return inputs, te.compute(acc.shape, epilogue, name="out")
+def interior_pixel_blocks(shape: ConvShape, jb: int) -> tuple[int, int]:
+    """[first, last) of the pixel blocks whose taps all land inside the input row: only the
+    blocks outside that range test each tap's column against the padding."""
+    step = jb * shape.stride
+    blocks = shape.ow // jb
+    first = min(blocks, -(-shape.pad[1] // step))
+    last = (shape.w + shape.pad[1] - shape.s - (jb - 1) * shape.stride) // step + 1
+    return first, max(first, min(blocks, last))
 
 
 def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool = False,
                             activation: str | None = None, residual: bool = False,
                             post_activation: str | None = None) -> s_tir.Schedule:
-    """The scheduled depthwise convolution PrimFunc (parameters as :func:`depthwise_te`).
+    """The depthwise convolution PrimFunc: inputs x (n, h, w, c), filter (r, s, c)
+    [, bias (c,)][, residual (n, oh, ow, c)], output (n, oh, ow, c).
+
+    Padding is never materialized: a tap row outside the input is skipped once per output
+    row, and only the pixel blocks at the row's ends test their taps' columns (the interior
+    blocks run the taps unconditionally). Copying the input into a padded buffer first
+    tripled the memory traffic of a layer that is bound by it (MobileNetV2's 112x112x96,
+    stride 2: 0.17 -> 0.10 ms on one Zen 5 core).
 
     Channels are the vector lanes of ``isa``: the channel count must be a multiple of them
     (every depthwise layer of MobileNet, EfficientNet and ConvNeXt is); others stay on TVM."""
-    if shape.r * shape.s < 2:
+    sh = shape
+    if sh.oc != sh.c:
+        raise UnsupportedShapeError(
+            f"depthwise conv2d: {sh.c} input channels but {sh.oc} outputs (multiplier 1 only)")
+    if sh.r * sh.s < 2:
         raise UnsupportedShapeError("depthwise conv2d: a 1x1 window is a channel scale")
     lanes = vector_isa(isa).schedule_lanes("float32")
-    if shape.c % lanes:
+    if sh.c % lanes:
         raise UnsupportedShapeError(
-            f"depthwise conv2d: {shape.c} channels; the kernel takes multiples of {lanes}")
-    inputs, out = depthwise_te(shape, bias, activation, residual, post_activation)
-    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
-    # Padding as its own pass: made per output row instead (compute_at), the rows' overlap
-    # was copied r times and the kernel got slower (56x56x144, 3x3: 0.31 -> 0.37 ms).
-    pad = sch.get_sblock("padded")
-    b, i, j, k = sch.get_loops(pad)
-    sch.parallel(sch.fuse(b, i))
-    sch.vectorize(sch.split(k, [None, lanes])[1])
-    out_block = sch.get_sblock("out")
-    b, i, j, k = sch.get_loops(out_block)
-    rows = sch.fuse(b, i)
-    jb = pixel_block(shape.ow)
-    jo, ji = sch.split(j, [None, jb])
-    ko, ki = sch.split(k, [None, lanes])
-    sch.reorder(jo, ko, ji, ki)
-    sch.parallel(rows)
-    acc = sch.get_sblock("acc")
-    sch.compute_at(acc, ko)
-    sch.set_scope(acc, 0, "local")  # jb vectors: registers across the taps, not memory
-    if jb > 1:
-        aj, ac, ry, rx = sch.get_loops(acc)[-4:]
-        sch.reorder(ry, rx, aj, ac)
-        sch.unroll(aj)
-    else:  # the unit pixel loop is gone after compute_at
-        ac, ry, rx = sch.get_loops(acc)[-3:]
-        sch.reorder(ry, rx, ac)
-    sch.vectorize(ac)  # before decompose_reduction (see DESIGN.md)
-    sch.vectorize(ki)
-    sch.decompose_reduction(acc, ry)
-    return sch
+            f"depthwise conv2d: {sh.c} channels; the kernel takes multiples of {lanes}")
+    act = vector_fn(activation) if activation else None
+    post = vector_fn(post_activation) if post_activation else None
+    jb = pixel_block(sh.ow)
+    first, last = interior_pixel_blocks(sh, jb)
+    top, left = sh.pad[0], sh.pad[1]
+    vec = f"float32x{lanes}"
+
+    with IRBuilder() as builder, T.prim_func():
+        T.func_name("main")
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, sh.c), "float32"))
+        w = T.arg("w", T.Buffer((sh.r, sh.s, sh.c), "float32"))
+        bias_t = T.arg("bias", T.Buffer((sh.c,), "float32")) if bias else None
+        res_t = T.arg("residual", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32")) \
+            if residual else None
+        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32"))
+
+        def pixel_blocks(b: tirx.Var, i: tirx.Var, lo: int, hi: int, checked: bool) -> None:
+            """Output row ``(b, i)``, pixel blocks [lo, hi): taps, then the epilogue."""
+            if hi <= lo:
+                return
+            with T.serial(lo, hi) as jo, T.serial(0, sh.c // lanes) as kc:
+                lane = tirx.Ramp(kc * lanes, 1, lanes)
+                acc = T.alloc_buffer((jb,), vec, scope="local")
+                with T.unroll(0, jb) as aj:
+                    T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [aj])
+                with T.serial(0, sh.r) as ry:
+                    row = i * sh.stride + ry - top
+                    with T.If(tirx.all(row >= 0, row < sh.h)), T.Then():
+                        with T.serial(0, sh.s) as rx, T.unroll(0, jb) as aj:
+                            col = (jo * jb + aj) * sh.stride + rx - left
+                            fma = acc[aj] + x[b, row, col, lane] * w[ry, rx, lane]
+                            if checked:
+                                with T.If(tirx.all(col >= 0, col < sh.w)), T.Then():
+                                    T.buffer_store(acc, fma, [aj])
+                            else:
+                                T.buffer_store(acc, fma, [aj])
+                with T.unroll(0, jb) as aj:
+                    j = jo * jb + aj
+                    v = acc[aj]
+                    if bias_t is not None:
+                        v = v + bias_t[lane]
+                    if act is not None:
+                        v = act(v)
+                    if res_t is not None:
+                        v = v + res_t[b, i, j, lane]
+                    if post is not None:
+                        v = post(v)
+                    T.buffer_store(out, v, [b, i, j, lane])
+
+        with T.parallel(0, sh.n * sh.oh) as rows:
+            b, i = rows // sh.oh, rows % sh.oh
+            pixel_blocks(b, i, 0, first, True)
+            pixel_blocks(b, i, first, last, False)
+            pixel_blocks(b, i, last, sh.ow // jb, True)
+    return s_tir.Schedule(builder.get())
 
 
 #: Output pixels per register block: independent accumulators, so the taps' FMAs overlap
