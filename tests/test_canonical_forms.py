@@ -223,3 +223,25 @@ def test_ragged_transpose_is_vectorized_and_partitioned() -> None:
     out = tvm.runtime.tensor(np.zeros((512, 211), "float32"))
     lib["main"](tvm.runtime.tensor(a), out)
     np.testing.assert_array_equal(out.numpy(), a.T)
+
+
+def test_merged_innermost_axis_is_split_back() -> None:
+    """NCHW to (1, H, W*C) (a stem's input transposed and reshaped in one kernel): the
+    output's innermost axis merges W and C, read back as ``j // 3`` and ``j % 3``. The rule
+    splits it into (W, C) so no read is a per-element gather; the result is exact."""
+    from tvm import te, topi
+
+    from tpp_tvm.schedules.default import Injective
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    x = te.placeholder((1, 3, 20, 20), name="x")
+    y = topi.reshape(topi.transpose(x, (0, 2, 3, 1)), (1, 20, 60))
+    tgt = tpp_tvm.target(num_cores=1)
+    sch = Injective().apply(te.create_prim_func([x, y]), tgt, False)
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    assert [int(sch.get(lp).extent) for lp in sch.get_loops(block)][-1] == 3
+    lib = compile_kernels(sch.mod, tgt)
+    a = RNG.standard_normal((1, 3, 20, 20)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, 20, 60), "float32"))
+    lib["main"](tvm.runtime.tensor(a), out)
+    np.testing.assert_array_equal(out.numpy(), a.transpose(0, 2, 3, 1).reshape(1, 20, 60))
