@@ -66,3 +66,33 @@ def test_squeeze_excite_convolutions_take_their_bias_and_activation():
     assert lowered.get("tpp.conv2d_scaled_input_bias_residual_relu") == 1, lowered
     rest = compiled.report_data.get("default_scheduled", [])
     assert not [k for k in rest if "multiply" in k or "sigmoid" in k], rest  # edge transposes
+
+
+def test_residual_of_two_convolutions_fuses_into_the_single_use_one():
+    """MobileNetV2's first residual of a stage adds two projection convolutions, and the
+    first operand also feeds the next block: the add still fuses, into the second
+    convolution's epilogue (it ran as its own kernel), against ORT."""
+    import checks
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    c = 16
+    consts = {f"w{i}": rng.standard_normal((c, c, 1, 1)) * 0.3 for i in range(3)}
+    consts |= {f"b{i}": rng.standard_normal(c) for i in range(3)}
+    nodes = [helper.make_node("Conv", ["image", "w0", "b0"], ["a"]),
+             helper.make_node("Conv", ["a", "w1", "b1"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["s"]),  # a first: a is used twice
+             helper.make_node("Conv", ["a", "w2", "b2"], ["t"]),
+             helper.make_node("Mul", ["s", "t"], ["y"])]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "res", [helper.make_tensor_value_info("image", f, [1, c, 8, 8])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"image": rng.standard_normal((1, c, 8, 8)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    lowered = compiled.report_data["lowered"]
+    assert lowered.get("tpp.conv2d_bias_residual") == 1, lowered
+    assert not [k for k in lowered if "eltwise_add" in k], lowered

@@ -47,6 +47,7 @@ from .lower import (
 )
 from .patterns import pattern_table
 from .quantized import lower_quantized
+from .residual_order import OrderResidualOperands
 from .transposes import SinkLayoutTransposes
 
 PIPELINE_NAME = "tpp"
@@ -145,6 +146,7 @@ def partition_passes(isa: str, report: LoweringReport | None = None, threads: in
         fold_constants(),  # the filters' layout transposes: constants the passes can read
         SinkLayoutTransposes,
         fold_constants(),
+        OrderResidualOperands,
         relax.transform.FuseOpsByPattern(
             [p.as_fusion_pattern() for p in pattern_table()],
             bind_constants=True,
