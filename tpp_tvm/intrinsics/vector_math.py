@@ -8,8 +8,11 @@ on scalars too. Every function takes and returns fp32 TIR expressions of one sha
 
 Accuracy target: fp32 level (a few ulp, ~1e-6 relative) over the whole float range,
 including the under/overflow ends and denormal results; no NaN for any finite input.
-Polynomials are evaluated by Estrin's scheme (short dependency chains: these functions run
-as GEMM epilogues, where their latency, not their operation count, limits the speed).
+Polynomials are evaluated by Horner's rule, except erfc's degree-9 one, by Estrin's scheme
+(4 dependent multiply-adds instead of 9: these functions run as GEMM epilogues, where their
+latency, not their operation count, limits the speed; GELU after a GEMM 3.3 -> 2.4 cycles an
+element on Zen 5). Estrin everywhere was no faster and made a GELU GEMM compile 3x longer
+(TIR trees copy the polynomial's argument; erfc's alone: 1.1 -> 2.0 s).
 Methods:
 
 * ``exp``: Cody-Waite range reduction ``x = n ln2 + r``, Cephes' degree-7 polynomial for
@@ -28,7 +31,7 @@ Methods:
   without the cancellation.
 
 Measured over 0.6 M inputs spanning every exponent (``tests/test_vector_math.py``), max
-relative error: exp 8.4e-8, tanh 2.2e-7, erf 2.7e-7, erfc 4.7e-7, sigmoid 2.1e-7, gelu
+relative error: exp 8.1e-8, tanh 2.2e-7, erf 1.7e-7, erfc 4.7e-7, sigmoid 2.1e-7, gelu
 1.2e-6 (4.5e-7 for x > -5), gelu_inv 1.7e-6 from 0.1 off its root at x = -0.75 (2.1e-7
 absolute everywhere); gelu_tanh 2.8e-7 for |x| < 1 but up to 1.2e-5 on the far negative tail, where
 the fp32 rounding of u itself is amplified by |2u| (the exact fp32 formula returns 0
@@ -195,10 +198,18 @@ def splat(like: Expr, value: float) -> Expr:
 
 
 def _poly(x: Expr, coeffs: tuple[float, ...]) -> Expr:
+    """Horner evaluation of ``coeffs`` (highest degree first)."""
+    acc = const(x, coeffs[0])
+    for c in coeffs[1:]:
+        acc = acc * x + const(x, c)
+    return acc
+
+
+def _poly_estrin(x: Expr, coeffs: tuple[float, ...]) -> Expr:
     """``coeffs`` (highest degree first) at ``x`` by Estrin's scheme: pairs ``c1 x + c0``
     combined with ``x^2``, ``x^4``, ... A degree-9 polynomial is then 4 dependent
-    multiply-adds deep instead of Horner's 9; the GELU epilogue is a chain of such
-    polynomials, and its latency, not its operation count, set its speed."""
+    multiply-adds deep instead of Horner's 9. It mentions ``x`` about twice as often, and
+    TIR expressions are trees (see the module doc): used only where that copy stays small."""
     terms = [const(x, c) for c in reversed(coeffs)]  # lowest degree first
     power = x
     while len(terms) > 1:
@@ -267,7 +278,7 @@ def _neg_square(a: Expr, scale: float) -> tuple[Expr, Expr]:
 def _erfc_core(z: Expr, hi: Expr, lo: Expr) -> Expr:
     """``erfc(z)`` for ``0 <= z`` with ``-z^2 = hi + lo`` given exactly."""
     t = _reciprocal(const(z, 1.0) + const(z, 0.5) * z)
-    return t * _exp_parts(hi, lo + _poly(t, _ERFC_POLY))
+    return t * _exp_parts(hi, lo + _poly_estrin(t, _ERFC_POLY))
 
 
 def _erfc_abs(a: Expr) -> Expr:
