@@ -19,6 +19,8 @@ from .exprs import static_shape
 
 @relax.expr_functor.mutator
 class _SingleUseFirst(relax.PyExprMutator):
+    _uses: dict = {}  # noqa: RUF012 - replaced (not mutated) per dataflow block
+
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
         self._uses = relax.analysis.udchain(block)
         return super().visit_dataflow_block_(block)
@@ -28,8 +30,7 @@ class _SingleUseFirst(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if getattr(call.op, "name", None) != "relax.add" or len(call.args) != 2 \
-                or not hasattr(self, "_uses"):
+        if getattr(call.op, "name", None) != "relax.add" or len(call.args) != 2:
             return call
         a, b = call.args
         if self._only_here(b) and not self._only_here(a) and static_shape(a) is not None \
