@@ -264,6 +264,32 @@ def test_tensorized_module_round_trips_through_json() -> None:
     tvm.ir.assert_structural_equal(tvm.ir.load_json(text), sch.mod)
 
 
+@pytest.mark.requires_avx512
+@pytest.mark.parametrize("steps", [("bias", "gelu"), ("residual", "silu"),
+                                   ("bias", "residual", "gelu_tanh")], ids="_".join)
+@pytest.mark.parametrize("m, n", [(2, 16), (5, 48), (3, 64), (7, 37)])
+def test_equation_vector_groups_remainders_and_tails(steps: tuple[str, ...], m: int,
+                                                     n: int) -> None:
+    """Equations take EQUATION_GROUP full vectors at a time, across row ends: fewer full
+    vectors than a group (2x16), a remainder after the groups (5x48: 15 vectors), whole
+    groups (3x64) and groups plus a masked tail per row (7x37)."""
+    h.check(TPPSpec("equation", m=m, n=n, steps=steps))
+
+
+def test_grouped_equations_use_the_avx512_forms() -> None:
+    """A group's wide vector still gets vrcp14ps and vscalefps, per zmm (a division or the
+    exponent-field form would mean the wide path fell back to the portable math), with its
+    values bound to statements so the intrinsic's zmm slices do not copy the whole tree."""
+    asm = h.assembly(TPPSpec("equation", m=4, n=64, steps=("bias", "gelu")))
+    body = [line.split()[0] for line in asm.splitlines()
+            if line.strip() and not line.lstrip().startswith((".", "#"))]
+    assert "vdivps" not in body
+    # 16 vectors, all in groups of 4: one of each per zmm of a group (the group loop may
+    # be unrolled; a per-vector loop would have one).
+    for instruction in ("vrcp14ps", "vscalefps"):
+        assert body.count(instruction) % 4 == 0 and body.count(instruction) > 0, asm
+
+
 LIBM_CALL = re.compile(r"call\w*\s+(exp|tanh|erf|log|pow|sigmoid)")
 
 

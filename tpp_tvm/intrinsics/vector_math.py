@@ -160,7 +160,71 @@ avx512_forms = _AVX512_FORMS.on
 
 
 def _avx512(x: Expr) -> bool:
-    return _AVX512_FORMS.active and dtype_of(x) == "float32x16"
+    """fp32 vectors of whole zmm registers (16 lanes, or a group of them, see
+    :func:`per_zmm`) under :func:`avx512_forms`."""
+    t = tvm.DataType(dtype_of(x))
+    return _AVX512_FORMS.active and t.type_code == tvm.DataTypeCode.FLOAT and t.bits == 32 \
+        and t.lanes > 0 and t.lanes % 16 == 0
+
+
+class _Slots(threading.local):
+    buffer: tirx.Buffer | None = None
+    used = 0
+
+
+_SLOTS = _Slots()
+
+
+@contextmanager
+def statement_slots(buffer: tirx.Buffer) -> Iterator[None]:
+    """While a TVMScript template builds one statement, values that would otherwise be
+    copied into several subtrees (see :func:`per_zmm`) are stored to ``buffer`` (a local
+    buffer of vectors, one slot each) by statements emitted just before it."""
+    saved = _SLOTS.buffer, _SLOTS.used
+    _SLOTS.buffer, _SLOTS.used = buffer, 0
+    try:
+        yield
+    finally:
+        _SLOTS.buffer, _SLOTS.used = saved
+
+
+def _bound(x: Expr) -> Expr:
+    """``x`` stored to the next statement slot (a load of it), if slots are open."""
+    buf = _SLOTS.buffer
+    if buf is None or isinstance(x, (tirx.Var, type(buf[0]))) or dtype_of(x) != buf.dtype:
+        return x
+    k = _SLOTS.used
+    if k >= int(buf.shape[0]):
+        raise ValueError(f"vector_math: more than {k} bound values in one statement")
+    from tvm.script.ir_builder import tirx as irb  # only reached while a script is built
+
+    irb.buffer_store(buf, x, [k])
+    _SLOTS.used = k + 1
+    return tirx.BufferLoad(buf, [tirx.const(k, "int32")])
+
+
+def per_zmm(fn: Callable[..., Expr], *args: Expr) -> Expr:
+    """``fn`` (a 16-lane fp32 intrinsic) on each zmm of ``args``, which are vectors of
+    ``16 k`` lanes; the pieces are concatenated back. LLVM folds the shuffles away. Each
+    argument is sliced k times: under :func:`statement_slots` it is bound once first, else
+    its expression tree is copied k times (slow to compile)."""
+    lanes = tvm.DataType(dtype_of(args[0])).lanes
+    if lanes == 16:
+        return fn(*args)
+    args = tuple(_bound(a) for a in args)
+    pieces = [fn(*(slice_lanes(a, z * 16, 16) for a in args)) for z in range(lanes // 16)]
+    return concat_lanes(pieces)
+
+
+def slice_lanes(x: Expr, first: int, lanes: int) -> Expr:
+    """Lanes ``[first, first + lanes)`` of vector ``x``."""
+    return tirx.Shuffle([x], [tirx.const(first + j, "int32") for j in range(lanes)])
+
+
+def concat_lanes(pieces: list[Expr]) -> Expr:
+    """The vectors ``pieces`` side by side, as one vector."""
+    lanes = sum(tvm.DataType(dtype_of(p)).lanes for p in pieces)
+    return tirx.Shuffle(list(pieces), [tirx.const(j, "int32") for j in range(lanes)])
 
 
 def _all_lanes() -> Expr:
@@ -173,8 +237,8 @@ def _reciprocal(d: Expr) -> Expr:
     if not _avx512(d):
         return const(d, 1.0) / d
     zero = tirx.Broadcast(tirx.const(0.0, "float32"), 16)
-    r = tirx.call_llvm_pure_intrin("float32x16", "llvm.x86.avx512.rcp14.ps.512", d, zero,
-                                   _all_lanes())
+    r = per_zmm(lambda v: tirx.call_llvm_pure_intrin(
+        "float32x16", "llvm.x86.avx512.rcp14.ps.512", v, zero, _all_lanes()), d)
     return r * (const(d, 2.0) - d * r)
 
 
@@ -253,8 +317,9 @@ def _exp_parts(hi: Expr, lo: Expr) -> Expr:
     r = _clamp((hi - nf * const(s, _LN2_HI)) - nf * const(s, _LN2_LO) + lo, -_R_MAX, _R_MAX)
     p = _poly(r, _EXP_POLY) * r * r + r + const(r, 1.0)
     if _avx512(p):  # p * 2^nf, rounded once (denormal, normal or inf)
-        return tirx.call_llvm_pure_intrin("float32x16", "llvm.x86.avx512.mask.scalef.ps.512",
-                                          p, nf, p, _all_lanes(), tirx.const(4, "int32"))
+        return per_zmm(lambda v, e: tirx.call_llvm_pure_intrin(
+            "float32x16", "llvm.x86.avx512.mask.scalef.ps.512", v, e, v, _all_lanes(),
+            tirx.const(4, "int32")), p, nf)
     n = tirx.Cast(_int_type(s), nf)
     # n is in [-150, 128]: two factors 2^(n//2) and 2^(n - n//2) are both normal, and the
     # final product rounds once, to a denormal, a normal or inf.
