@@ -290,6 +290,20 @@ def test_grouped_equations_use_the_avx512_forms() -> None:
         assert body.count(instruction) % 4 == 0 and body.count(instruction) > 0, asm
 
 
+def test_residual_equations_prefetch_the_next_tile() -> None:
+    """A GEMM tile's residual epilogue prefetches the rows below it into L1 (the next tile's
+    residual); a whole-panel epilogue (more rows than RESIDUAL_PREFETCH_ROWS) does not."""
+    from tpp_tvm.intrinsics.eltwise_template import RESIDUAL_PREFETCH_ROWS
+
+    def prefetches(m: int) -> int:
+        asm = h.assembly(TPPSpec("equation", m=m, n=64, steps=("residual", "relu")))
+        return sum(line.split()[0] == "prefetcht0" for line in asm.splitlines()
+                   if line.strip() and not line.lstrip().startswith((".", "#")))
+
+    assert prefetches(8) > 0
+    assert prefetches(RESIDUAL_PREFETCH_ROWS + 1) == 0
+
+
 LIBM_CALL = re.compile(r"call\w*\s+(exp|tanh|erf|log|pow|sigmoid)")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -57,10 +58,14 @@ _COMPUTE_DTYPES = ("float32",)
 _MOVE_DTYPES = ("float32", "float16", "int32", "int8", "uint8")
 #: Dtypes the layout TPPs (transpose, VNNI packing) move: element copies, bf16 included.
 _TRANSFORM_DTYPES = (*_MOVE_DTYPES, "bfloat16")
+#: Bytes of a cache line (what one prefetch fetches).
+CACHE_LINE = 64
 #: Full vectors an equation (a GEMM epilogue) computes at once on a fixed-width ISA.
 EQUATION_GROUP = 4
 #: Values one step of an equation binds to statements (``vector_math.statement_slots``).
 BOUND_SLOTS = 8
+#: Tiles of at most this many rows prefetch the residual rows below them (see equation_impl).
+RESIDUAL_PREFETCH_ROWS = 64
 #: (dtype, out_dtype) conversions a copy TPP performs.
 _CONVERSIONS = {
     ("float32", "float16"),
@@ -674,8 +679,31 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         Y[pos[2][0], row.at(pos[2][1])] = part(t, 2)
         Y[pos[3][0], row.at(pos[3][1])] = part(t, 3)
 
+    # The next tile's residual rows (the tile below: the next one when B panels are outer)
+    # are prefetched into L1 while this one's epilogue and the next microkernel run.
+    residuals = [operand_of[slot] for slot, st in enumerate(steps) if st == "residual"]
+    prefetched = residuals if M <= RESIDUAL_PREFETCH_ROWS else []
+    lines = -(-N * tvm.DataType(dt).bits // (8 * CACHE_LINE))
+    per_line = CACHE_LINE * 8 // tvm.DataType(dt).bits
+
+    def prefetch_below(ops, k, i, ln):
+        P = ops[prefetched[k]]
+        return T.call_llvm_intrin("void", "llvm.prefetch.p0",
+                                  T.address_of(P[i + M, ln * per_line]),
+                                  T.int32(0), T.int32(3), T.int32(1))  # read, L1, data
+
+    @T.macro
+    def prefetch(ops, k):
+        for i in T.serial(M):
+            for ln in T.serial(lines):
+                T.evaluate(prefetch_below(ops, k, i, ln))
+
     @T.macro
     def rows(X, Y, ops, t, tg, bound):
+        if len(prefetched) > 0:  # an equation has at most two operands
+            prefetch(ops, 0)
+        if len(prefetched) > 1:
+            prefetch(ops, 1)
         if group > 1:
             for g in T.serial(groups):
                 tg[0] = gathered(lambda i, v: X[i, row.at(v)], group_at(g))
