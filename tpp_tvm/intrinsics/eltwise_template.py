@@ -49,7 +49,7 @@ from .spec import (
     reduce_identity,
 )
 from .vector_isa import VectorISA
-from .vector_math import concat_lanes, slice_lanes, statement_slots, vector_fn
+from .vector_math import LONG_CHAINS, concat_lanes, slice_lanes, statement_slots, vector_fn
 
 #: Dtypes of the templates that compute (the vector math is fp32 only for now).
 _COMPUTE_DTYPES = ("float32",)
@@ -625,9 +625,10 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     # Fixed-width ISAs take GROUP full vectors at a time as one wide vector (LLVM splits it
     # into registers, instruction by instruction): the long dependent chains of gelu or
     # silu then interleave, which out-of-order execution alone does not reach.
-    group = 1 if isa.scalable else EQUATION_GROUP
+    # Cheap steps (bias, residual, clips) gain nothing from it and pay the group's indexing.
+    group = 1 if isa.scalable or not LONG_CHAINS.intersection(steps) else EQUATION_GROUP
     total = M * row.full
-    groups = 0 if isa.scalable else total // group
+    groups = 0 if group == 1 else total // group
 
     def gathered(load_at, pos):
         vecs = [load_at(i, v) for i, v in pos]

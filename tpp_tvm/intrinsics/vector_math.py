@@ -471,6 +471,11 @@ FAST: dict[str, Callable[..., Expr]] = {
 }
 
 
+#: Ops whose vector math is a long dependent chain (tens of instructions): several vectors
+#: computed side by side interleave them (see ``eltwise_template.equation_impl``).
+LONG_CHAINS = frozenset({"exp", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "gelu_inv"})
+
+
 def vector_fn(op: str) -> Callable[..., Expr]:
     """The math of ``op`` as the TPP implementations compute it: its vector form if it has
     one (NaN-keeping ReLU, the accurate sigmoid tails), else the spec's. A TE stage applying
