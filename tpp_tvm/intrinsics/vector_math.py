@@ -50,7 +50,10 @@ the portable forms spell out: ``vscalefps`` applies exp's ``2^n`` (under/overflo
 once, as the two exponent-field factors do) and ``vrcp14ps`` plus one Newton step replaces
 the divisions of sigmoid and erfc (1.1e-7 relative). With 512-bit vectors only two ports do
 floating-point work, so each micro-op counts: the portable sigmoid was ~40 per vector plus a
-``vdivps`` whose divider is not pipelined.
+``vdivps`` whose divider is not pipelined. Wider fp32 vectors (16 k lanes, an equation's
+group of k registers) use them per zmm (:func:`per_zmm`); while a template builds a
+statement, :func:`statement_slots` binds the sliced arguments to local slots by statements
+of their own, so the k slices do not copy the argument's tree.
 """
 
 from __future__ import annotations
