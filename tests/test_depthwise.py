@@ -40,7 +40,7 @@ def _reference(x, w, shape: ConvShape):
     ConvShape(1, 13, 13, 16, 16, 3, 3, 1, (1, 1, 1, 1)),   # prime width: one-pixel blocks
     ConvShape(1, 5, 3, 16, 16, 5, 5, 2, (2, 2, 2, 2)),     # window wider than the input
 ])
-@pytest.mark.parametrize("epilogue", ["none", "bias_relu", "bias_residual"])
+@pytest.mark.parametrize("epilogue", ["none", "bias_relu", "bias_residual", "bias_silu_residual"])
 def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
     rng = np.random.default_rng(shape.h * shape.c)
     x = rng.standard_normal((shape.n, shape.h, shape.w, shape.c)).astype("float32")
@@ -48,7 +48,9 @@ def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
     bias = rng.standard_normal(shape.c).astype("float32")
     res = rng.standard_normal((shape.n, shape.oh, shape.ow, shape.c)).astype("float32")
     opts = {"none": {}, "bias_relu": {"bias": True, "activation": "relu"},
-            "bias_residual": {"bias": True, "residual": True}}[epilogue]
+            "bias_residual": {"bias": True, "residual": True},
+            # SiLU: pixels in groups of four (a remainder where the block is not 4 or 8)
+            "bias_silu_residual": {"bias": True, "activation": "silu", "residual": True}}[epilogue]
     sch = depthwise_conv_schedule(shape, **opts)
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
     arrays = [x, w] + ([bias] if "bias" in opts else []) + ([res] if "residual" in opts else [])
@@ -59,6 +61,8 @@ def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
         want = want + bias
     if opts.get("activation") == "relu":
         want = np.maximum(want, 0)
+    if opts.get("activation") == "silu":
+        want = want / (1 + np.exp(-want))
     if "residual" in opts:
         want = want + res
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
@@ -112,3 +116,12 @@ def test_interior_pixel_blocks_are_exactly_those_without_padding_taps(
         return min(cols) >= 0 and max(cols) < w
 
     assert [b for b in range(shape.ow // jb) if inside(b)] == list(range(first, last))
+
+
+@pytest.mark.requires_avx512
+def test_depthwise_silu_uses_the_avx512_forms() -> None:
+    """The epilogue's sigmoid is vrcp14ps and vscalefps, not a vdivps per vector."""
+    shape = ConvShape(1, 8, 8, 16, 16, 3, 3, 1, (1, 1, 1, 1))
+    sch = depthwise_conv_schedule(shape, bias=True, activation="silu")
+    asm = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
+    assert "vdivps" not in asm and "vrcp14ps" in asm and "vscalefps" in asm

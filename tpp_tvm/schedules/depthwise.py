@@ -14,13 +14,23 @@ blocks are split by where their taps land, which no schedule primitive here expr
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from tvm import s_tir, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedShapeError
+from ..intrinsics.eltwise_template import BOUND_SLOTS, EQUATION_GROUP
 from ..intrinsics.registry import vector_isa
-from ..intrinsics.vector_math import vector_fn
+from ..intrinsics.vector_math import (
+    LONG_CHAINS,
+    avx512_forms,
+    concat_lanes,
+    slice_lanes,
+    statement_slots,
+    vector_fn,
+)
 from .conv import ConvShape
 
 
@@ -64,8 +74,13 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
     first, last = interior_pixel_blocks(sh, jb)
     top, left = sh.pad[0], sh.pad[1]
     vec = f"float32x{lanes}"
+    # A long-chain activation (SiLU) runs on EQUATION_GROUP pixels' vectors at once, so
+    # their dependent chains interleave, with the AVX-512 forms (vrcp14ps, not vdivps).
+    grouped = not vector_isa(isa).scalable and bool(
+        LONG_CHAINS.intersection({activation, post_activation}))
+    forms = avx512_forms() if isa == "avx512" else nullcontext()
 
-    with IRBuilder() as builder, T.prim_func():
+    with forms, IRBuilder() as builder, T.prim_func():
         T.func_name("main")
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, sh.c), "float32"))
@@ -95,18 +110,42 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
                                     T.buffer_store(acc, fma, [aj])
                             else:
                                 T.buffer_store(acc, fma, [aj])
-                with T.unroll(0, jb) as aj:
-                    j = jo * jb + aj
-                    v = acc[aj]
-                    if bias_t is not None:
-                        v = v + bias_t[lane]
-                    if act is not None:
-                        v = act(v)
-                    if res_t is not None:
-                        v = v + res_t[b, i, j, lane]
-                    if post is not None:
-                        v = post(v)
-                    T.buffer_store(out, v, [b, i, j, lane])
+                if grouped:
+                    for first_aj in range(0, jb, EQUATION_GROUP):
+                        epilogue(b, i, jo, lane, acc,
+                                 list(range(first_aj, min(first_aj + EQUATION_GROUP, jb))))
+                else:
+                    with T.unroll(0, jb) as aj:
+                        epilogue(b, i, jo, lane, acc, [aj])
+
+        def epilogue(b, i, jo, lane, acc, pixels: list) -> None:
+            """Bias, activation, residual and store of accumulators ``pixels`` of the block,
+            as one vector of len(pixels) registers (see ``grouped``)."""
+            k = len(pixels)
+
+            def joined(vectors):
+                return vectors[0] if k == 1 else concat_lanes(vectors)
+
+            wide = vec if k == 1 else f"float32x{lanes * k}"
+            bound = T.alloc_buffer((BOUND_SLOTS,), wide, scope="local")
+            v = joined([acc[aj] for aj in pixels])
+            if bias_t is not None:
+                v = v + joined([bias_t[lane]] * k)
+            with statement_slots(bound):
+                if act is not None:
+                    v = act(v)
+                if res_t is not None:
+                    v = v + joined([res_t[b, i, jo * jb + aj, lane] for aj in pixels])
+                if post is not None:
+                    v = post(v)
+            if k == 1:
+                T.buffer_store(out, v, [b, i, jo * jb + pixels[0], lane])
+                return
+            result = T.alloc_buffer((1,), wide, scope="local")
+            T.buffer_store(result, v, [0])
+            for u, aj in enumerate(pixels):
+                T.buffer_store(out, slice_lanes(result[0], u * lanes, lanes),
+                               [b, i, jo * jb + aj, lane])
 
         with T.parallel(0, sh.n * sh.oh) as rows:
             b, i = rows // sh.oh, rows % sh.oh
