@@ -65,6 +65,7 @@ from contextlib import contextmanager
 
 import tvm
 from tvm import tirx
+from tvm.ir.expr import TensorLoad
 
 from .spec import OPS, const, dtype_of
 
@@ -194,7 +195,7 @@ def statement_slots(buffer: tirx.Buffer) -> Iterator[None]:
 def _bound(x: Expr) -> Expr:
     """``x`` stored to the next statement slot (a load of it), if slots are open."""
     buf = _SLOTS.buffer
-    if buf is None or isinstance(x, (tirx.Var, type(buf[0]))) or dtype_of(x) != buf.dtype:
+    if buf is None or isinstance(x, (tirx.Var, TensorLoad)) or dtype_of(x) != buf.dtype:
         return x
     k = _SLOTS.used
     if k >= int(buf.shape[0]):
