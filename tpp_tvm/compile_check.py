@@ -79,7 +79,7 @@ def _tpp_items() -> Iterator[Item]:
 
 def _schedule_items() -> Iterator[Item]:
     from tpp_tvm.runtime import target_threads
-    from tpp_tvm.schedules import attention, conv, gemm, pool, rowwise
+    from tpp_tvm.schedules import attention, conv, gemm, pool, rowwise, winograd
 
     def gemm_item(dtype: str, **options) -> Callable[[tvm.target.Target], None]:
         def build(tgt: tvm.target.Target) -> None:
@@ -104,6 +104,9 @@ def _schedule_items() -> Iterator[Item]:
         return build
 
     yield "conv2d f32 3x3 bias relu", conv_item("float32")
+    yield "conv2d f32 3x3 winograd grouped", lambda tgt: _compile_tir(winograd.winograd_schedule(
+        conv.ConvShape(1, 10, 9, 64, 64, 3, 3, 1, (1, 1, 1, 1), 2), isa_of(tgt), bias=True,
+        activation="relu", residual=True)[0].mod, tgt)
     yield "conv2d int8 3x3 bias relu", conv_item("int8")
     yield "layer_norm 196x768", lambda tgt: _compile_tir(
         rowwise.layer_norm_schedule(196, 768, 1e-5, isa_of(tgt)).mod, tgt)

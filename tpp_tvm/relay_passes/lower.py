@@ -31,7 +31,7 @@ from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule
-from ..schedules.gemm_plan import runs_on_tiles
+from ..schedules.gemm_plan import register_tile_isa, runs_on_tiles
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import (
     equation_schedule,
@@ -40,6 +40,7 @@ from ..schedules.rowwise import (
     rms_norm_schedule,
     softmax_schedule,
 )
+from ..schedules.winograd import pack_winograd_filter, winograd_applies, winograd_schedule
 from .patterns import TPPPattern, pattern_table
 from .tuned import composite_kernel, emit_tuned
 
@@ -234,7 +235,8 @@ def _lower_col_sum(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
 
 def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                   isa: str, precision: str = "float32", threads: int = 1) -> relax.Expr:
-    """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now."""
+    """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now;
+    3x3 stride-1 layers by Winograd F(2x2, 3x3) on the GEMM TPP where it applies."""
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     attrs = call.attrs
     n, h, w, c = _shape(x)
@@ -255,13 +257,20 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision, threads)
     if "lhs_scale" in matched:  # the pattern check admits pointwise convolutions only
         raise RuntimeError(f"{name}: a scaled input needs a pointwise convolution")
-    sch, plan = conv_schedule(shape, isa, bias="bias" in matched,
-                              activation=matched.get("activation"),
-                              residual="residual" in matched,
-                              post_activation=matched.get("post_activation"))
+    epilogue = dict(bias="bias" in matched, activation=matched.get("activation"),
+                    residual="residual" in matched,
+                    post_activation=matched.get("post_activation"))
+    if winograd_applies(shape, epilogue["activation"], epilogue["post_activation"]) \
+            and register_tile_isa(isa) == "avx512":
+        sch, plan = winograd_schedule(shape, isa, **epilogue)
+        packed = pack_winograd_filter(w_oihw, plan.nr, groups)
+        name = name.replace("conv2d", "conv2d_winograd", 1)  # so profiles tell them apart
+    else:
+        sch, plan = conv_schedule(shape, isa, **epilogue)
+        packed = pack_filter(w_oihw, plan.nr, groups=groups)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [bb.emit(relax.op.reshape(x, (n, h, w * c))),
-            relax.const(pack_filter(w_oihw, plan.nr, groups=groups))]
+            relax.const(packed)]
     # Grouped: the kernel writes (n, oh, ow, groups, channels per group), NHWC once reshaped.
     out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
     if "bias" in matched:
