@@ -79,7 +79,10 @@ def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> N
     (ConvShape(1, 14, 14, 64, 64, 3, 3, 2, (1, 1, 1, 1)), "relu", False),  # strided
     (ConvShape(1, 14, 14, 64, 64, 5, 5, 1, (2, 2, 2, 2)), "relu", False),  # 5x5
     (ConvShape(1, 14, 14, 24, 24, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 24 channels
-    (ConvShape(1, 7, 7, 512, 512, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 7x7 output
+    (ConvShape(1, 7, 7, 1088, 1088, 3, 3, 1, (1, 1, 1, 1), 17), "relu", True),  # RegNet
+    (ConvShape(1, 3, 3, 64, 64, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 3x3 output
+    (ConvShape(1, 7, 7, 512, 512, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 4x32 tiles at most
+    (ConvShape(1, 16, 16, 2048, 64, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # panel > L2
     (ConvShape(1, 14, 14, 64, 64, 3, 3, 1, (1, 1, 1, 1)), "sigmoid", False),
 ])
 def test_winograd_applies_to_3x3_stride1_layers(sh: ConvShape, activation: str,

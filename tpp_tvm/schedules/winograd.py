@@ -24,16 +24,26 @@ from __future__ import annotations
 import numpy as np
 from tvm import s_tir, te, tirx
 
+from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from ..intrinsics.spec import equation_expr, equation_operands
+from ..target import host_isa
 from .conv import FILTER, ConvShape
-from .gemm_plan import GemmPlan, plan_gemm, register_tile_isa, weights_outer
+from .gemm_plan import GemmPlan, core_table, register_tile_isa, weights_outer
 from .tensorize import schedule_pads, try_tensorize
 
 #: Bᵀ, G and Aᵀ of F(2x2, 3x3).
 INPUT_TRANSFORM = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
 FILTER_TRANSFORM = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
 OUTPUT_TRANSFORM = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
+
+#: Fewest elements a register tile may hold: the FMA pipes need a dozen independent
+#: accumulators (7x7 outputs, 256 channels: 4x32 tiles ran at 0.94x the direct conv).
+MIN_TILE_ELEMENTS = 12 * 16
+
+#: Fewest blocks of tiles that run in parallel when blocks are the outer loop (else the
+#: panels are parallel too: ResNet's 14x14 layer has 7 blocks for 2 threads).
+MIN_PARALLEL_BLOCKS = 16
 
 #: Activations the output transform applies (element-wise ones LLVM vectorizes as is).
 WINOGRAD_ACTIVATIONS = (None, "relu", "relu6")
@@ -42,17 +52,40 @@ WINOGRAD_ACTIVATIONS = (None, "relu", "relu6")
 def winograd_applies(shape: ConvShape, activation: str | None = None,
                      post_activation: str | None = None, dtype: str = "float32") -> bool:
     """Whether F(2x2, 3x3) takes this convolution: 3x3, stride 1, fp32, channels per group
-    whole vectors, an output of at least 8x8 (smaller ones pad a 2x2 tile grid by too much
-    and have too few tiles to amortize the filter panels)."""
+    whole vectors, an output of at least 4x4 (smaller ones are mostly tile padding), and a
+    transformed filter panel that fits in half the L2 (:func:`plan_winograd`)."""
     return (shape.r == 3 and shape.s == 3 and shape.stride == 1 and dtype == "float32"
-            and shape.cg % 16 == 0 and shape.oh >= 8 and shape.ow >= 8
-            and activation in WINOGRAD_ACTIVATIONS and post_activation in WINOGRAD_ACTIVATIONS)
+            and shape.cg % 16 == 0 and shape.oh >= 4 and shape.ow >= 4
+            and activation in WINOGRAD_ACTIVATIONS and post_activation in WINOGRAD_ACTIVATIONS
+            and plan_winograd(shape) is not None)
 
 
-def plan_winograd(shape: ConvShape) -> GemmPlan:
+def plan_winograd(shape: ConvShape) -> GemmPlan | None:
     """The GEMM of one tile position: rows are the tiles of a tile row, K the input
-    channels of a group, N its output channels."""
-    return plan_gemm(-(-shape.ow // 2), shape.og, shape.cg)
+    channels of a group, N its output channels; None when no panel fits.
+
+    Each block of tiles reads the 16 positions' filter panels (16 x K x nr), so a panel
+    must stay in half the L2 (ResNet's 14x14x256 layer: 4x64 tiles with 1 MiB panels ran
+    1.32x the direct convolution on a 1 MiB-L2 Zen 5, 7x32 with 512 KiB 1.86x). A tile row
+    shorter than a register tile's rows takes a tile of that many rows (7 tiles of a 14-wide
+    output: 7x32), so the tile row is not padded, if it keeps enough accumulators
+    (:data:`MIN_TILE_ELEMENTS`)."""
+    tw = -(-shape.ow // 2)
+    budget = (host_isa().l2_bytes or 1024 * 1024) // 2
+    best = None
+    for (mr, nr), efficiency in core_table().tile_efficiency.items():
+        if 16 * shape.cg * nr * 4 > budget:
+            continue
+        rows = min(mr, tw)
+        if rows * nr < MIN_TILE_ELEMENTS:
+            continue
+        plan = GemmPlan(tw, shape.og, shape.cg, rows, nr, "float32")
+        # a shortened tile is costed as if padded: measured slower than a whole tile
+        # (RegNet's 14x14 groups of 64: 7x32 0.43 ms against 4x64's 0.36, in the model)
+        cost = plan.mp * plan.np_ * mr / rows / efficiency
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+    return None if best is None else best[1]
 
 
 def pack_winograd_filter(w_oihw: np.ndarray, nr: int, groups: int = 1) -> np.ndarray:
@@ -91,6 +124,13 @@ def _pick(index: tirx.PrimExpr, values: list) -> tirx.PrimExpr:
     for k in range(len(values) - 2, -1, -1):
         out = tirx.Select(index == k, values[k], out)
     return out
+
+
+def filters_stay(shape: ConvShape, plan: GemmPlan) -> bool:
+    """Whether a group's transformed filter (all its panels) fits in half the L2, so blocks
+    of tiles can be outer and pass over every panel with one input transform."""
+    budget = (host_isa().l2_bytes or 1024 * 1024) // 2
+    return 16 * shape.cg * plan.np_ * 4 <= budget
 
 
 def winograd_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
@@ -170,6 +210,9 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     filter: :func:`pack_winograd_filter`)."""
     isa = register_tile_isa(isa)
     plan = plan_winograd(shape)
+    if plan is None:
+        raise UnsupportedShapeError(
+            f"Winograd conv2d: no filter panel of {shape.cg} channels fits half the L2")
     inputs, out = winograd_te(shape, plan, bias, activation, residual, post_activation)
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
     # The output's loops lead: per block of mr tiles of a tile row and one nr-channel
@@ -181,29 +224,42 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     txo, txi = sch.split(tx, [None, plan.mr])
     oo, oi = sch.split(o, [None, plan.nr])
     oi, ov = sch.split(oi, [None, 16])
-    if weights_outer(shape.n * shape.h * shape.w * shape.cg, 16 * shape.cg * plan.np_):
-        outer = [*go, oo, n, ty, txo]
+    blocks = shape.n * shape.groups * -(-shape.oh // 2) * (plan.mp // plan.mr)
+    if filters_stay(shape, plan) and blocks >= MIN_PARALLEL_BLOCKS:
+        # One input transform per block, shared by all of the group's panels.
+        sch.reorder(n, *go, ty, txo, oo, txi, oi, dy, dx, ov)
+        block_loop = sch.fuse(n, *go, ty, txo)
+        panel_loop = oo
     else:
-        outer = [n, *go, ty, txo, oo]
-    sch.reorder(*outer, txi, oi, dy, dx, ov)
-    tile_loop = sch.fuse(*outer)
-    sch.parallel(tile_loop)
+        # Panels outer, each passing over all blocks: the input is transformed once, in a
+        # pass of its own before them (per block and panel it cost ResNet's 14x14x256
+        # layer, 8 panels, 16% of its GEMM work).
+        if weights_outer(shape.n * shape.h * shape.w * shape.cg, 16 * shape.cg * plan.np_):
+            outer = [*go, oo, n, ty, txo]
+        else:
+            outer = [n, *go, ty, txo, oo]
+        sch.reorder(*outer, txi, oi, dy, dx, ov)
+        block_loop = panel_loop = sch.fuse(*outer)
+    sch.parallel(block_loop)
     sch.unroll(dy)
     sch.unroll(dx)
     sch.vectorize(ov)
     m = sch.get_sblock("M")
-    sch.compute_at(m, tile_loop)
+    sch.compute_at(m, panel_loop)
     v = sch.get_sblock("V")
-    sch.compute_at(v, tile_loop)
+    if panel_loop != block_loop:
+        sch.compute_at(v, block_loop)
     schedule_pads(sch, ("A_pad",))
     # Input transform: per tile and vector of channels, the 16 values of one 4x4 patch
     # (a, b unrolled: the selects fold and the 16 loads are shared).
-    *_, va, vb, vtx, vc = sch.get_loops(v)
+    *vouter, va, vb, vtx, vc = sch.get_loops(v)
     vco, vci = sch.split(vc, [None, 16])
     sch.reorder(vtx, vco, va, vb, vci)
     sch.unroll(va)
     sch.unroll(vb)
     sch.vectorize(vci)
+    if panel_loop == block_loop:
+        sch.parallel(sch.fuse(*vouter))  # (n, [group,] tile row)
     *_, ma, mb, mtx, mo, mk = sch.get_loops(m)
     gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=shape.cg, beta=0)
     if not try_tensorize(sch, mtx, gemm, isa, "winograd tile"):
