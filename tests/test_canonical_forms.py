@@ -245,3 +245,33 @@ def test_merged_innermost_axis_is_split_back() -> None:
     out = tvm.runtime.tensor(np.zeros((1, 20, 60), "float32"))
     lib["main"](tvm.runtime.tensor(a), out)
     np.testing.assert_array_equal(out.numpy(), a.transpose(0, 2, 3, 1).reshape(1, 20, 60))
+
+
+@pytest.mark.parametrize("gate_first", [True, False])
+@pytest.mark.parametrize("up_bias", [False, True])
+def test_swiglu_product_is_the_up_projections_epilogue(gate_first: bool, up_bias: bool) -> None:
+    """silu(x Wg) * (x Wu [+ b]) at odd sizes (13 tokens, 67 hidden units): the product is
+    the up projection's epilogue (a gate step), not a kernel of its own, in either order."""
+    width, hidden = 48, 67
+    inits = {"wg": (RNG.standard_normal((width, hidden)) * 0.2).astype("float32"),
+             "wu": (RNG.standard_normal((width, hidden)) * 0.2).astype("float32"),
+             "wd": (RNG.standard_normal((hidden, width)) * 0.2).astype("float32"),
+             "bu": RNG.standard_normal(hidden).astype("float32")}
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["sg"]),
+             helper.make_node("Mul", ["g", "sg"], ["act"]),
+             helper.make_node("MatMul", ["x", "wu"], ["u0"])]
+    if up_bias:
+        nodes.append(helper.make_node("Add", ["u0", "bu"], ["u"]))
+    up = "u" if up_bias else "u0"
+    nodes += [helper.make_node("Mul", ["act", up] if gate_first else [up, "act"], ["h"]),
+              helper.make_node("MatMul", ["h", "wd"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "swiglu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 13, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = _check(model, [1, 13, width])
+    assert ("tpp.dense_bias_gate: 1" if up_bias else "tpp.dense_gate: 1") in report, report
+    assert "tpp.dense_silu: 1" in report, report
+    assert "default schedules" not in report, report

@@ -116,7 +116,10 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
     if spec.kind == "equation":
         v, it = a[0], iter(a[1:])
         for step in spec.steps:
-            v = v + next(it) if step in ("bias", "residual") else UNARY[step](v)
+            if step == "gate":
+                v = v * next(it)
+            else:
+                v = v + next(it) if step in ("bias", "residual") else UNARY[step](v)
         return v
     if op == "transpose":
         return a[0].T

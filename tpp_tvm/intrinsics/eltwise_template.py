@@ -42,6 +42,7 @@ from .geometry import (
 )
 from .spec import (
     MAX_EQUATION_STEPS,
+    OPERAND_STEPS,
     TPPSpec,
     dtype_of,
     equation_operands,
@@ -64,6 +65,8 @@ CACHE_LINE = 64
 EQUATION_GROUP = 4
 #: Values one step of an equation binds to statements (``vector_math.statement_slots``).
 BOUND_SLOTS = 8
+#: Equation operands that are whole tiles (M, N), not a bias row.
+TILE_OPERANDS = ("residual", "gate")
 #: Tiles of at most this many rows prefetch the residual rows below them (see equation_impl).
 RESIDUAL_PREFETCH_ROWS = 64
 #: (dtype, out_dtype) conversions a copy TPP performs.
@@ -619,7 +622,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     slots = list(steps) + [None] * (MAX_EQUATION_STEPS - len(steps))
     operand_of = {}  # slot -> index into the operand list
     for slot, step in enumerate(steps):
-        if step in ("bias", "residual"):
+        if step in OPERAND_STEPS:
             operand_of[slot] = len(operand_of)
 
     # Groups only for long-chain steps: bias, residual and clips gain nothing from them and
@@ -646,7 +649,9 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         step = slots[slot]
         if step is None:
             return value
-        if step in ("bias", "residual"):
+        if step == "gate":
+            return value * operand(ops, slot, pos, tail)
+        if step in OPERAND_STEPS:
             return value + operand(ops, slot, pos, tail)
         with statement_slots(bound):
             return vector_fn(step)(value)
@@ -680,9 +685,10 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         Y[pos[2][0], row.at(pos[2][1])] = part(t, 2)
         Y[pos[3][0], row.at(pos[3][1])] = part(t, 3)
 
-    # The next tile's residual rows (the tile below: the next one when B panels are outer)
-    # are prefetched into L1 while this one's epilogue and the next microkernel run.
-    residuals = [operand_of[slot] for slot, st in enumerate(steps) if st == "residual"]
+    # The next tile's residual (or gate) rows (the tile below: the next one when B panels
+    # are outer) are prefetched into L1 while this one's epilogue and the next microkernel
+    # run.
+    residuals = [operand_of[slot] for slot, st in enumerate(steps) if st in TILE_OPERANDS]
     prefetched = residuals if M <= RESIDUAL_PREFETCH_ROWS else []
     lines = -(-N * tvm.DataType(dt).bits // (8 * CACHE_LINE))
     per_line = CACHE_LINE * 8 // tvm.DataType(dt).bits

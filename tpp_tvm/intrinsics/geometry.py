@@ -142,5 +142,5 @@ def transform_out_shape(spec: TPPSpec) -> tuple[int, ...]:
 
 def equation_operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
     """Shapes of an equation's extra operands, in parameter order: a bias is a row ``(N,)``,
-    a residual an ``(M, N)`` tile."""
+    a residual or gate an ``(M, N)`` tile."""
     return [(spec.n,) if k == "bias" else (spec.m, spec.n) for k in equation_operands(spec.steps)]

@@ -175,7 +175,8 @@ OPS: dict[str, OpDef] = {
         "equation",
         None,
         "Y = steps applied to X in order; a step is a unary TPP, 'bias' (+ a row vector "
-        "(N,)) or 'residual' (+ an (M, N) operand): e.g. a GEMM's fused epilogue",
+        "(N,)), 'residual' (+ an (M, N) operand) or 'gate' (x an (M, N) operand): e.g. a "
+        "GEMM's fused epilogue (a SwiGLU up projection times its activated gate)",
     ),
     # reductions
     "reduce_add_rows": OpDef("reduce", lambda x: x, "Y[j] = sum_i X[i, j]"),
@@ -312,7 +313,8 @@ class TPPSpec:
             raise UnsupportedShapeError("TPP equation needs steps; other TPPs take none")
         if len(equation_operands(self.steps)) > 2 or len(self.steps) > MAX_EQUATION_STEPS:
             raise UnsupportedShapeError(
-                f"TPP equation: at most {MAX_EQUATION_STEPS} steps, two of them bias/residual"
+                f"TPP equation: at most {MAX_EQUATION_STEPS} steps, two of them "
+                "bias/residual/gate"
             )
         bad = [s for s in self.steps if s not in EQUATION_STEPS]
         if bad:
@@ -545,22 +547,31 @@ def reduce_combine(op: str, acc, val):
 
 #: Longest equation (each step is one pass over registers, not memory).
 MAX_EQUATION_STEPS = 4
-#: Steps an equation TPP chains: the unary TPPs plus adding a bias row or a residual tile.
+#: Steps an equation TPP chains: the unary TPPs plus adding a bias row or a residual tile,
+#: or multiplying by a gate tile.
 EQUATION_STEPS = (
     "bias",
     "residual",
+    "gate",
     *[op for op, d in OPS.items() if d.kind == "unary" and op not in ("copy",)],
 )
 
 
+#: Equation steps with an operand: a bias row (N,) added, a residual tile (M, N) added, a
+#: gate tile (M, N) multiplied.
+OPERAND_STEPS = ("bias", "residual", "gate")
+
+
 def equation_operands(steps: tuple[str, ...]) -> list[str]:
-    """The extra operands of an equation, in parameter order (one per bias/residual step)."""
-    return [s for s in steps if s in ("bias", "residual")]
+    """The extra operands of an equation, in parameter order (one per operand step)."""
+    return [s for s in steps if s in OPERAND_STEPS]
 
 
 def equation_step(step: str, v: tirx.Expr, operand: tirx.Expr | None) -> tirx.Expr:
-    """One step of an equation on value ``v`` (``operand`` for bias/residual steps)."""
-    if step in ("bias", "residual"):
+    """One step of an equation on value ``v`` (``operand`` for operand steps)."""
+    if step == "gate":
+        return v * operand
+    if step in OPERAND_STEPS:
         return v + operand
     return OPS[step].fn(v)
 
@@ -570,5 +581,5 @@ def equation_expr(steps: tuple[str, ...], x: tirx.Expr, operands: list[tirx.Expr
     it = iter(operands)
     v = x
     for step in steps:
-        v = equation_step(step, v, next(it) if step in ("bias", "residual") else None)
+        v = equation_step(step, v, next(it) if step in OPERAND_STEPS else None)
     return v

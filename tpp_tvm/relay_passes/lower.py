@@ -116,7 +116,8 @@ def _shape(expr: relax.Expr) -> list[int]:
 def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str, isa: str,
                x: relax.Expr, w_kn: np.ndarray, out_shape: list[int],
                precision: str = "float32", threads: int = 1) -> relax.Expr:
-    """One GEMM kernel over x flattened to rows: (+bias)(+act)(+residual)(+act), reshaped.
+    """One GEMM kernel over x flattened to rows: (+bias)(+act)(x gate)(+residual)(+act),
+    reshaped.
 
     In bf16 the weight is packed as bf16 VNNI panels now, and x is converted (and padded)
     to bf16 by a small kernel before the GEMM; the epilogue and the output stay fp32. On
@@ -132,7 +133,7 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
                               residual="residual" in matched,
                               post_activation=matched.get("post_activation"),
                               dtype=precision, a_col_scale=col_scale is not None,
-                              threads=threads)
+                              threads=threads, gate="gate" in matched)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
     prec = plan.precision
@@ -147,9 +148,10 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     if "bias" in matched:
         bias = matched["bias"].value.numpy().reshape(-1)
         args.append(relax.const(np.pad(bias, (0, plan.np_ - n)).astype("float32")))
-    if "residual" in matched:
-        res = matched["residual"]
-        args.append(bb.emit(relax.op.reshape(res, (m, n))) if len(out_shape) != 2 else res)
+    for operand in ("gate", "residual"):
+        if operand in matched:
+            t = matched[operand]
+            args.append(bb.emit(relax.op.reshape(t, (m, n))) if len(out_shape) != 2 else t)
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
     return relax.op.reshape(out, out_shape) if len(out_shape) != 2 else out
 

@@ -147,6 +147,10 @@ def _epilogue_check(a: dict, n: int) -> bool:
         # A rank-0 bias (Gemm's scalar C) is left to TVM: the kernels take a row of n.
         if not shape or shape[-1] != n or any(d != 1 for d in shape[:-1]):
             return False
+    if "gate" in a:
+        out_shape = [int(d) for d in a["root"].ty.shape.values]
+        if not _static_f32(a["gate"]) or [int(d) for d in a["gate"].ty.shape.values] != out_shape:
+            return False
     if "residual" in a:
         if not _static_f32(a["residual"]):
             return False
@@ -191,11 +195,12 @@ def _scaled_input_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 
 def contraction_pattern(kind: str, bias: bool, activation: str | None, residual: bool,
-                        post_activation: str | None = None, scaled_input: bool = False
-                        ) -> TPPPattern:
-    """``<contraction>(x, W const)`` (+ bias const) (+ act) (+ residual) (+ act); with
-    ``scaled_input`` (pointwise convolutions) the contraction reads ``x * s``, s a channel
-    row annotated ``lhs_scale``."""
+                        post_activation: str | None = None, scaled_input: bool = False,
+                        gate: bool = False) -> TPPPattern:
+    """``<contraction>(x, W const)`` (+ bias const) (+ act) (x gate) (+ residual) (+ act);
+    with ``scaled_input`` (pointwise convolutions) the contraction reads ``x * s``, s a
+    channel row annotated ``lhs_scale``. A gate is a tensor shaped like the output that the
+    result multiplies: SwiGLU's up projection times the activated gate projection."""
     op, check = _ROOTS[kind]
     lhs, weight = wildcard(), is_const()
     ann = {"lhs": lhs, "weight": weight}
@@ -217,6 +222,11 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
     if activation:
         out = _activation(activation, out, ann)
         name += "_" + ACTIVATIONS[activation]
+    if gate:
+        g = wildcard()
+        out = is_op("relax.multiply")(out, g) | is_op("relax.multiply")(g, out)
+        ann["gate"] = g
+        name += "_gate"
     if residual:
         r = wildcard()
         out = is_op("relax.add")(out, r)
@@ -572,6 +582,8 @@ def pattern_table() -> list[TPPPattern]:
             for bias in (True, False):
                 table.append(contraction_pattern("tpp.conv2d", bias, activation, residual,
                                                  scaled_input=True))
+    for bias in (True, False):  # a gated dense layer (SwiGLU's up projection)
+        table.append(contraction_pattern("tpp.dense", bias, None, False, gate=True))
     for kind in _ROOTS:
         for bias in (True, False):
             table.append(contraction_pattern(kind, bias, None, True, "relax.nn.relu"))

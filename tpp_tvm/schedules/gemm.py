@@ -48,20 +48,20 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   b_packed: bool = True, post_activation: str | None = None,
                   dtype: str = "float32", dequantize: bool = False,
                   a_transposed: bool = False, b_transposed: bool = False,
-                  a_scale: float = 1.0, a_col_scale: bool = False, threads: int = 1
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+                  a_scale: float = 1.0, a_col_scale: bool = False, threads: int = 1,
+                  gate: bool = False) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
     On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
     parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
     vector unit. Parameters in order: A, B (packed), [A's column scale (K,)], [scale,
-    offset (int8 ``dequantize``)], [bias], [residual], output."""
+    offset (int8 ``dequantize``)], [bias], [gate], [residual], output."""
     check_gemm(m, n, k, dtype, activation)
     tiles = runs_on_tiles(isa, dtype) and b_packed
     plan = plan_gemm(m, n, k, dtype, "amx" if tiles else "avx512")
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
-                                  a_scale, a_col_scale)
+                                  a_scale, a_col_scale, gate)
     func = te.create_prim_func([*inputs, out])
     if tiles:
         return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan

@@ -26,14 +26,15 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             residual: bool = False, b_packed: bool = True,
             post_activation: str | None = None, dequantize: bool = False,
             a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0,
-            a_col_scale: bool = False
+            a_col_scale: bool = False, gate: bool = False
             ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
     Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
     activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
     then for int8 with ``dequantize`` the per-column scale and offset (padded to the packed
-    width), bias (likewise), residual (M, N). A transposed A is copied into (M, K) rows and a
+    width), bias (likewise), gate (M, N: the result multiplies it, after the activation),
+    residual (M, N). A transposed A is copied into (M, K) rows and a
     transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
     transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
     microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
@@ -124,16 +125,16 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
-                                               post_activation)
+                                               post_activation, gate=gate)
     return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
                 residual: bool, post_activation: str | None = None,
-                c_axes: tuple[int, ...] | None = None
+                c_axes: tuple[int, ...] | None = None, gate: bool = False
                 ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """The fused epilogue after a contraction C (padded in its last two dims), as equation
-    TPPs: Y = post(act(C + bias) + residual), one pass over each register tile.
+    TPPs: Y = post(act(C + bias) [* gate] + residual), one pass over each register tile.
 
     Unpadded, that is one stage (``epilogue``). Padded, the steps that work on the padded
     tile (bias, act) form ``epilogue`` and the rest go with dropping the padding (``out``),
@@ -145,17 +146,20 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     then run in one ``out`` stage that also transposes, with a bias row per group.
     """
     pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
-    post = (("residual",) if residual else ()) + ((post_activation,) if post_activation else ())
+    post = ((("gate",) if gate else ()) + (("residual",) if residual else ())
+            + ((post_activation,) if post_activation else ()))
+    gate_t = te.placeholder(valid, "float32", name="gate") if gate else None
     res_t = te.placeholder(valid, "float32", name="residual") if residual else None
+    tiles = [t for t in (gate_t, res_t) if t is not None]
     if c_axes is not None:
         bias_t = te.placeholder((valid[-2], int(C.shape[-1])), "float32",
                                 name="bias_packed") if bias else None
-        inputs = [t for t in (bias_t, res_t) if t is not None]
+        inputs = [t for t in (bias_t, *tiles) if t is not None]
         return inputs, _equation_stage(C, valid, pre + post, inputs, "out", c_axes), \
             [("out", pre + post)]
     padded = tuple(int(d) for d in C.shape) != tuple(valid)
     bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
-    inputs = [t for t in (bias_t, res_t) if t is not None]
+    inputs = [t for t in (bias_t, *tiles) if t is not None]
     if not padded:
         steps = pre + post
         if not steps:
@@ -168,7 +172,7 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     src = out
     stages.append(("out", post))
     if post:
-        out = _equation_stage(src, valid, post, [res_t] if residual else [], "out")
+        out = _equation_stage(src, valid, post, tiles, "out")
     else:
         out = te.compute(valid, lambda *ix: src[ix], name="out")
     return inputs, out, stages

@@ -1,5 +1,5 @@
 """Equation TPPs: X through a chain of steps in registers (unary TPPs, + bias row,
-+ residual tile), e.g. a GEMM's fused epilogue (LIBXSMM's TPP equations)."""
++ residual tile, x gate tile), e.g. a GEMM's fused epilogue (LIBXSMM's TPP equations)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ EXAMPLE_EQUATIONS = (
     ("bias", "residual"),
     ("bias", "residual", "relu"),
     ("residual", "relu"),
+    ("bias", "gate"),
     ("tanh", "square"),
 )
 
 
 class Equation(TPPKind):
-    """X (M, N), one operand per bias (N,) / residual (M, N) step -> Y (M, N)."""
+    """X (M, N), one operand per bias (N,) / residual or gate (M, N) step -> Y (M, N)."""
 
     name = "equation"
 
