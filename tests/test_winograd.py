@@ -17,6 +17,8 @@ from tpp_tvm.schedules.winograd import (
     INPUT_TRANSFORM,
     OUTPUT_TRANSFORM,
     pack_winograd_filter,
+    plan_winograd,
+    whole_image,
     winograd_applies,
     winograd_schedule,
 )
@@ -39,8 +41,11 @@ def test_transforms_compute_a_correlation() -> None:
     (ConvShape(1, 12, 11, 48, 48, 3, 3, 1, (1, 1, 1, 1), 3), ("bias", "relu", "residual")),
     (ConvShape(1, 16, 16, 64, 128, 3, 3, 1, (1, 1, 1, 1), 2), ("residual", "relu6")),
     (ConvShape(1, 14, 14, 256, 256, 3, 3, 1, (1, 1, 1, 1)), ("bias", "relu")),  # ResNet
+    (ConvShape(1, 7, 7, 512, 64, 3, 3, 1, (1, 1, 1, 1)), ("bias", "relu")),  # whole image
 ])
 def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> None:
+    """Each schedule: blocks outer over a group's panels, panels outer after an input
+    transform pass, and one block per panel holding the whole image (512 channels)."""
     rng = np.random.default_rng(sh.oc + sh.h)
     x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
     w = (rng.standard_normal((sh.oc, sh.cg, 3, 3)) / np.sqrt(9 * sh.cg)).astype("float32")
@@ -49,6 +54,8 @@ def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> N
     out_shape = (sh.n, sh.oh, sh.ow, *((sh.groups, sh.og) if grouped else (sh.oc,)))
     res = rng.standard_normal(out_shape).astype("float32")
     post = "relu6" if "relu6" in steps else None
+    if sh.cg == 512:
+        assert whole_image(sh, plan_winograd(sh))
     sch, plan = winograd_schedule(sh, "avx512", bias="bias" in steps,
                                   activation="relu" if "relu" in steps else None,
                                   residual="residual" in steps, post_activation=post)
@@ -81,8 +88,8 @@ def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> N
     (ConvShape(1, 14, 14, 24, 24, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 24 channels
     (ConvShape(1, 7, 7, 1088, 1088, 3, 3, 1, (1, 1, 1, 1), 17), "relu", True),  # RegNet
     (ConvShape(1, 3, 3, 64, 64, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 3x3 output
-    (ConvShape(1, 7, 7, 512, 512, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # 4x32 tiles at most
-    (ConvShape(1, 16, 16, 2048, 64, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # panel > L2
+    (ConvShape(1, 7, 7, 512, 512, 3, 3, 1, (1, 1, 1, 1)), "relu", True),  # image per panel
+    (ConvShape(1, 16, 16, 4096, 64, 3, 3, 1, (1, 1, 1, 1)), "relu", False),  # panel > L2
     (ConvShape(1, 14, 14, 64, 64, 3, 3, 1, (1, 1, 1, 1)), "sigmoid", False),
 ])
 def test_winograd_applies_to_3x3_stride1_layers(sh: ConvShape, activation: str,

@@ -65,27 +65,40 @@ def plan_winograd(shape: ConvShape) -> GemmPlan | None:
     channels of a group, N its output channels; None when no panel fits.
 
     Each block of tiles reads the 16 positions' filter panels (16 x K x nr), so a panel
-    must stay in half the L2 (ResNet's 14x14x256 layer: 4x64 tiles with 1 MiB panels ran
-    1.32x the direct convolution on a 1 MiB-L2 Zen 5, 7x32 with 512 KiB 1.86x). A tile row
-    shorter than a register tile's rows takes a tile of that many rows (7 tiles of a 14-wide
-    output: 7x32), so the tile row is not padded, if it keeps enough accumulators
+    should stay in half the L2 (ResNet's 14x14x256 layer: 4x64 tiles with 1 MiB panels ran
+    1.32x the direct convolution on a 1 MiB-L2 Zen 5, 7x32 with 512 KiB 1.86x). Where none
+    does, a panel's whole image is one block (:func:`whole_image`): then each position's
+    K x nr part must fit an eighth of the L2 and the image's 16 products half of it. A tile
+    row shorter than a register tile's rows takes a tile of that many rows (7 tiles of a
+    14-wide output: 7x32), so the tile row is not padded, if it keeps enough accumulators
     (:data:`MIN_TILE_ELEMENTS`)."""
-    tw = -(-shape.ow // 2)
+    tw, th = -(-shape.ow // 2), -(-shape.oh // 2)
     budget = (host_isa().l2_bytes or 1024 * 1024) // 2
-    best = None
+    best: dict[bool, tuple[float, GemmPlan]] = {}
     for (mr, nr), efficiency in core_table().tile_efficiency.items():
-        if 16 * shape.cg * nr * 4 > budget:
-            continue
         rows = min(mr, tw)
         if rows * nr < MIN_TILE_ELEMENTS:
             continue
         plan = GemmPlan(tw, shape.og, shape.cg, rows, nr, "float32")
+        image = whole_image(shape, plan)
+        if image and (shape.cg * nr * 4 > budget // 4 or 16 * th * plan.mp * nr * 4 > budget):
+            continue
         # a shortened tile is costed as if padded: measured slower than a whole tile
         # (RegNet's 14x14 groups of 64: 7x32 0.43 ms against 4x64's 0.36, in the model)
         cost = plan.mp * plan.np_ * mr / rows / efficiency
-        if best is None or cost < best[0]:
-            best = (cost, plan)
-    return None if best is None else best[1]
+        if image not in best or cost < best[image][0]:
+            best[image] = (cost, plan)
+    chosen = best.get(False) or best.get(True)
+    return None if chosen is None else chosen[1]
+
+
+def whole_image(shape: ConvShape, plan: GemmPlan) -> bool:
+    """Whether one block holds all tiles of the image (per filter panel): when the 16
+    positions' panels do not fit in half the L2, each position's part is then read once
+    per panel and used by every tile before the next position's (ResNet's 7x7x512 layer:
+    a 2 MiB panel per block would stream from L3)."""
+    budget = (host_isa().l2_bytes or 1024 * 1024) // 2
+    return 16 * shape.cg * plan.nr * 4 > budget
 
 
 def pack_winograd_filter(w_oihw: np.ndarray, nr: int, groups: int = 1) -> np.ndarray:
@@ -234,11 +247,13 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         # Panels outer, each passing over all blocks: the input is transformed once, in a
         # pass of its own before them (per block and panel it cost ResNet's 14x14x256
         # layer, 8 panels, 16% of its GEMM work).
-        if weights_outer(shape.n * shape.h * shape.w * shape.cg, 16 * shape.cg * plan.np_):
-            outer = [*go, oo, n, ty, txo]
+        if whole_image(shape, plan):
+            outer, inner = [*go, oo, n], [ty, txo]
+        elif weights_outer(shape.n * shape.h * shape.w * shape.cg, 16 * shape.cg * plan.np_):
+            outer, inner = [*go, oo, n, ty, txo], []
         else:
-            outer = [n, *go, ty, txo, oo]
-        sch.reorder(*outer, txi, oi, dy, dx, ov)
+            outer, inner = [n, *go, ty, txo, oo], []
+        sch.reorder(*outer, *inner, txi, oi, dy, dx, ov)
         block_loop = panel_loop = sch.fuse(*outer)
     sch.parallel(block_loop)
     sch.unroll(dy)
@@ -260,7 +275,13 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     sch.vectorize(vci)
     if panel_loop == block_loop:
         sch.parallel(sch.fuse(*vouter))  # (n, [group,] tile row)
-    *_, ma, mb, mtx, mo, mk = sch.get_loops(m)
+    if whole_image(shape, plan):
+        # position by position over all tiles: each position's filter part is read once
+        *_, mty, ma, mb, mtx, mo, mk = sch.get_loops(m)
+        mtxo, mtx = sch.split(mtx, [None, plan.mr])
+        sch.reorder(ma, mb, mty, mtxo, mtx)
+    else:
+        *_, ma, mb, mtx, mo, mk = sch.get_loops(m)
     gemm = TPPSpec("gemm", "float32", m=plan.mr, n=plan.nr, k=shape.cg, beta=0)
     if not try_tensorize(sch, mtx, gemm, isa, "winograd tile"):
         raise RuntimeError("Winograd GEMM tile did not tensorize")  # a bug, not user input
