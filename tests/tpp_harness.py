@@ -116,7 +116,7 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
     if spec.kind == "equation":
         v, it = a[0], iter(a[1:])
         for step in spec.steps:
-            if step == "gate":
+            if step in ("gate", "scale"):
                 v = v * next(it)
             else:
                 v = v + next(it) if step in ("bias", "residual") else UNARY[step](v)

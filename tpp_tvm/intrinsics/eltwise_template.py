@@ -43,6 +43,7 @@ from .geometry import (
 from .spec import (
     MAX_EQUATION_STEPS,
     OPERAND_STEPS,
+    ROW_OPERANDS,
     TPPSpec,
     dtype_of,
     equation_operands,
@@ -637,7 +638,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     def operand(ops, slot, pos, tail):
         P = ops[operand_of[slot]]
-        bias = steps[slot] == "bias"
+        bias = steps[slot] in ROW_OPERANDS
         if tail:
             ((i, _),) = pos
             return row.load_tail(P[row.tail_start] if bias else P[i, row.tail_start])
@@ -649,7 +650,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         step = slots[slot]
         if step is None:
             return value
-        if step == "gate":
+        if step in ("gate", "scale"):
             return value * operand(ops, slot, pos, tail)
         if step in OPERAND_STEPS:
             return value + operand(ops, slot, pos, tail)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .spec import TPPSpec, equation_operands
+from .spec import ROW_OPERANDS, TPPSpec, equation_operands
 
 
 def whole(buf: tirx.Buffer):
@@ -142,5 +142,6 @@ def transform_out_shape(spec: TPPSpec) -> tuple[int, ...]:
 
 def equation_operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
     """Shapes of an equation's extra operands, in parameter order: a bias is a row ``(N,)``,
-    a residual or gate an ``(M, N)`` tile."""
-    return [(spec.n,) if k == "bias" else (spec.m, spec.n) for k in equation_operands(spec.steps)]
+    a residual or gate an ``(M, N)`` tile, a scale a row like a bias."""
+    return [(spec.n,) if k in ROW_OPERANDS else (spec.m, spec.n)
+            for k in equation_operands(spec.steps)]

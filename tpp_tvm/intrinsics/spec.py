@@ -175,8 +175,9 @@ OPS: dict[str, OpDef] = {
         "equation",
         None,
         "Y = steps applied to X in order; a step is a unary TPP, 'bias' (+ a row vector "
-        "(N,)), 'residual' (+ an (M, N) operand) or 'gate' (x an (M, N) operand): e.g. a "
-        "GEMM's fused epilogue (a SwiGLU up projection times its activated gate)",
+        "(N,)), 'residual' (+ an (M, N) operand), 'gate' (x an (M, N) operand) or 'scale' "
+        "(x a row vector (N,)): e.g. a GEMM's fused epilogue (a SwiGLU up projection "
+        "times its activated gate), a normalization's per-channel affine",
     ),
     # reductions
     "reduce_add_rows": OpDef("reduce", lambda x: x, "Y[j] = sum_i X[i, j]"),
@@ -548,18 +549,21 @@ def reduce_combine(op: str, acc, val):
 #: Longest equation (each step is one pass over registers, not memory).
 MAX_EQUATION_STEPS = 4
 #: Steps an equation TPP chains: the unary TPPs plus adding a bias row or a residual tile,
-#: or multiplying by a gate tile.
+#: or multiplying by a gate tile or a scale row.
 EQUATION_STEPS = (
     "bias",
     "residual",
     "gate",
+    "scale",
     *[op for op, d in OPS.items() if d.kind == "unary" and op not in ("copy",)],
 )
 
 
 #: Equation steps with an operand: a bias row (N,) added, a residual tile (M, N) added, a
-#: gate tile (M, N) multiplied.
-OPERAND_STEPS = ("bias", "residual", "gate")
+#: gate tile (M, N) multiplied, a scale row (N,) multiplied.
+OPERAND_STEPS = ("bias", "residual", "gate", "scale")
+#: Operand steps whose operand is a row (N,) broadcast over the tile's rows.
+ROW_OPERANDS = ("bias", "scale")
 
 
 def equation_operands(steps: tuple[str, ...]) -> list[str]:
@@ -569,7 +573,7 @@ def equation_operands(steps: tuple[str, ...]) -> list[str]:
 
 def equation_step(step: str, v: tirx.Expr, operand: tirx.Expr | None) -> tirx.Expr:
     """One step of an equation on value ``v`` (``operand`` for operand steps)."""
-    if step == "gate":
+    if step in ("gate", "scale"):
         return v * operand
     if step in OPERAND_STEPS:
         return v + operand

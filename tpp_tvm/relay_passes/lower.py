@@ -32,6 +32,7 @@ from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule
 from ..schedules.gemm_plan import register_tile_isa, runs_on_tiles
+from ..schedules.instance_norm import instance_norm_apply_schedule, instance_norm_stats_schedule
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import (
     equation_schedule,
@@ -469,6 +470,27 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
     return relax.op.reshape(_rows_out(bb, out, rows, padded), xs)
 
 
+def _lower_instance_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                         isa: str) -> relax.Expr:
+    """Channels-last instance norm (+ act): per-channel scale and shift from column
+    statistics, then one equation TPP pass (``scale``, ``bias``, act)."""
+    x, root = matched["lhs"], matched["root"]
+    _, rows, width = _shape(x)
+    stats = instance_norm_stats_schedule(rows, width, float(root.attrs.epsilon))
+    stats_gv = bb.add_func(as_relax_kernel(stats.mod["main"]),
+                           name.replace(".", "_") + "_stats")
+    x2 = bb.emit(relax.op.reshape(x, (rows, width)))
+    row = relax.TensorType((width,), "float32")
+    scale_shift = bb.emit(relax.call_tir(stats_gv, [x2, matched["gamma"], matched["beta"]],
+                                         [row, row]))
+    apply = instance_norm_apply_schedule(rows, width, matched.get("activation"), isa)
+    gv = bb.add_func(as_relax_kernel(apply.mod["main"]), name.replace(".", "_"))
+    out = bb.emit(relax.call_tir(gv, [x2, bb.emit(relax.TupleGetItem(scale_shift, 0)),
+                                      bb.emit(relax.TupleGetItem(scale_shift, 1))],
+                                 relax.TensorType((rows, width), "float32")))
+    return relax.op.reshape(out, (1, rows, width))
+
+
 def _lower_max_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                     isa: str) -> relax.Expr:
     """NHWC max pooling: the pool_max TPP over each window."""
@@ -510,6 +532,7 @@ LOWERINGS = {
     "matmul": _lower_matmul,
     "col_sum": _lower_col_sum,
     "layer_norm": _lower_layer_norm,
+    "instance_norm": _lower_instance_norm,
     "rms_norm": _lower_rms_norm,
     "softmax": _lower_softmax,
 }

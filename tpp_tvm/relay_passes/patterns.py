@@ -370,6 +370,36 @@ def _rms_norm_check(ctx: relax.transform.PatternCheckContext) -> bool:
     return [int(d) for d in a["gamma"].ty.shape.values] == [int(x.ty.shape.values[-1])]
 
 
+def _instance_norm_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """A channels-last instance norm of one fp32 sample (1, rows, C) over its rows, with
+    constant per-channel gamma and beta."""
+    a = ctx.annotated_expr
+    x, root = a["lhs"], a["root"]
+    if not _static_f32(x) or not isinstance(a["gamma"], tvm.ir.Constant) \
+            or not isinstance(a["beta"], tvm.ir.Constant):
+        return False
+    shape = [int(d) for d in x.ty.shape.values]
+    return (len(shape) == 3 and shape[0] == 1 and shape[1] >= 2
+            and int(root.attrs.channel_axis) == 2
+            and [int(d) for d in root.attrs.axes] == [1])
+
+
+def instance_norm_patterns() -> list[TPPPattern]:
+    """``act(instance_norm(x, gamma, beta))`` channels-last (``relay_passes/instance_norm.py``
+    writes it): column statistics and one equation TPP."""
+    table = []
+    for activation in (*[a for a in ACTIVATIONS if a != "relu6"], None):
+        x, gamma, beta = wildcard(), is_const(), is_const()
+        norm = is_op("relax.nn.instance_norm")(x, gamma, beta)
+        out = is_op(activation)(norm) if activation else norm
+        name = "tpp.instance_norm" + (f"_{ACTIVATIONS[activation]}" if activation else "")
+        table.append(TPPPattern(name, out, {"lhs": x, "gamma": gamma, "beta": beta,
+                                            "root": norm, "out": out},
+                                _instance_norm_check, "instance_norm",
+                                ACTIVATIONS.get(activation)))
+    return table
+
+
 def rowwise_patterns() -> list[TPPPattern]:
     """Layer norm, RMS norm and softmax over the last axis: row-wise TPP equations."""
     x, gamma, beta = wildcard(), wildcard(), wildcard()  # constants, or trained params
@@ -379,6 +409,7 @@ def rowwise_patterns() -> list[TPPPattern]:
     x3, gamma3 = wildcard(), wildcard()
     rms = is_op("relax.nn.rms_norm")(x3, gamma3)
     return [
+        *instance_norm_patterns(),
         TPPPattern("tpp.layer_norm", ln, {"lhs": x, "gamma": gamma, "beta": beta, "root": ln},
                    _last_axis_check, "layer_norm"),
         TPPPattern("tpp.rms_norm", rms, {"lhs": x3, "gamma": gamma3, "root": rms},

@@ -39,6 +39,7 @@ from ..tir_pipeline import PIPELINE as TIR_PIPELINE
 from ..tuning.logs import TuneLogs, resolve_logs
 from .canonical_forms import CanonicalizeOperatorForms
 from .canonicalize import CanonicalizeActivations
+from .instance_norm import ChannelsLastInstanceNorm
 from .lower import (
     LoweringReport,
     check_precision,
@@ -144,6 +145,9 @@ def partition_passes(isa: str, report: LoweringReport | None = None, threads: in
         # a contraction the tuning rules tile around a TPP (OHWI has K innermost).
         nhwc_convolutions(report),
         fold_constants(),  # the filters' layout transposes: constants the passes can read
+        # A per-channel norm between two layout transposes runs channels-last instead.
+        ChannelsLastInstanceNorm,
+        relax.transform.DeadCodeElimination(),
         SinkLayoutTransposes,
         fold_constants(),
         OrderResidualOperands,

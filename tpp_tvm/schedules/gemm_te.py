@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from ..errors import UnsupportedDTypeError
-from ..intrinsics.spec import equation_expr, equation_operands, quant_expr
+from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands, quant_expr
 from .gemm_plan import GemmPlan
 
 #: Name of a GEMM kernel's packed weight parameter.
@@ -200,7 +200,7 @@ def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ..
         return src[tuple(ix[a] for a in src_axes)] if src_axes else src[ix]
 
     return te.compute(shape, lambda *ix: equation_expr(steps, at(ix), [
-        p[ix[-len(p.shape):]] if k == "bias" else p[ix] for p, k in zip(operands, kinds)
+        p[ix[-len(p.shape):]] if k in ROW_OPERANDS else p[ix] for p, k in zip(operands, kinds)
     ]), name=name)
 
 

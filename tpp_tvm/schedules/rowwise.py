@@ -19,7 +19,7 @@ from __future__ import annotations
 from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
-from ..intrinsics.spec import equation_expr
+from ..intrinsics.spec import ROW_OPERANDS, equation_expr
 from .tensorize import tensorize_row_block
 
 #: Largest row block; a block of rows x H fp32 should stay well inside L1.
@@ -69,15 +69,15 @@ def equation_schedule(rows: int, width: int, steps: tuple[str, ...],
                       operand_kinds: list[str], isa: str) -> s_tir.Schedule:
     """An element-wise chain over a (rows, width) tensor as one equation TPP per row block.
 
-    ``operand_kinds`` lists the extra inputs in order ('bias': (width,), 'residual': (rows,
-    width)) for the bias/residual steps.
+    ``operand_kinds`` lists the extra inputs in order (rows (width,) for 'bias' and 'scale',
+    tiles (rows, width) for 'residual' and 'gate'), one per operand step.
     """
     mr = row_block(rows, width)
     X = te.placeholder((rows, width), "float32", name="x")
-    ops = [te.placeholder((width,) if k == "bias" else (rows, width), "float32", name=f"p{i}")
-           for i, k in enumerate(operand_kinds)]
+    ops = [te.placeholder((width,) if k in ROW_OPERANDS else (rows, width), "float32",
+                          name=f"p{i}") for i, k in enumerate(operand_kinds)]
     y = te.compute((rows, width), lambda i, j: equation_expr(steps, X[i, j], [
-        p[j] if k == "bias" else p[i, j] for p, k in zip(ops, operand_kinds)
+        p[j] if k in ROW_OPERANDS else p[i, j] for p, k in zip(ops, operand_kinds)
     ]), name="equation")
     sch = s_tir.Schedule(te.create_prim_func([X, *ops, y]))
     i, _ = sch.get_loops(sch.get_sblock("equation"))
