@@ -439,9 +439,11 @@ def gelu_tanh(x: Expr) -> Expr:
 
 
 def silu(x: Expr) -> Expr:
-    """``x sigmoid(x)`` (swish), on the same SIMD sigmoid."""
+    """``x sigmoid(x)`` (swish), on the same SIMD sigmoid. The product carries a NaN input
+    through by itself (no NaN test: a compare and blend fewer in every GEMM epilogue); an
+    input below exp's range gives 0, not -inf * 0."""
     _check_f32(x, "silu")
-    return x * sigmoid(x)
+    return tirx.Select(x < const(x, _EXP_LO), splat(x, 0.0), x) * _sigmoid(x)
 
 
 def _relu_inv(dy: Expr, x: Expr) -> Expr:
