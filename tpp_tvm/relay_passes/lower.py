@@ -42,7 +42,7 @@ from ..schedules.rowwise import (
     softmax_schedule,
 )
 from ..schedules.winograd import pack_winograd_filter, winograd_applies, winograd_schedule
-from .patterns import TPPPattern, pattern_table
+from .patterns import TPPPattern, mask_rows_broadcast, pattern_table
 from .tuned import composite_kernel, emit_tuned
 
 log = logging.getLogger(__name__)
@@ -419,6 +419,11 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     if "mask" in matched:
         mask = matched["mask"]
         ms = _shape(mask)
+        if len(ms) != len(qs) or not mask_rows_broadcast(tuple(ms[:-2]), tuple(qs[:-2])):
+            # a constant broadcast over inner dims (a bias per head): one row per (b, h)
+            full = np.broadcast_to(mask.value.numpy(), (*qs[:-2], *ms[-2:]))
+            mask = relax.const(np.ascontiguousarray(full))
+            ms = _shape(mask)
         mask_rows = int(np.prod(ms[:-2]))
         heads = bh // mask_rows
         per_query = ms[-2] > 1

@@ -534,10 +534,21 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
         if not _static_f32(mask):
             return False
         ms = tuple(int(d) for d in mask.ty.shape.values)
-        if len(ms) != len(qs) or ms[-1] != ks[-1] or ms[-2] not in (1, qs[-2]):
+        if len(ms) < 2 or len(ms) > len(qs) or ms[-1] != ks[-1] or ms[-2] not in (1, qs[-2]):
             return False
-        return mask_rows_broadcast(ms[:-2], qs[:-2])
+        if len(ms) == len(qs) and mask_rows_broadcast(ms[:-2], qs[:-2]):
+            return True
+        # A constant mask broadcast otherwise (Swin's relative position bias, one per head
+        # for every window) is laid out per (batch·head) row at lowering, if not too big.
+        lead = (1,) * (len(qs) - len(ms)) + ms[:-2]
+        return (isinstance(mask, tvm.ir.Constant)
+                and all(m in (1, q) for m, q in zip(lead, qs[:-2]))
+                and 4 * int(np.prod(qs[:-2])) * ms[-2] * ms[-1] <= MAX_MATERIALIZED_MASK)
     return True
+
+
+#: Largest attention mask (bytes) materialized per (batch·head) row from a broadcast.
+MAX_MATERIALIZED_MASK = 16 * 1024 * 1024
 
 
 def mask_rows_broadcast(mask_lead: tuple[int, ...], lead: tuple[int, ...]) -> bool:
