@@ -17,6 +17,7 @@ from tvm import s_tir
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
 from tpp_tvm.intrinsics.geometry import contraction_geometry, pool_geometry
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
+from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS
 from tpp_tvm.target import target
 
 
@@ -116,7 +117,7 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
     if spec.kind == "equation":
         v, it = a[0], iter(a[1:])
         for step in spec.steps:
-            if step in ("gate", "scale"):
+            if step in MULTIPLYING_OPERANDS:
                 v = v * next(it)
             else:
                 v = v + next(it) if step in ("bias", "residual") else UNARY[step](v)

@@ -42,6 +42,7 @@ from .geometry import (
 )
 from .spec import (
     MAX_EQUATION_STEPS,
+    MULTIPLYING_OPERANDS,
     OPERAND_STEPS,
     ROW_OPERANDS,
     TPPSpec,
@@ -66,8 +67,8 @@ CACHE_LINE = 64
 EQUATION_GROUP = 4
 #: Values one step of an equation binds to statements (``vector_math.statement_slots``).
 BOUND_SLOTS = 8
-#: Equation operands that are whole tiles (M, N), not a bias row.
-TILE_OPERANDS = ("residual", "gate")
+#: Equation operands that are whole tiles (M, N), not rows.
+TILE_OPERANDS = tuple(s for s in OPERAND_STEPS if s not in ROW_OPERANDS)
 #: Tiles of at most this many rows prefetch the residual rows below them (see equation_impl).
 RESIDUAL_PREFETCH_ROWS = 64
 #: (dtype, out_dtype) conversions a copy TPP performs.
@@ -650,7 +651,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         step = slots[slot]
         if step is None:
             return value
-        if step in ("gate", "scale"):
+        if step in MULTIPLYING_OPERANDS:
             return value * operand(ops, slot, pos, tail)
         if step in OPERAND_STEPS:
             return value + operand(ops, slot, pos, tail)

@@ -314,8 +314,8 @@ class TPPSpec:
             raise UnsupportedShapeError("TPP equation needs steps; other TPPs take none")
         if len(equation_operands(self.steps)) > 2 or len(self.steps) > MAX_EQUATION_STEPS:
             raise UnsupportedShapeError(
-                f"TPP equation: at most {MAX_EQUATION_STEPS} steps, two of them "
-                "bias/residual/gate"
+                f"TPP equation: at most {MAX_EQUATION_STEPS} steps, two of them with an "
+                f"operand ({'/'.join(OPERAND_STEPS)})"
             )
         bad = [s for s in self.steps if s not in EQUATION_STEPS]
         if bad:
@@ -564,6 +564,8 @@ EQUATION_STEPS = (
 OPERAND_STEPS = ("bias", "residual", "gate", "scale")
 #: Operand steps whose operand is a row (N,) broadcast over the tile's rows.
 ROW_OPERANDS = ("bias", "scale")
+#: Operand steps that multiply by their operand (the others add it).
+MULTIPLYING_OPERANDS = ("gate", "scale")
 
 
 def equation_operands(steps: tuple[str, ...]) -> list[str]:
@@ -573,7 +575,7 @@ def equation_operands(steps: tuple[str, ...]) -> list[str]:
 
 def equation_step(step: str, v: tirx.Expr, operand: tirx.Expr | None) -> tirx.Expr:
     """One step of an equation on value ``v`` (``operand`` for operand steps)."""
-    if step in ("gate", "scale"):
+    if step in MULTIPLYING_OPERANDS:
         return v * operand
     if step in OPERAND_STEPS:
         return v + operand

@@ -481,7 +481,7 @@ def _lower_instance_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr],
     statistics, then one equation TPP pass (``scale``, ``bias``, act)."""
     x, root = matched["lhs"], matched["root"]
     _, rows, width = _shape(x)
-    stats = instance_norm_stats_schedule(rows, width, float(root.attrs.epsilon))
+    stats = instance_norm_stats_schedule(rows, width, float(root.attrs.epsilon), isa)
     stats_gv = bb.add_func(as_relax_kernel(stats.mod["main"]),
                            name.replace(".", "_") + "_stats")
     x2 = bb.emit(relax.op.reshape(x, (rows, width)))

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from tvm import s_tir, te, tirx
 
+from ..intrinsics.registry import vector_isa
 from .rowwise import equation_schedule
 
 #: Output names of the statistics kernel: the per-channel scale and shift.
 STATS_OUTPUTS = ("norm_scale", "norm_shift")
 
 
-def instance_norm_stats_schedule(rows: int, width: int, eps: float) -> s_tir.Schedule:
+def instance_norm_stats_schedule(rows: int, width: int, eps: float, isa: str
+                                 ) -> s_tir.Schedule:
     """Kernel (x (rows, width), gamma (width,), beta (width,)) -> (scale, shift), each
     (width,): ``scale = gamma * rstd``, ``shift = beta - mean * scale``. Channels run as
     vector lanes, parallel over channel blocks."""
@@ -52,7 +54,8 @@ def instance_norm_stats_schedule(rows: int, width: int, eps: float) -> s_tir.Sch
     shift = te.compute((width,), lambda c: beta[c] - (X[0, c] + s1[c] * inv) * scale[c],
                        name=STATS_OUTPUTS[1])
     sch = s_tir.Schedule(te.create_prim_func([X, gamma, beta, scale, shift]))
-    lanes = 16 if width % 16 == 0 else 1
+    lanes = vector_isa(isa).schedule_lanes("float32")
+    lanes = lanes if width % lanes == 0 else 1
     # One pass: per block of channels, the sum and the sum of squares of each row.
     blk = sch.get_sblock("shifted_sums")
     c, r = sch.get_loops(blk)

@@ -26,7 +26,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from ..intrinsics.spec import equation_expr, equation_operands
+from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands
 from ..target import host_isa
 from .conv import FILTER, ConvShape
 from .gemm_plan import GemmPlan, core_table, register_tile_isa, weights_outer
@@ -210,7 +210,8 @@ def winograd_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | 
         value = _pick(y % 2, [_pick(x % 2, row) for row in ys])
         ix = (n, y, x, *go)
         return equation_expr(steps, value, [
-            p[ix[-len(p.shape):]] if kd == "bias" else p[ix] for p, kd in zip(operands, kinds)])
+            p[ix[-len(p.shape):]] if kd in ROW_OPERANDS else p[ix]
+            for p, kd in zip(operands, kinds)])
 
     out = te.compute(valid, output, name="out")
     return [X, U, *operands], out
