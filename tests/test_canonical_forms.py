@@ -135,19 +135,51 @@ def test_transposes_are_exact(shape, perm) -> None:
 
 
 def test_transpose_rule_tiles_the_strided_axis() -> None:
+    """Off TPP targets (plain LLVM) the rule tiles the strided axis; a tile vector is
+    gathered down the input's column."""
     from tvm import te, tirx
 
     from tpp_tvm.schedules.default import Transpose
 
     x = te.placeholder((64, 48), name="x")
     y = te.compute((48, 64), lambda i, j: x[j, i], name="y")
-    sch = Transpose().apply(te.create_prim_func([x, y]), tpp_tvm.target(num_cores=1), False)
+    llvm = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 1})
+    sch = Transpose().apply(te.create_prim_func([x, y]), llvm, False)
     assert sch is not None
     kinds = [sch.get(lp).kind for lp in sch.get_loops(sch.get_sblock("y"))]
     assert kinds[-1] == tirx.ForKind.VECTORIZED and kinds[0] == tirx.ForKind.PARALLEL, kinds
     # An element-wise op is not a transpose.
     z = te.compute((64, 48), lambda i, j: x[i, j] * 2, name="z")
     assert Transpose().apply(te.create_prim_func([x, z]), tpp_tvm.target(), False) is None
+
+
+@pytest.mark.parametrize("rows,heads,dim,padded", [(197, 12, 64, 224), (49, 6, 32, 64),
+                                                   (37, 3, 16, 37), (211, 1, 512, 211)])
+def test_transposed_planes_run_on_the_transpose_tpp(rows, heads, dim, padded) -> None:
+    """Attention's Kᵀ ((tokens, heads*dim) to (heads, dim, keys), keys zero padded to the
+    kernel's width) and plain 2-D transposes: on a TPP target the transposed plane is a
+    register-blocked transpose TPP (no gathers), a zero pad is stored apart, a single
+    plane is split into chunks for the threads; exact for ragged and prime sizes."""
+    from tvm import te, tirx
+
+    from tpp_tvm.schedules.default import Transpose
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    x = te.placeholder((rows, heads * dim), name="x")
+    y = te.compute((heads, dim, padded), lambda h, d, j: tirx.if_then_else(
+        j < rows, x[tirx.min(j, rows - 1), h * dim + d], tirx.const(0, "float32")), name="y")
+    tgt = tpp_tvm.target(num_cores=2)
+    sch = Transpose().apply(te.create_prim_func([x, y]), tgt, False)
+    script = sch.mod.script()
+    assert "T.Shuffle" in script and "gather" not in script
+    assert ("y_pad_const" in script) == (padded > rows)
+    lib = compile_kernels(sch.mod, tgt)
+    a = RNG.standard_normal((rows, heads * dim)).astype("float32")
+    out = tvm.runtime.tensor(np.full((heads, dim, padded), np.nan, "float32"))
+    lib["main"](tvm.runtime.tensor(a), out)
+    want = np.zeros((heads, dim, padded), "float32")
+    want[:, :, :rows] = a.reshape(rows, heads, dim).transpose(1, 2, 0)
+    np.testing.assert_array_equal(out.numpy(), want)
 
 
 @pytest.mark.parametrize("lo,hi,fused", [(0.0, 6.0, True), (-1.0, 1.0, False)])
@@ -202,8 +234,9 @@ def test_broadcast_producers_are_computed_once_not_per_element() -> None:
 
 
 def test_ragged_transpose_is_vectorized_and_partitioned() -> None:
-    """3199 x 512 (wav2vec2's first conv output to NCW): the ragged last tile is split off
-    by loop partitioning so whole tiles vectorize; the result is the exact transpose."""
+    """3199 x 512 (wav2vec2's first conv output to NCW) off TPP targets: the ragged last
+    tile is split off by loop partitioning so whole tiles vectorize; the result is the
+    exact transpose."""
     import numpy as np
     import tvm
     from tvm import te, tirx
@@ -213,7 +246,7 @@ def test_ragged_transpose_is_vectorized_and_partitioned() -> None:
 
     x = te.placeholder((211, 512), name="x")
     y = te.compute((512, 211), lambda i, j: x[j, i], name="y")
-    tgt = tpp_tvm.target(num_cores=1)
+    tgt = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 1})
     sch = Transpose().apply(te.create_prim_func([x, y]), tgt, False)
     loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("y"))]
     assert loops[-1].kind == tirx.ForKind.VECTORIZED
