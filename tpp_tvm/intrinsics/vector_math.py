@@ -310,15 +310,25 @@ def _pow2(n: Expr, like: Expr) -> Expr:
     return tirx.reinterpret(dtype_of(like), bits)
 
 
-def _exp_parts(hi: Expr, lo: Expr) -> Expr:
+def _exp_parts(hi: Expr, lo: Expr | None = None, nonpositive: bool = False) -> Expr:
     """``exp(hi + lo)`` where ``hi`` may be large and exact and ``lo`` is a small correction.
 
     Range reduction subtracts ``n ln2`` from ``hi`` first (exactly, Sterbenz), so the
-    rounding of ``hi + lo`` never enters the result.
+    rounding of ``hi + lo`` never enters the result; ``r`` is clamped because ``hi`` is
+    not. Without ``lo`` the clamped argument itself is reduced, already in range, and
+    ``nonpositive`` (sigmoid's and tanh's ``-|x|``) drops the upper clamp: three
+    operations fewer on a ~20-operation exponential (after a GEMM on Zen 5, cycles an
+    element: SiLU 0.83 -> 0.73, sigmoid 0.82 -> 0.65, tanh-GELU 1.14 -> 0.96).
     """
-    s = _clamp(hi + lo, _EXP_LO, _EXP_HI)
-    nf = tirx.floor(s * const(s, _LOG2E) + const(s, 0.5))
-    r = _clamp((hi - nf * const(s, _LN2_HI)) - nf * const(s, _LN2_LO) + lo, -_R_MAX, _R_MAX)
+    if lo is None:
+        s = tirx.max(hi, const(hi, _EXP_LO)) if nonpositive else _clamp(hi, _EXP_LO, _EXP_HI)
+        nf = tirx.floor(s * const(s, _LOG2E) + const(s, 0.5))
+        r = (s - nf * const(s, _LN2_HI)) - nf * const(s, _LN2_LO)
+    else:
+        s = _clamp(hi + lo, _EXP_LO, _EXP_HI)
+        nf = tirx.floor(s * const(s, _LOG2E) + const(s, 0.5))
+        r = _clamp((hi - nf * const(s, _LN2_HI)) - nf * const(s, _LN2_LO) + lo, -_R_MAX,
+                   _R_MAX)
     p = _poly(r, _EXP_POLY) * r * r + r + const(r, 1.0)
     if _avx512(p):  # p * 2^nf, rounded once (denormal, normal or inf)
         return per_zmm(lambda v, e: tirx.call_llvm_pure_intrin(
@@ -334,7 +344,7 @@ def _exp_parts(hi: Expr, lo: Expr) -> Expr:
 def exp(x: Expr) -> Expr:
     """``e^x`` (fp32, ~1 ulp; 0 below -103.98, inf above 88.72)."""
     _check_f32(x, "exp")
-    return _keep_nan(x, _exp_parts(x, const(x, 0.0)))
+    return _keep_nan(x, _exp_parts(x))
 
 
 def _neg_square(a: Expr, scale: float) -> tuple[Expr, Expr]:
@@ -387,13 +397,14 @@ def tanh(x: Expr) -> Expr:
     xs = _clamp(x, -_TANH_SMALL, _TANH_SMALL)
     s = xs * xs
     small = _poly(s, _TANH_POLY) * s * xs + xs
-    e = _exp_parts(const(x, -2.0) * tirx.min(tirx.abs(x), const(x, _TANH_X_MAX)), const(x, 0.0))
+    e = _exp_parts(const(x, -2.0) * tirx.min(tirx.abs(x), const(x, _TANH_X_MAX)),
+                   nonpositive=True)
     large = _copysign((const(x, 1.0) - e) * _reciprocal(const(x, 1.0) + e), x)
     return _keep_nan(x, tirx.Select(tirx.abs(x) < const(x, _TANH_SMALL), small, large))
 
 
 def _sigmoid(x: Expr) -> Expr:
-    e = _exp_parts(-tirx.abs(x), const(x, 0.0))
+    e = _exp_parts(-tirx.abs(x), nonpositive=True)
     s = _reciprocal(const(x, 1.0) + e)
     return tirx.Select(x >= const(x, 0.0), s, e * s)
 
