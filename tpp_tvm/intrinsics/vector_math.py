@@ -426,10 +426,11 @@ def _phi_parts(x: Expr) -> tuple[Expr, Expr, Expr, Expr]:
 
 
 def gelu(x: Expr) -> Expr:
-    """``x Phi(x)`` = ``x/2 (1 + erf(x/sqrt 2))`` (fp32, relatively accurate for all x)."""
+    """``x Phi(x)`` = ``x/2 (1 + erf(x/sqrt 2))`` (fp32, relatively accurate for all x).
+    A NaN fails ``x < 0`` and multiplies through itself (no NaN test in the epilogue)."""
     _check_f32(x, "gelu")
     h, _, _, xc = _phi_parts(x)
-    return _keep_nan(x, tirx.Select(x < const(x, 0.0), xc * h, x * (const(x, 1.0) - h)))
+    return tirx.Select(x < const(x, 0.0), xc * h, x * (const(x, 1.0) - h))
 
 
 def gelu_inv(dy: Expr, x: Expr) -> Expr:
@@ -446,7 +447,8 @@ def gelu_tanh(x: Expr) -> Expr:
     _check_f32(x, "gelu_tanh")
     xc = _clamp(x, -_GELU_TANH_X_MAX, _GELU_TANH_X_MAX)
     u2 = const(x, 2.0 * _SQRT_2_PI) * (xc + const(x, _GELU_TANH_C) * xc * xc * xc)
-    return _keep_nan(x, tirx.Select(x < const(x, 0.0), xc, x) * _sigmoid(u2))
+    # A NaN fails x < 0 and multiplies through itself.
+    return tirx.Select(x < const(x, 0.0), xc, x) * _sigmoid(u2)
 
 
 def silu(x: Expr) -> Expr:
