@@ -443,7 +443,10 @@ def eltwise_patterns() -> list[TPPPattern]:
     table = []
     for activation in (*ACTIVATIONS, None):
         for with_add in (True, False):
-            if activation is None and not with_add:
+            if activation is None:
+                # A lone add TVM fuses with its element-wise producers and consumers
+                # (RoPE's x*cos + rotate(x)*sin becomes one kernel, not three); an equation
+                # TPP would only cut that chain.
                 continue
             x = wildcard()
             out, ann, name = x, {"lhs": x}, "tpp.eltwise"
