@@ -349,17 +349,14 @@ def _rows_out(bb: relax.BlockBuilder, out: relax.Expr, rows: int, padded: int) -
 
 def _rowwise_kernel(bb: relax.BlockBuilder, x: relax.Expr, name: str, schedule, args: list
                     ) -> relax.Expr:
-    """A row-wise kernel over ``x`` flattened to rows (the first of ``args``), reshaped back;
-    run on zero-padded rows where the row count has no block size (:func:`padded_rows`)."""
+    """A row-wise kernel over ``x`` flattened to rows (the first of ``args``), reshaped back
+    (a row count no block size divides is padded inside the kernel)."""
     xs = _shape(x)
     rows, width = int(np.prod(xs[:-1])), xs[-1]
-    padded = padded_rows(rows, width)
-    gv = bb.add_func(as_relax_kernel(schedule(padded, width).mod["main"]),
+    gv = bb.add_func(as_relax_kernel(schedule(rows, width).mod["main"]),
                      name.replace(".", "_"))
     x2 = bb.emit(relax.op.reshape(x, (rows, width))) if len(xs) != 2 else x
-    out = bb.emit(relax.call_tir(gv, [_rows_in(bb, x2, rows, padded), *args],
-                                 relax.TensorType((padded, width), "float32")))
-    out = _rows_out(bb, out, rows, padded)
+    out = bb.emit(relax.call_tir(gv, [x2, *args], relax.TensorType((rows, width), "float32")))
     return relax.op.reshape(out, xs) if len(xs) != 2 else out
 
 
