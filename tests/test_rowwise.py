@@ -73,26 +73,32 @@ def test_padded_rows_only_where_no_block_divides() -> None:
     assert padded_rows(49, 4096) > 49 and row_block(padded_rows(49, 4096), 4096) > 1
 
 
-def test_norms_pad_prime_row_counts_inside_the_kernel() -> None:
-    """ViT's 197 tokens: the layer norm and softmax kernels take and give the 197 rows and
-    pad their last row block themselves, so no pad or slice kernel surrounds them."""
+def _norm_then_softmax(width: int, seed: int, tail: list, rtol: float, atol: float) -> str:
+    """LayerNorm then Softmax over 197 tokens of ``width`` channels (then the ``tail``
+    nodes, ending in ``y``), checked against ONNX Runtime; the compiled model's report."""
     import checks
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(4)
-    shape = [1, 197, 768]
-    g, b = (numpy_helper.from_array(rng.standard_normal(768).astype("float32"), n)
+    rng = np.random.default_rng(seed)
+    shape = [1, 197, width]
+    g, b = (numpy_helper.from_array(rng.standard_normal(width).astype("float32"), n)
             for n in ("g", "b"))
     nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1),
-             helper.make_node("Softmax", ["ln"], ["y"], axis=-1)]
+             helper.make_node("Softmax", ["ln"], ["sm" if tail else "y"], axis=-1), *tail]
     graph = helper.make_graph(
         nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [g, b])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     feeds = {"x": rng.standard_normal(shape).astype("float32")}
-    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-6)
-    report = compiled.report()
+    report = checks.assert_runs_like_onnxruntime(model, feeds, rtol=rtol, atol=atol).report()
     assert "tpp.layer_norm" in report and "tpp.softmax" in report, report
+    return report
+
+
+def test_norms_pad_prime_row_counts_inside_the_kernel() -> None:
+    """ViT's 197 tokens: the layer norm and softmax kernels take and give the 197 rows and
+    pad their last row block themselves, so no pad or slice kernel surrounds them."""
+    report = _norm_then_softmax(768, 4, [], rtol=1e-4, atol=1e-6)
     assert "pad" not in report and "strided_slice" not in report, report
 
 
@@ -100,22 +106,9 @@ def test_prime_row_counts_run_padded_in_a_model() -> None:
     """ViT's 197 tokens: layer norm, softmax and an element-wise GELU + residual (padded by
     the graph: zero rows whose outputs are dropped) run on TPPs; results match ONNX
     Runtime."""
-    import checks
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
-    rng = np.random.default_rng(3)
-    shape = [1, 197, 64]
-    g, b = (numpy_helper.from_array(rng.standard_normal(64).astype("float32"), n)
-            for n in ("g", "b"))
-    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1),
-             helper.make_node("Softmax", ["ln"], ["sm"], axis=-1),
-             helper.make_node("Add", ["sm", "x"], ["s"]),
-             helper.make_node("Gelu", ["s"], ["y"], domain="")]
-    graph = helper.make_graph(
-        nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [g, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    feeds = {"x": rng.standard_normal(shape).astype("float32")}
-    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-5)
-    lowered = compiled.report()
-    assert "tpp.layer_norm" in lowered and "tpp.softmax" in lowered, lowered
+    tail = [helper.make_node("Add", ["sm", "x"], ["s"]),
+            helper.make_node("Gelu", ["s"], ["y"], domain="")]
+    report = _norm_then_softmax(64, 3, tail, rtol=1e-4, atol=1e-5)
+    assert "tpp.eltwise_add_gelu" in report, report
