@@ -316,8 +316,8 @@ def _exp_parts(hi: Expr, lo: Expr | None = None, nonpositive: bool = False) -> E
     Range reduction subtracts ``n ln2`` from ``hi`` first (exactly, Sterbenz), so the
     rounding of ``hi + lo`` never enters the result; ``r`` is clamped because ``hi`` is
     not. Without ``lo`` the clamped argument itself is reduced, already in range, and
-    ``nonpositive`` (sigmoid's and tanh's ``-|x|``) drops the upper clamp: three
-    operations fewer on a ~20-operation exponential (after a GEMM on Zen 5, cycles an
+    ``nonpositive`` (sigmoid's and tanh's ``-|x|``) drops the upper clamp: two or
+    three operations fewer on a ~20-operation exponential (after a GEMM on Zen 5, cycles an
     element: SiLU 0.83 -> 0.73, sigmoid 0.82 -> 0.65, tanh-GELU 1.14 -> 0.96).
     """
     if lo is None:

@@ -19,9 +19,8 @@ from __future__ import annotations
 from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
-from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import ROW_OPERANDS, equation_expr
-from .tensorize import tensorize_row_block
+from .tensorize import tensorize_row_block, vectorize_whole_vectors
 
 #: Largest row block; a block of rows x H fp32 should stay well inside L1.
 MAX_ROWS = 16
@@ -92,11 +91,7 @@ def schedule_row_stages(func: tirx.PrimFunc, stages: list[tuple[str, TPPSpec | N
         if spec is not None:
             tensorize_row_block(sch, name, spec, isa)
         elif name in ("rows_in", "rows_out"):
-            lanes = vector_isa(isa).schedule_lanes("float32")
-            inner = sch.get_loops(sch.get_sblock(name))[-1]
-            width = sch.get(inner).extent
-            if isinstance(width, tirx.IntImm) and int(width) % lanes == 0:
-                sch.vectorize(sch.split(inner, [None, lanes])[1])
+            vectorize_whole_vectors(sch, sch.get_sblock(name), isa)
     return sch
 
 

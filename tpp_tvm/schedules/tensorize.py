@@ -68,12 +68,19 @@ def tensorize_row_block(sch: s_tir.Schedule, name: str, spec: TPPSpec, isa: str)
     if not try_tensorize(sch, loops[1], spec, isa, name):
         # One-row blocks (a prime row count) keep TIR: whole vectors, LLVM does the tail.
         try:
-            extent = sch.get(loops[-1]).extent
-            lanes = vector_isa(isa).schedule_lanes("float32")
-            if isinstance(extent, tirx.IntImm) and int(extent) % lanes == 0:
-                sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
+            vectorize_whole_vectors(sch, block, isa)
         except Exception:  # noqa: BLE001 - a reduction loop: leave it to LLVM
             pass
+
+
+def vectorize_whole_vectors(sch: s_tir.Schedule, block: SBlockRV, isa: str) -> None:
+    """Split ``block``'s innermost loop into ``isa``'s fp32 vectors and vectorize them when
+    it is a whole number of vectors (else LLVM keeps it: see :func:`tensorize_row_block`)."""
+    inner = sch.get_loops(block)[-1]
+    extent = sch.get(inner).extent
+    lanes = vector_isa(isa).schedule_lanes("float32")
+    if isinstance(extent, tirx.IntImm) and int(extent) % lanes == 0:
+        sch.vectorize(sch.split(inner, [None, lanes])[1])
 
 
 def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
