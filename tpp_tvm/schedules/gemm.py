@@ -26,6 +26,7 @@ from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm_plan import (
     GemmPlan,
     check_gemm,
+    col_scale_once,
     k_block,
     plan_gemm,
     register_tile_isa,
@@ -134,7 +135,7 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     if threads is None:
         sch.parallel(tile_loop)
     vector_isa = register_tile_isa(isa)
-    scale_rows_per_tile(sch, tile_loop)
+    scale_columns(sch, tile_loop, col_scale_once(plan, batch_extent))
     schedule_pads(sch, ("A_pad", "A_scale", "B_pad",
                         *schedule_transposes(sch, plan, vector_isa)))
     epilogue = fuse_epilogue(sch, tile_loop, mr, nr, stages, copy_dtype=prec.acc)
@@ -148,12 +149,17 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     return sch
 
 
-def scale_rows_per_tile(sch: s_tir.Schedule, tile_loop: s_tir.LoopRV) -> None:
-    """A's column-scaled rows (``A_colscale``) computed per output tile, into a row-tile
-    buffer in L1 that the microkernel reads: mr x K multiplies per mr x K x nr FMAs."""
+def scale_columns(sch: s_tir.Schedule, tile_loop: s_tir.LoopRV, once: bool) -> None:
+    """A's column-scaled rows (``A_colscale``): ``once``, a parallel pass over all of A
+    before the tiles (see :func:`~.gemm_plan.col_scale_once`); otherwise computed per
+    output tile, into a row-tile buffer in L1 that the microkernel reads (mr x K
+    multiplies per mr x K x nr FMAs)."""
     try:
         blk = sch.get_sblock("A_colscale")
     except Exception:  # noqa: BLE001 - the GEMM has no column scale
+        return
+    if once:
+        schedule_pads(sch, ("A_colscale",))
         return
     sch.compute_at(blk, tile_loop)
     sch.vectorize(sch.split(sch.get_loops(blk)[-1], [None, 16])[1])
