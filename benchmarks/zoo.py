@@ -365,11 +365,14 @@ def main(argv: list[str] | None = None) -> int:
                                         ("model", "impl", "threads"), "median_ms")
     from harness import results_dir
 
+    import tpp_tvm
     from tpp_tvm.target import host_isa
 
     host = host_isa()
     args.out = args.out or results_dir()
-    cpu = f"{host.model_name}, LLVM `{args.out.name}` ({host.summary()})"
+    from tpp_tvm.tuning import target_tag
+
+    cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "zoo" if precision == "float32" else "zoo_bf16"
     (args.out / f"{stem}.json").write_text(json.dumps(
