@@ -279,15 +279,17 @@ def test_equation_vector_groups_remainders_and_tails(steps: tuple[str, ...], m: 
 def test_grouped_equations_use_the_avx512_forms() -> None:
     """A group's wide vector still gets vrcp14ps and vscalefps, per zmm (a division or the
     exponent-field form would mean the wide path fell back to the portable math), with its
-    values bound to statements so the intrinsic's zmm slices do not copy the whole tree."""
-    asm = h.assembly(TPPSpec("equation", m=4, n=64, steps=("bias", "gelu")))
-    body = [line.split()[0] for line in asm.splitlines()
-            if line.strip() and not line.lstrip().startswith((".", "#"))]
-    assert "vdivps" not in body
-    # 16 vectors, all in groups of 4: one of each per zmm of a group (the group loop may
-    # be unrolled; a per-vector loop would have one).
-    for instruction in ("vrcp14ps", "vscalefps"):
-        assert body.count(instruction) % 4 == 0 and body.count(instruction) > 0, asm
+    values bound to statements so the intrinsic's zmm slices do not copy the whole tree
+    (SiLU: exp and a reciprocal; GELU: its rational erf's reciprocal)."""
+    for act, instructions in (("silu", ("vrcp14ps", "vscalefps")), ("gelu", ("vrcp14ps",))):
+        asm = h.assembly(TPPSpec("equation", m=4, n=64, steps=("bias", act)))
+        body = [line.split()[0] for line in asm.splitlines()
+                if line.strip() and not line.lstrip().startswith((".", "#"))]
+        assert "vdivps" not in body
+        # 16 vectors, all in groups of 4: one of each per zmm of a group (the group loop
+        # may be unrolled; a per-vector loop would have one).
+        for instruction in instructions:
+            assert body.count(instruction) % 4 == 0 and body.count(instruction) > 0, asm
 
 
 def test_residual_equations_prefetch_the_next_tile() -> None:
