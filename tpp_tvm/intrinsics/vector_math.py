@@ -440,9 +440,9 @@ def _phi_parts(x: Expr) -> tuple[Expr, Expr, Expr, Expr]:
 def gelu(x: Expr) -> Expr:
     """``x Phi(x)`` = ``x/2 (1 + erf(x/sqrt 2))`` (fp32) with erf as one rational function:
     ~22 operations where the relatively accurate form (``_phi_parts``: erfc's exponential
-    with a split square) took ~50, and GELU epilogues are a tenth of ConvNeXt's and Swin's
-    time. Absolute error <= 3e-7 max(1, |x|); relative error <= 1e-6 for x >= -1.5, growing
-    on the far negative tail where GELU is ~0 (x < -5.66 gives exactly 0). A NaN passes the
+    with a split square) took ~50, and GELU epilogues were ~9% of ConvNeXt-T's time (Zen 5).
+    Absolute error <= 2.5e-7 max(1, |x|); relative error <= 2e-6 for x >= -1.5, growing on
+    the far negative tail where GELU is ~0 (x < -5.66 gives exactly 0). A NaN passes the
     ``max(-c, x)`` (NaN-keeping operand order) and multiplies through."""
     _check_f32(x, "gelu")
     xc = _clamp(x, -_GELU_ERF_X_MAX, _GELU_ERF_X_MAX)

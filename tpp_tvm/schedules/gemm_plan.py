@@ -224,7 +224,6 @@ def row_block(rows: int, row_bytes: int, mr: int) -> int | None:
     return None if block is None else block * mr
 
 
-
 def col_scale_once(plan: GemmPlan, batch: int = 1) -> bool:
     """Whether A's column scale (squeeze-excite) runs as one pass over A at the kernel's
     start, rather than per output tile (``mr x K`` multiplies per tile, repeated for every
@@ -236,6 +235,7 @@ def col_scale_once(plan: GemmPlan, batch: int = 1) -> bool:
     panels, 1.6 MiB of A) 0.95 -> 0.96, hence the L2 bound."""
     l2 = host_isa().l2_bytes or 1024 * 1024
     return plan.np_ // plan.nr > 1 and 4 * batch * plan.mp * plan.kp <= l2
+
 
 #: A convolution's filter panel larger than this leaves L2 between output rows (each row
 #: re-reads it): block its reduction then.
