@@ -20,6 +20,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
+from ..intrinsics.registry import vector_isa
 from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import (
     AttentionShape,
@@ -30,6 +31,11 @@ from ..schedules.attention import (
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.depthwise import depthwise_conv_schedule
+from ..schedules.expand_depthwise import (
+    expand_depthwise_schedule,
+    pack_expand_filter,
+    plan_expand_depthwise,
+)
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule
 from ..schedules.gemm_plan import register_tile_isa, runs_on_tiles
 from ..schedules.instance_norm import instance_norm_apply_schedule, instance_norm_stats_schedule
@@ -42,7 +48,7 @@ from ..schedules.rowwise import (
     softmax_schedule,
 )
 from ..schedules.winograd import pack_winograd_filter, winograd_applies, winograd_schedule
-from .patterns import TPPPattern, mask_rows_broadcast, pattern_table
+from .patterns import TPPPattern, mask_rows_broadcast, matched_activation, pattern_table
 from .tuned import composite_kernel, emit_tuned
 
 log = logging.getLogger(__name__)
@@ -308,6 +314,44 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
                                                      "float32"))
 
 
+def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
+                            isa: str, precision: str = "float32", threads: int = 1
+                            ) -> relax.Expr:
+    """An expansion (1x1 conv + bias + activation) and the depthwise convolution it feeds,
+    as one kernel whose expanded rows never leave the cache; as the two kernels where that
+    has no efficient blocking (or the expansion runs in ``precision`` bf16)."""
+    x, call = matched["expand_lhs"], matched["expand_root"]
+    layout = str(call.attrs.kernel_layout)
+    w_oi = np.transpose(matched["expand_weight"].value.numpy(),
+                        [layout.index(ax) for ax in "OIHW"])[:, :, 0, 0]
+    w_rsc = matched["weight"].value.numpy()[:, :, 0, :]  # HWIO with I = 1
+    r, s, c = w_rsc.shape
+    shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
+    expand_act = matched_activation(matched["expand_act"])
+    act = matched_activation(matched["act"]) if "act" in matched else None
+    lanes = vector_isa(register_tile_isa(isa)).schedule_lanes("float32")
+    if precision != "float32" or plan_expand_depthwise(shape, lanes, threads) is None:
+        expanded = _lower_conv2d(
+            bb, {"lhs": x, "weight": matched["expand_weight"], "root": call,
+                 "bias": matched["expand_bias"], "activation": expand_act},
+            name.replace("expand_depthwise_conv2d", "conv2d"), isa, precision, threads)
+        return _lower_depthwise(
+            bb, {**matched, "lhs": bb.emit(expanded), "activation": act},
+            name.replace("expand_depthwise_conv2d", "depthwise_conv2d"), register_tile_isa(isa))
+    sch, plan = expand_depthwise_schedule(shape, w_oi.shape[1], register_tile_isa(isa),
+                                          threads=threads, expand_bias=True,
+                                          expand_activation=expand_act, bias=True,
+                                          activation=act)
+    kernel = f"tpp_expand_{expand_act}_depthwise_conv2d_bias" + (f"_{act}" if act else "")
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel)
+    args = [x, relax.const(pack_expand_filter(w_oi, plan.vectors * lanes)),
+            relax.const(matched["expand_bias"].value.numpy().reshape(-1).astype("float32")),
+            relax.const(np.ascontiguousarray(w_rsc, dtype="float32")),
+            relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32"))]
+    return relax.call_tir(gv, args, relax.TensorType((shape.n, shape.oh, shape.ow, c),
+                                                     "float32"))
+
+
 def _conv_shape(x: relax.Expr, attrs, oc: int, r: int, s: int) -> ConvShape:
     n, h, w, c = _shape(x)
     pad = [int(p) for p in attrs.padding]
@@ -530,6 +574,7 @@ LOWERINGS = {
     "dense": _lower_dense,
     "conv2d": _lower_conv2d,
     "depthwise_conv2d": _lower_depthwise,
+    "expand_depthwise_conv2d": _lower_expand_depthwise,
     "bmm": _lower_bmm,
     "matmul": _lower_matmul,
     "col_sum": _lower_col_sum,
@@ -540,10 +585,14 @@ LOWERINGS = {
 }
 
 
+#: Lowerings whose fp32 kernels are blocked for the target's thread count.
+THREADED_LOWERINGS = frozenset({"expand_depthwise_conv2d"})
+
+
 def _lowered_precision(lowering: str, matched: dict[str, relax.Expr], precision: str) -> str:
     """The precision a composite runs in: ``precision`` for dense layers and pointwise
     convolutions (GEMMs with constant weights), fp32 for everything else."""
-    if precision == "float32" or lowering == "dense":
+    if precision == "float32" or lowering in ("dense", "expand_depthwise_conv2d"):
         return precision
     weight = matched.get("weight")
     if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst) and _pointwise(
@@ -642,7 +691,9 @@ class _Lowerer(relax.PyExprMutator):
                 if out is not None:
                     comp = precision_label(comp, "bf16", self.isa, prec)
             if out is None:
-                out = lowering(self.builder_, matched, comp, self.isa)
+                out = lowering(self.builder_, matched, comp, self.isa,
+                               **({"threads": self.threads}
+                                  if pattern.lowering in THREADED_LOWERINGS else {}))
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
             reason = _reason(err)
             log.info("TPP lowering of %s fell back to TVM: %s", comp, reason)

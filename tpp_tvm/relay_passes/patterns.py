@@ -18,6 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from ..schedules.expand_depthwise import fusion_pays
 from .exprs import scalar_value
 
 #: Relax activation op -> unary TPP op it lowers onto.
@@ -238,6 +239,82 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
     ann["out"] = out
     return TPPPattern(name, out, ann, check, kind.removeprefix("tpp."),
                       ACTIVATIONS.get(activation), ACTIVATIONS.get(post_activation))
+
+
+def _any_activation(x: DFPattern, ann: dict, key: str) -> DFPattern:
+    """Any activation of :data:`ACTIVATIONS` applied to ``x``, annotated as ``key`` (which
+    one is read back from the match: :func:`matched_activation`)."""
+    alternatives = [_activation(op, x, ann, key) for op in ACTIVATIONS]
+    out = alternatives[0]
+    for alt in alternatives[1:]:
+        out = out | alt
+    ann[key] = out
+    return out
+
+
+def matched_activation(expr: relax.Expr) -> str:
+    """The unary TPP an activation matched by :func:`_any_activation` computes."""
+    op = expr.op.name
+    return "relu6" if op == "relax.minimum" else ACTIVATIONS[op]
+
+
+def _pointwise_conv_check(a: dict, out_channels: int) -> bool:
+    """The expansion of :func:`expand_depthwise_patterns`: a 1x1, stride-1, unpadded, NHWC
+    convolution of fp32 activations by a constant filter into ``out_channels``, its bias a
+    constant row and its activation's bounds (ReLU6) exact."""
+    call, weight, bias = a["expand_root"], a["expand_weight"], a["expand_bias"]
+    attrs = call.attrs
+    layout = str(attrs.kernel_layout)
+    if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
+        return False
+    if layout not in ("OIHW", "OHWI", "HWIO") or int(attrs.groups) != 1:
+        return False
+    if not (_static_f32(a["expand_lhs"]) and _static_f32(weight) and _static_f32(bias)):
+        return False
+    shape = [int(d) for d in weight.ty.shape.values]
+    if shape[layout.index("H")] != 1 or shape[layout.index("W")] != 1:
+        return False
+    if shape[layout.index("O")] != out_channels:
+        return False
+    if any(int(d) != 1 for d in (*attrs.strides, *attrs.dilation)) or any(
+            int(p) for p in attrs.padding):
+        return False
+    if [int(d) for d in bias.ty.shape.values][-1] != out_channels:
+        return False
+    lo, hi = a.get("expand_act_lo"), a.get("expand_act_hi")
+    return lo is None or [scalar_value(lo), scalar_value(hi)] == [0.0, 6.0]
+
+
+def _expand_depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    a = ctx.annotated_expr
+    if not _depthwise_check(ctx):
+        return False
+    n, h, w, c = (int(d) for d in a["lhs"].ty.shape.values)
+    return _pointwise_conv_check(a, c) and fusion_pays(n, h, w, c)
+
+
+def expand_depthwise_patterns() -> list[TPPPattern]:
+    """An inverted residual block's expansion and depthwise convolution, one kernel
+    (``schedules/expand_depthwise.py``): ``act(conv1x1(x, W) + b)`` into ``conv_dw(·, Wd)
+    + bd``, then an activation or none. Both convolutions carry their (batch-norm folded)
+    bias; the activations are any of :data:`ACTIVATIONS`, read back from the match."""
+    out = []
+    for with_activation in (True, False):
+        x, w1, b1 = wildcard(), is_const(), is_const()
+        ann = {"expand_lhs": x, "expand_weight": w1, "expand_bias": b1}
+        expand = ann["expand_root"] = is_op("relax.nn.conv2d")(x, w1)
+        lhs = _any_activation(is_op("relax.add")(expand, b1), ann, "expand_act")
+        weight, bias = is_const(), is_const()
+        root = is_op("relax.nn.conv2d")(lhs, weight)
+        ann.update(lhs=lhs, weight=weight, root=root, bias=bias)
+        result = is_op("relax.add")(root, bias)
+        if with_activation:
+            result = _any_activation(result, ann, "act")
+        ann["out"] = result
+        name = "tpp.expand_depthwise_conv2d_bias" + ("_act" if with_activation else "")
+        out.append(TPPPattern(name, result, ann, _expand_depthwise_check,
+                              "expand_depthwise_conv2d"))
+    return out
 
 
 def runtime_weight_conv_pattern() -> TPPPattern:
@@ -617,6 +694,7 @@ def attention_patterns() -> list[TPPPattern]:
 def pattern_table() -> list[TPPPattern]:
     """All TPP patterns in matching priority order."""
     table = attention_patterns()  # before bmm/softmax: it contains both
+    table.extend(expand_depthwise_patterns())  # before either convolution alone
     # Squeeze-excite's channel scale read into the pointwise convolution after it (the
     # same variants, in the same order, as the plain contractions below).
     for bias in (True, False):

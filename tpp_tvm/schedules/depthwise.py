@@ -14,6 +14,7 @@ blocks are split by where their taps land, which no schedule primitive here expr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 
 from tvm import s_tir, tirx
@@ -44,6 +45,124 @@ def interior_pixel_blocks(shape: ConvShape, jb: int) -> tuple[int, int]:
     return first, max(first, min(blocks, last))
 
 
+class RowTaps:
+    """Emits depthwise output rows (inside a TVMScript builder): per block of pixels and
+    vector of channels, the taps as FMAs into register accumulators, then the epilogue
+    (bias, activation, residual) before the store. Input rows come from ``read``, so a
+    fused kernel can feed them from its own buffer (:mod:`.expand_depthwise`)."""
+
+    def __init__(self, sh: ConvShape, isa: str, w: tirx.Buffer, bias: tirx.Buffer | None,
+                 residual: tirx.Buffer | None, out: tirx.Buffer, activation: str | None,
+                 post_activation: str | None) -> None:
+        self.sh, self.w, self.bias, self.residual, self.out = sh, w, bias, residual, out
+        self.lanes = vector_isa(isa).schedule_lanes("float32")
+        self.vec = f"float32x{self.lanes}"
+        self.act = vector_fn(activation) if activation else None
+        self.post = vector_fn(post_activation) if post_activation else None
+        self.jb = pixel_block(sh.ow)
+        # A long-chain activation (SiLU) runs on EQUATION_GROUP pixels' vectors at once, so
+        # their dependent chains interleave, with the AVX-512 forms (vrcp14ps, not vdivps).
+        self.grouped = not vector_isa(isa).scalable and bool(
+            LONG_CHAINS.intersection({activation, post_activation}))
+
+    @classmethod
+    def declare(cls, sh: ConvShape, isa: str, bias: bool, activation: str | None,
+                residual: bool, post_activation: str | None) -> RowTaps:
+        """Declare the filter, [bias], [residual] and output arguments, in that order."""
+        w = T.arg("w", T.Buffer((sh.r, sh.s, sh.c), "float32"))
+        bias_t = T.arg("bias", T.Buffer((sh.c,), "float32")) if bias else None
+        res_t = T.arg("residual", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32")) \
+            if residual else None
+        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32"))
+        return cls(sh, isa, w, bias_t, res_t, out, activation, post_activation)
+
+    def row(self, b: tirx.PrimExpr, i: tirx.PrimExpr, read: Callable, c0: tirx.PrimExpr,
+            vectors: int) -> None:
+        """Output row ``(b, i)`` for channels ``[c0, c0 + vectors * lanes)``; ``read(b, row,
+        col, kc)`` is the input vector of the ``kc``-th of those vectors."""
+        first, last = interior_pixel_blocks(self.sh, self.jb)
+        self._pixel_blocks(b, i, 0, first, True, read, c0, vectors)
+        self._pixel_blocks(b, i, first, last, False, read, c0, vectors)
+        self._pixel_blocks(b, i, last, self.sh.ow // self.jb, True, read, c0, vectors)
+
+    def _pixel_blocks(self, b, i, lo: int, hi: int, checked: bool, read: Callable, c0,
+                      vectors: int) -> None:
+        """Pixel blocks [lo, hi) of the row: taps, then the epilogue."""
+        sh, jb, lanes = self.sh, self.jb, self.lanes
+        if hi <= lo:
+            return
+        top, left = sh.pad[0], sh.pad[1]
+        with T.serial(lo, hi) as jo, T.serial(0, vectors) as kc:
+            lane = tirx.Ramp(c0 + kc * lanes, 1, lanes)
+            acc = T.alloc_buffer((jb,), self.vec, scope="local")
+            with T.unroll(0, jb) as aj:
+                T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [aj])
+            with T.serial(0, sh.r) as ry:
+                row = i * sh.stride + ry - top
+                with T.If(tirx.all(row >= 0, row < sh.h)), T.Then():
+                    with T.serial(0, sh.s) as rx, T.unroll(0, jb) as aj:
+                        col = (jo * jb + aj) * sh.stride + rx - left
+                        fma = acc[aj] + read(b, row, col, kc) * self.w[ry, rx, lane]
+                        if checked:
+                            with T.If(tirx.all(col >= 0, col < sh.w)), T.Then():
+                                T.buffer_store(acc, fma, [aj])
+                        else:
+                            T.buffer_store(acc, fma, [aj])
+            groups = ([list(range(g, min(g + EQUATION_GROUP, jb)))
+                       for g in range(0, jb, EQUATION_GROUP)] if self.grouped else None)
+            if groups:
+                for pixels in groups:
+                    self._epilogue(b, i, jo, lane, acc, pixels)
+            else:
+                with T.unroll(0, jb) as aj:
+                    self._epilogue(b, i, jo, lane, acc, [aj])
+
+    def _epilogue(self, b, i, jo, lane, acc, pixels: list) -> None:
+        """Bias, activation, residual and store of accumulators ``pixels`` of the block."""
+        jb = self.jb
+
+        def store(value, aj):
+            T.buffer_store(self.out, value, [b, i, jo * jb + aj, lane])
+
+        res = None if self.residual is None else (
+            lambda aj: self.residual[b, i, jo * jb + aj, lane])
+        bias = None if self.bias is None else self.bias[lane]
+        apply_epilogue([acc[aj] for aj in pixels], pixels, self.lanes, bias, self.act, res,
+                       self.post, store)
+
+
+def apply_epilogue(values: list, keys: list, lanes: int, bias, act: Callable | None,
+                   residual: Callable | None, post: Callable | None, store: Callable) -> None:
+    """``post(act(v + bias) + residual(key))`` of the vectors ``values``, stored by
+    ``store(value, key)``: all of them as one vector of len(values) registers, so a
+    long-chain activation's dependent chains interleave."""
+    k = len(values)
+    vec = f"float32x{lanes}"
+
+    def joined(vectors):
+        return vectors[0] if k == 1 else concat_lanes(vectors)
+
+    wide = vec if k == 1 else f"float32x{lanes * k}"
+    bound = T.alloc_buffer((BOUND_SLOTS,), wide, scope="local")
+    v = joined(values)
+    if bias is not None:
+        v = v + joined([bias] * k)
+    with statement_slots(bound):
+        if act is not None:
+            v = act(v)
+        if residual is not None:
+            v = v + joined([residual(key) for key in keys])
+        if post is not None:
+            v = post(v)
+    if k == 1:
+        store(v, keys[0])
+        return
+    result = T.alloc_buffer((1,), wide, scope="local")
+    T.buffer_store(result, v, [0])
+    for u, key in enumerate(keys):
+        store(slice_lanes(result[0], u * lanes, lanes), key)
+
+
 def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool = False,
                             activation: str | None = None, residual: bool = False,
                             post_activation: str | None = None) -> s_tir.Schedule:
@@ -68,90 +187,18 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
     if sh.c % lanes:
         raise UnsupportedShapeError(
             f"depthwise conv2d: {sh.c} channels; the kernel takes multiples of {lanes}")
-    act = vector_fn(activation) if activation else None
-    post = vector_fn(post_activation) if post_activation else None
-    jb = pixel_block(sh.ow)
-    first, last = interior_pixel_blocks(sh, jb)
-    top, left = sh.pad[0], sh.pad[1]
-    vec = f"float32x{lanes}"
-    # A long-chain activation (SiLU) runs on EQUATION_GROUP pixels' vectors at once, so
-    # their dependent chains interleave, with the AVX-512 forms (vrcp14ps, not vdivps).
-    grouped = not vector_isa(isa).scalable and bool(
-        LONG_CHAINS.intersection({activation, post_activation}))
     forms = avx512_forms() if isa == "avx512" else nullcontext()
-
     with forms, IRBuilder() as builder, T.prim_func():
         T.func_name("main")
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, sh.c), "float32"))
-        w = T.arg("w", T.Buffer((sh.r, sh.s, sh.c), "float32"))
-        bias_t = T.arg("bias", T.Buffer((sh.c,), "float32")) if bias else None
-        res_t = T.arg("residual", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32")) \
-            if residual else None
-        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32"))
+        taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation)
 
-        def pixel_blocks(b: tirx.Var, i: tirx.Var, lo: int, hi: int, checked: bool) -> None:
-            """Output row ``(b, i)``, pixel blocks [lo, hi): taps, then the epilogue."""
-            if hi <= lo:
-                return
-            with T.serial(lo, hi) as jo, T.serial(0, sh.c // lanes) as kc:
-                lane = tirx.Ramp(kc * lanes, 1, lanes)
-                acc = T.alloc_buffer((jb,), vec, scope="local")
-                with T.unroll(0, jb) as aj:
-                    T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [aj])
-                with T.serial(0, sh.r) as ry:
-                    row = i * sh.stride + ry - top
-                    with T.If(tirx.all(row >= 0, row < sh.h)), T.Then():
-                        with T.serial(0, sh.s) as rx, T.unroll(0, jb) as aj:
-                            col = (jo * jb + aj) * sh.stride + rx - left
-                            fma = acc[aj] + x[b, row, col, lane] * w[ry, rx, lane]
-                            if checked:
-                                with T.If(tirx.all(col >= 0, col < sh.w)), T.Then():
-                                    T.buffer_store(acc, fma, [aj])
-                            else:
-                                T.buffer_store(acc, fma, [aj])
-                if grouped:
-                    for first_aj in range(0, jb, EQUATION_GROUP):
-                        epilogue(b, i, jo, lane, acc,
-                                 list(range(first_aj, min(first_aj + EQUATION_GROUP, jb))))
-                else:
-                    with T.unroll(0, jb) as aj:
-                        epilogue(b, i, jo, lane, acc, [aj])
-
-        def epilogue(b, i, jo, lane, acc, pixels: list) -> None:
-            """Bias, activation, residual and store of accumulators ``pixels`` of the block,
-            as one vector of len(pixels) registers (see ``grouped``)."""
-            k = len(pixels)
-
-            def joined(vectors):
-                return vectors[0] if k == 1 else concat_lanes(vectors)
-
-            wide = vec if k == 1 else f"float32x{lanes * k}"
-            bound = T.alloc_buffer((BOUND_SLOTS,), wide, scope="local")
-            v = joined([acc[aj] for aj in pixels])
-            if bias_t is not None:
-                v = v + joined([bias_t[lane]] * k)
-            with statement_slots(bound):
-                if act is not None:
-                    v = act(v)
-                if res_t is not None:
-                    v = v + joined([res_t[b, i, jo * jb + aj, lane] for aj in pixels])
-                if post is not None:
-                    v = post(v)
-            if k == 1:
-                T.buffer_store(out, v, [b, i, jo * jb + pixels[0], lane])
-                return
-            result = T.alloc_buffer((1,), wide, scope="local")
-            T.buffer_store(result, v, [0])
-            for u, aj in enumerate(pixels):
-                T.buffer_store(out, slice_lanes(result[0], u * lanes, lanes),
-                               [b, i, jo * jb + aj, lane])
+        def read(b, row, col, kc):
+            return x[b, row, col, tirx.Ramp(kc * taps.lanes, 1, taps.lanes)]
 
         with T.parallel(0, sh.n * sh.oh) as rows:
-            b, i = rows // sh.oh, rows % sh.oh
-            pixel_blocks(b, i, 0, first, True)
-            pixel_blocks(b, i, first, last, False)
-            pixel_blocks(b, i, last, sh.ow // jb, True)
+            taps.row(rows // sh.oh, rows % sh.oh, read, 0, sh.c // taps.lanes)
     return s_tir.Schedule(builder.get())
 
 

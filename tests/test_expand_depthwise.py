@@ -1,0 +1,167 @@
+"""The expansion + depthwise convolution kernel (an inverted residual block's first half)
+against numpy — strides, 5x5 windows, odd heights, batches, chunked rows for several
+threads — and through compile_onnx against ONNX Runtime, fused where the expanded tensor
+outgrows the L2 and left as two kernels where it does not."""
+
+from __future__ import annotations
+
+import re
+
+import checks
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+
+import tpp_tvm
+from tpp_tvm.errors import UnsupportedShapeError
+from tpp_tvm.schedules.conv import ConvShape
+from tpp_tvm.schedules.expand_depthwise import (
+    MIN_TILE_PIXELS,
+    expand_depthwise_schedule,
+    fusion_pays,
+    pack_expand_filter,
+    plan_expand_depthwise,
+)
+from tpp_tvm.target import host_isa, target
+from tpp_tvm.tir_pipeline import compile_kernels
+
+_ACTS = {
+    None: lambda v: v,
+    "relu6": lambda v: np.clip(v, 0, 6),
+    "silu": lambda v: v / (1 + np.exp(-v)),
+}
+
+
+def _reference(x, w_ci, b1, wd, bd, shape: ConvShape, expand_act, act):
+    e = _ACTS[expand_act](x.astype("float64") @ w_ci.T.astype("float64") + b1)
+    top, left, bottom, right = shape.pad
+    ep = np.pad(e, [(0, 0), (top, bottom), (left, right), (0, 0)])
+    st = shape.stride
+    out = np.zeros((shape.n, shape.oh, shape.ow, shape.c))
+    for i in range(shape.r):
+        for j in range(shape.s):
+            out += ep[:, i:i + st * shape.oh:st, j:j + st * shape.ow:st, :] * wd[i, j]
+    return _ACTS[act](out + bd)
+
+
+@pytest.mark.parametrize("shape,cin", [
+    (ConvShape(1, 14, 14, 96, 96, 3, 3, 2, (1, 1, 1, 1)), 16),     # MobileNetV2's first, small
+    (ConvShape(1, 16, 16, 144, 144, 3, 3, 1, (1, 1, 1, 1)), 24),   # 3 channel blocks
+    (ConvShape(2, 15, 16, 96, 96, 5, 5, 2, (2, 2, 2, 2)), 24),     # 5x5, odd height, batch 2
+    (ConvShape(1, 8, 8, 48, 48, 3, 3, 2, (0, 0, 1, 1)), 16),       # TF "same" padding
+    (ConvShape(1, 7, 7, 64, 64, 3, 3, 1, (1, 1, 1, 1)), 40),       # 4-vector blocks
+    (ConvShape(1, 3, 4, 32, 32, 5, 5, 1, (2, 2, 2, 2)), 8),        # window taller than the image
+])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("acts", [("relu6", "relu6"), ("silu", "silu"), ("silu", None)])
+def test_fused_kernel_matches_numpy(shape: ConvShape, cin: int, threads: int, acts) -> None:
+    expand_act, act = acts
+    rng = np.random.default_rng(shape.h * shape.c + cin)
+    x = rng.standard_normal((shape.n, shape.h, shape.w, cin)).astype("float32")
+    w_ci = (rng.standard_normal((shape.c, cin)) / np.sqrt(cin)).astype("float32")
+    b1 = rng.standard_normal(shape.c).astype("float32")
+    wd = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
+    bd = rng.standard_normal(shape.c).astype("float32")
+    sch, plan = expand_depthwise_schedule(shape, cin, threads=threads, expand_bias=True,
+                                          expand_activation=expand_act, bias=True,
+                                          activation=act)
+    lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
+    out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
+    packed = pack_expand_filter(w_ci, plan.vectors * 16)
+    lib(*[tvm.runtime.tensor(a) for a in (x, packed, b1, wd, bd)], out)
+    want = _reference(x, w_ci, b1, wd, bd, shape, expand_act, act)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_plan_chunks_rows_only_for_idle_threads() -> None:
+    """Rows split only when the channel blocks leave threads idle (each chunk re-expands
+    the rows its window shares with the one before)."""
+    mobilenet = ConvShape(1, 112, 112, 96, 96, 3, 3, 2, (1, 1, 1, 1))
+    assert plan_expand_depthwise(mobilenet, 16, 1).chunks == 1
+    assert plan_expand_depthwise(mobilenet, 16, 2).chunks == 1   # 2 blocks of 48 channels
+    three_blocks = ConvShape(1, 56, 56, 144, 144, 3, 3, 1, (1, 1, 1, 1))
+    plan = plan_expand_depthwise(three_blocks, 16, 2)
+    assert (plan.vectors, plan.chunks, plan.pixels) == (3, 2, 8)
+
+
+def test_rows_without_a_wide_enough_tile_are_refused_clearly() -> None:
+    prime = ConvShape(1, 29, 29, 48, 48, 3, 3, 1, (1, 1, 1, 1))  # no divisor up to 24
+    assert plan_expand_depthwise(prime, 16, 1) is None
+    with pytest.raises(UnsupportedShapeError, match=f">= {MIN_TILE_PIXELS} pixels"):
+        expand_depthwise_schedule(prime, 16)
+
+
+def _inverted_residual(h: int, cin: int, c: int, stride: int, act: str) -> object:
+    """ONNX: 1x1 conv + activation, depthwise 3x3 + activation (NCHW, as exported)."""
+    rng = np.random.default_rng(h + c)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, cin, 1, 1)) / np.sqrt(cin))
+                                     .astype("float32"), "w1"),
+             numpy_helper.from_array(rng.standard_normal(c).astype("float32"), "b1"),
+             numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3)).astype("float32"), "wd"),
+             numpy_helper.from_array(rng.standard_normal(c).astype("float32"), "bd"),
+             numpy_helper.from_array(np.float32(0), "lo"),
+             numpy_helper.from_array(np.float32(6), "hi")]
+
+    def activation(src: str, dst: str) -> list:
+        if act == "relu6":
+            return [helper.make_node("Clip", [src, "lo", "hi"], [dst])]
+        return [helper.make_node("Sigmoid", [src], [dst + "_s"]),
+                helper.make_node("Mul", [src, dst + "_s"], [dst])]
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["e"]), *activation("e", "ea"),
+             helper.make_node("Conv", ["ea", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1],
+                              strides=[stride, stride]), *activation("d", "y")]
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, h])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _fused_side(c: int) -> int:
+    """The smallest image side (a multiple of 8) whose expansion is fused on this host."""
+    side = 8
+    while not fusion_pays(1, side, side, c):
+        side += 8
+    return side
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("act,stride", [("relu6", 2), ("silu", 1)])
+def test_onnx_inverted_residual_runs_as_one_kernel(act: str, stride: int) -> None:
+    side = _fused_side(96)
+    model = _inverted_residual(side, 16, 96, stride, act)
+    x = np.random.default_rng(1).standard_normal((1, 16, side, side)).astype("float32")
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
+    report = compiled.report()
+    assert "tpp.expand_depthwise_conv2d_bias_act: 1" in report, report
+    assert not re.search(r"tpp\.(conv2d|depthwise)", report), report
+
+
+@pytest.mark.requires_onnxruntime
+def test_small_expansions_stay_two_kernels() -> None:
+    """An expansion that stays in the L2 runs on the GEMM TPP and the depthwise kernel."""
+    side = 8
+    assert not fusion_pays(1, side, side, 96)
+    model = _inverted_residual(side, 16, 96, 1, "relu6")
+    x = np.random.default_rng(2).standard_normal((1, 16, side, side)).astype("float32")
+    report = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4,
+                                                 atol=1e-4).report()
+    assert "tpp.conv2d_bias_relu6" in report and "tpp.depthwise_conv2d_bias_relu6" in report
+    assert "expand_depthwise" not in report
+
+
+def test_fusion_threshold_is_half_the_l2() -> None:
+    half = (host_isa().l2_bytes or 1024 * 1024) // 2
+    assert fusion_pays(1, 1, 1, half // 4 + 1) and not fusion_pays(1, 1, 1, half // 4)
+
+
+def test_fused_kernel_compiles_for_the_sve_target() -> None:
+    """No cross tools needed: the kernel builds for aarch64. Like the depthwise kernel, it
+    is written with fixed 16-lane vectors, which LLVM splits into 128-bit vector FMAs."""
+    shape = ConvShape(1, 16, 16, 96, 96, 3, 3, 1, (1, 1, 1, 1))
+    sch, _ = expand_depthwise_schedule(shape, 16, "sve", expand_bias=True,
+                                       expand_activation="relu6", bias=True,
+                                       activation="relu6")
+    text = tvm.compile(sch.mod, target=target("sve", num_cores=1)).mod.inspect_source("asm")
+    assert re.search(r"\n\s+fmla\s+[vz]\d+\.[4s]", text)
