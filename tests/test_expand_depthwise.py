@@ -22,6 +22,7 @@ from tpp_tvm.schedules.expand_depthwise import (
     fusion_pays,
     pack_expand_filter,
     plan_expand_depthwise,
+    pointwise,
 )
 from tpp_tvm.target import host_isa, target
 from tpp_tvm.tir_pipeline import compile_kernels
@@ -35,6 +36,10 @@ _ACTS = {
 
 def _reference(x, w_ci, b1, wd, bd, shape: ConvShape, expand_act, act):
     e = _ACTS[expand_act](x.astype("float64") @ w_ci.T.astype("float64") + b1)
+    return _ACTS[act](_depthwise(e, wd, shape) + bd)
+
+
+def _depthwise(e, wd, shape: ConvShape):
     top, left, bottom, right = shape.pad
     ep = np.pad(e, [(0, 0), (top, bottom), (left, right), (0, 0)])
     st = shape.stride
@@ -42,7 +47,7 @@ def _reference(x, w_ci, b1, wd, bd, shape: ConvShape, expand_act, act):
     for i in range(shape.r):
         for j in range(shape.s):
             out += ep[:, i:i + st * shape.oh:st, j:j + st * shape.ow:st, :] * wd[i, j]
-    return _ACTS[act](out + bd)
+    return out
 
 
 @pytest.mark.parametrize("shape,cin", [
@@ -63,14 +68,58 @@ def test_fused_kernel_matches_numpy(shape: ConvShape, cin: int, threads: int, ac
     b1 = rng.standard_normal(shape.c).astype("float32")
     wd = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
     bd = rng.standard_normal(shape.c).astype("float32")
-    sch, plan = expand_depthwise_schedule(shape, cin, threads=threads, expand_bias=True,
+    sch, plan = expand_depthwise_schedule(shape, pointwise(shape, cin), threads=threads,
+                                          expand_bias=True,
                                           expand_activation=expand_act, bias=True,
                                           activation=act)
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
     out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
-    packed = pack_expand_filter(w_ci, plan.vectors * 16)
+    packed = pack_expand_filter(w_ci[:, :, None, None], plan.vectors * 16)
     lib(*[tvm.runtime.tensor(a) for a in (x, packed, b1, wd, bd)], out)
     want = _reference(x, w_ci, b1, wd, bd, shape, expand_act, act)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def _conv(x, w_oihw, shape: ConvShape):
+    """A plain NHWC convolution in float64."""
+    top, left, bottom, right = shape.pad
+    xp = np.pad(x.astype("float64"), [(0, 0), (top, bottom), (left, right), (0, 0)])
+    st = shape.stride
+    out = np.zeros((shape.n, shape.oh, shape.ow, shape.oc))
+    for i in range(shape.r):
+        for j in range(shape.s):
+            patch = xp[:, i:i + st * shape.oh:st, j:j + st * shape.ow:st, :]
+            out += patch @ w_oihw[:, :, i, j].T
+    return out
+
+
+@pytest.mark.parametrize("stem,dw_stride", [
+    (ConvShape(1, 29, 30, 3, 32, 3, 3, 2, (1, 1, 1, 1)), 1),   # MobileNet's stem, odd sizes
+    (ConvShape(2, 16, 16, 8, 48, 3, 3, 1, (1, 1, 1, 1)), 2),   # batch 2, stride-1 window
+    (ConvShape(1, 17, 16, 3, 64, 5, 5, 2, (2, 2, 1, 1)), 1),   # asymmetric padding, 5x5
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stem_conv_feeding_the_depthwise_matches_numpy(stem: ConvShape, dw_stride: int,
+                                                       threads: int) -> None:
+    """A windowed, strided convolution as the expansion (the stem before MobileNetV2's and
+    EfficientNet's first depthwise convolution): border tiles skip the padding taps."""
+    shape = ConvShape(stem.n, stem.oh, stem.ow, stem.oc, stem.oc, 3, 3, dw_stride,
+                      (1, 1, 1, 1))
+    rng = np.random.default_rng(stem.h + stem.oc)
+    x = rng.standard_normal((stem.n, stem.h, stem.w, stem.c)).astype("float32")
+    w1 = (rng.standard_normal((stem.oc, stem.c, stem.r, stem.s)) / stem.r).astype("float32")
+    b1 = rng.standard_normal(stem.oc).astype("float32")
+    wd = rng.standard_normal((3, 3, stem.oc)).astype("float32")
+    bd = rng.standard_normal(stem.oc).astype("float32")
+    sch, plan = expand_depthwise_schedule(shape, stem, threads=threads, expand_bias=True,
+                                          expand_activation="silu", bias=True,
+                                          activation="silu")
+    lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
+    out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
+    packed = pack_expand_filter(w1, plan.vectors * 16)
+    lib(*[tvm.runtime.tensor(a) for a in (x, packed, b1, wd, bd)], out)
+    e = _ACTS["silu"](_conv(x, w1, stem) + b1)
+    want = _ACTS["silu"](_depthwise(e, wd, shape) + bd)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
 
 
@@ -89,14 +138,16 @@ def test_rows_without_a_wide_enough_tile_are_refused_clearly() -> None:
     prime = ConvShape(1, 29, 29, 48, 48, 3, 3, 1, (1, 1, 1, 1))  # no divisor up to 24
     assert plan_expand_depthwise(prime, 16, 1) is None
     with pytest.raises(UnsupportedShapeError, match=f">= {MIN_TILE_PIXELS} pixels"):
-        expand_depthwise_schedule(prime, 16)
+        expand_depthwise_schedule(prime, pointwise(prime, 16))
 
 
-def _inverted_residual(h: int, cin: int, c: int, stride: int, act: str) -> object:
-    """ONNX: 1x1 conv + activation, depthwise 3x3 + activation (NCHW, as exported)."""
+def _inverted_residual(h: int, cin: int, c: int, stride: int, act: str,
+                       window: int = 1) -> object:
+    """ONNX: conv (1x1, or a strided ``window`` stem) + activation, depthwise 3x3 +
+    activation (NCHW, as exported)."""
     rng = np.random.default_rng(h + c)
-    inits = [numpy_helper.from_array((rng.standard_normal((c, cin, 1, 1)) / np.sqrt(cin))
-                                     .astype("float32"), "w1"),
+    w1 = rng.standard_normal((c, cin, window, window)) / np.sqrt(cin * window * window)
+    inits = [numpy_helper.from_array(w1.astype("float32"), "w1"),
              numpy_helper.from_array(rng.standard_normal(c).astype("float32"), "b1"),
              numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3)).astype("float32"), "wd"),
              numpy_helper.from_array(rng.standard_normal(c).astype("float32"), "bd"),
@@ -109,7 +160,8 @@ def _inverted_residual(h: int, cin: int, c: int, stride: int, act: str) -> objec
         return [helper.make_node("Sigmoid", [src], [dst + "_s"]),
                 helper.make_node("Mul", [src, dst + "_s"], [dst])]
 
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["e"]), *activation("e", "ea"),
+    stem = {} if window == 1 else {"pads": [window // 2] * 4, "strides": [2, 2]}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["e"], **stem), *activation("e", "ea"),
              helper.make_node("Conv", ["ea", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1],
                               strides=[stride, stride]), *activation("d", "y")]
     graph = helper.make_graph(
@@ -139,6 +191,17 @@ def test_onnx_inverted_residual_runs_as_one_kernel(act: str, stride: int) -> Non
 
 
 @pytest.mark.requires_onnxruntime
+def test_onnx_stem_and_first_depthwise_run_as_one_kernel() -> None:
+    """MobileNetV2's start: a 3x3 stride-2 convolution of the RGB image, then a depthwise
+    convolution on its output."""
+    side = 2 * _fused_side(32)
+    model = _inverted_residual(side, 3, 32, 1, "relu6", window=3)
+    x = np.random.default_rng(3).standard_normal((1, 3, side, side)).astype("float32")
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
+    assert "tpp.expand_depthwise_conv2d_bias_act: 1" in compiled.report()
+
+
+@pytest.mark.requires_onnxruntime
 def test_small_expansions_stay_two_kernels() -> None:
     """An expansion that stays in the L2 runs on the GEMM TPP and the depthwise kernel."""
     side = 8
@@ -160,7 +223,7 @@ def test_fused_kernel_compiles_for_the_sve_target() -> None:
     """No cross tools needed: the kernel builds for aarch64. Like the depthwise kernel, it
     is written with fixed 16-lane vectors, which LLVM splits into 128-bit vector FMAs."""
     shape = ConvShape(1, 16, 16, 96, 96, 3, 3, 1, (1, 1, 1, 1))
-    sch, _ = expand_depthwise_schedule(shape, 16, "sve", expand_bias=True,
+    sch, _ = expand_depthwise_schedule(shape, pointwise(shape, 16), "sve", expand_bias=True,
                                        expand_activation="relu6", bias=True,
                                        activation="relu6")
     text = tvm.compile(sch.mod, target=target("sve", num_cores=1)).mod.inspect_source("asm")

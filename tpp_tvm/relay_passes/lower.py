@@ -317,13 +317,14 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
 def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                             isa: str, precision: str = "float32", threads: int = 1
                             ) -> relax.Expr:
-    """An expansion (1x1 conv + bias + activation) and the depthwise convolution it feeds,
-    as one kernel whose expanded rows never leave the cache; as the two kernels where that
-    has no efficient blocking (or the expansion runs in ``precision`` bf16)."""
+    """An expansion (a convolution + bias + activation: 1x1, or a stem's window) and the
+    depthwise convolution it feeds, as one kernel whose expanded rows never leave the cache;
+    as the two kernels where that has no efficient blocking (or the expansion runs in
+    ``precision`` bf16)."""
     x, call = matched["expand_lhs"], matched["expand_root"]
     layout = str(call.attrs.kernel_layout)
-    w_oi = np.transpose(matched["expand_weight"].value.numpy(),
-                        [layout.index(ax) for ax in "OIHW"])[:, :, 0, 0]
+    w_oihw = np.transpose(matched["expand_weight"].value.numpy(),
+                          [layout.index(ax) for ax in "OIHW"])
     w_rsc = matched["weight"].value.numpy()[:, :, 0, :]  # HWIO with I = 1
     r, s, c = w_rsc.shape
     shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
@@ -338,13 +339,14 @@ def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Exp
         return _lower_depthwise(
             bb, {**matched, "lhs": bb.emit(expanded), "activation": act},
             name.replace("expand_depthwise_conv2d", "depthwise_conv2d"), register_tile_isa(isa))
-    sch, plan = expand_depthwise_schedule(shape, w_oi.shape[1], register_tile_isa(isa),
+    expansion = _conv_shape(x, call.attrs, c, *w_oihw.shape[2:])
+    sch, plan = expand_depthwise_schedule(shape, expansion, register_tile_isa(isa),
                                           threads=threads, expand_bias=True,
                                           expand_activation=expand_act, bias=True,
                                           activation=act)
     kernel = f"tpp_expand_{expand_act}_depthwise_conv2d_bias" + (f"_{act}" if act else "")
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel)
-    args = [x, relax.const(pack_expand_filter(w_oi, plan.vectors * lanes)),
+    args = [x, relax.const(pack_expand_filter(w_oihw, plan.vectors * lanes)),
             relax.const(matched["expand_bias"].value.numpy().reshape(-1).astype("float32")),
             relax.const(np.ascontiguousarray(w_rsc, dtype="float32")),
             relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32"))]

@@ -258,10 +258,11 @@ def matched_activation(expr: relax.Expr) -> str:
     return "relu6" if op == "relax.minimum" else ACTIVATIONS[op]
 
 
-def _pointwise_conv_check(a: dict, out_channels: int) -> bool:
-    """The expansion of :func:`expand_depthwise_patterns`: a 1x1, stride-1, unpadded, NHWC
-    convolution of fp32 activations by a constant filter into ``out_channels``, its bias a
-    constant row and its activation's bounds (ReLU6) exact."""
+def _expansion_check(a: dict, out_channels: int) -> bool:
+    """The expansion of :func:`expand_depthwise_patterns`: an NHWC convolution (1x1, or any
+    window with a square stride: a stem) of fp32 activations by a constant filter into
+    ``out_channels``, not grouped or dilated, its bias a constant row and its activation's
+    bounds (ReLU6) exact."""
     call, weight, bias = a["expand_root"], a["expand_weight"], a["expand_bias"]
     attrs = call.attrs
     layout = str(attrs.kernel_layout)
@@ -271,13 +272,10 @@ def _pointwise_conv_check(a: dict, out_channels: int) -> bool:
         return False
     if not (_static_f32(a["expand_lhs"]) and _static_f32(weight) and _static_f32(bias)):
         return False
-    shape = [int(d) for d in weight.ty.shape.values]
-    if shape[layout.index("H")] != 1 or shape[layout.index("W")] != 1:
+    if [int(d) for d in weight.ty.shape.values][layout.index("O")] != out_channels:
         return False
-    if shape[layout.index("O")] != out_channels:
-        return False
-    if any(int(d) != 1 for d in (*attrs.strides, *attrs.dilation)) or any(
-            int(p) for p in attrs.padding):
+    if any(int(d) != 1 for d in attrs.dilation) or int(attrs.strides[0]) != int(
+            attrs.strides[1]):
         return False
     if [int(d) for d in bias.ty.shape.values][-1] != out_channels:
         return False
@@ -290,13 +288,13 @@ def _expand_depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
     if not _depthwise_check(ctx):
         return False
     n, h, w, c = (int(d) for d in a["lhs"].ty.shape.values)
-    return _pointwise_conv_check(a, c) and fusion_pays(n, h, w, c)
+    return _expansion_check(a, c) and fusion_pays(n, h, w, c)
 
 
 def expand_depthwise_patterns() -> list[TPPPattern]:
-    """An inverted residual block's expansion and depthwise convolution, one kernel
-    (``schedules/expand_depthwise.py``): ``act(conv1x1(x, W) + b)`` into ``conv_dw(·, Wd)
-    + bd``, then an activation or none. Both convolutions carry their (batch-norm folded)
+    """An inverted residual block's expansion (or a stem) and depthwise convolution, one
+    kernel (``schedules/expand_depthwise.py``): ``act(conv(x, W) + b)`` into ``conv_dw(·,
+    Wd) + bd``, then an activation or none. Both convolutions carry their (batch-norm folded)
     bias; the activations are any of :data:`ACTIVATIONS`, read back from the match."""
     out = []
     for with_activation in (True, False):

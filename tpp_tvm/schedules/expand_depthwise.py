@@ -1,6 +1,7 @@
-"""A pointwise (1x1) convolution feeding a depthwise one, as one kernel: the expansion of an
-inverted residual block (MobileNetV2, EfficientNet) computed a few input rows at a time into
-a ring buffer that the depthwise taps read while it is still in cache.
+"""A convolution feeding a depthwise one, as one kernel: the 1x1 expansion of an inverted
+residual block (MobileNetV2, EfficientNet), or the stem before the first depthwise
+convolution, computed a few rows at a time into a ring buffer that the depthwise taps read
+while it is still in cache.
 
 Unfused, the expansion writes its output (six times the block's channels: MobileNetV2's
 first, 112 x 112 x 96, is 4.8 MB) and the depthwise convolution reads it back, both from
@@ -11,7 +12,8 @@ depthwise post-op, which OpenVINO uses).
 Each task owns a block of expanded channels and a chunk of output rows. Per output row it
 expands the input rows the window newly reaches (all ``r`` of them at the chunk's first
 row, ``stride`` afterwards) into ring slot ``row mod r`` — a register tile of pixels x
-channel vectors, the expansion's bias and activation applied before the store — then runs
+channel vectors accumulating taps x input channels (a stem's padding columns tested in the
+border tiles only), the expansion's bias and activation applied before the store — then runs
 the depthwise taps of that row (:class:`.depthwise.RowTaps`) on the ring. Only a chunk's
 first window re-expands rows its neighbour chunk also expands, so chunks are as few as the
 threads allow (:func:`plan_expand_depthwise`).
@@ -33,7 +35,7 @@ from ..intrinsics.registry import vector_isa
 from ..intrinsics.vector_math import LONG_CHAINS, avx512_forms, vector_fn
 from ..target import host_isa
 from .conv import ConvShape
-from .depthwise import RowTaps, apply_epilogue
+from .depthwise import RowTaps, apply_epilogue, interior_pixel_blocks
 
 #: Accumulators of the expansion's register tile (pixels x channel vectors), leaving
 #: registers for the filter vectors and the broadcast input.
@@ -54,7 +56,8 @@ def fusion_pays(n: int, h: int, w: int, c: int) -> bool:
     112x112x96 0.37 -> 0.27 ms, 56x56x144 0.27 -> 0.17, 28x28x192 0.155 -> 0.145; below half
     the L2 the pair lost (14x14x384 0.248 -> 0.264, 7x7x960 0.257 -> 0.29 for three): the
     GEMM TPP's packed, prefetched panels beat this kernel's expansion tile when nothing
-    leaves the cache."""
+    leaves the cache. MobileNetV2's stem (3x3, stride 2, into 112x112x32) with its first
+    depthwise convolution: 0.37 -> 0.22 ms."""
     l2 = host_isa().l2_bytes or 1024 * 1024
     return 4 * n * h * w * c > l2 // 2
 
@@ -100,31 +103,43 @@ def plan_expand_depthwise(shape: ConvShape, lanes: int, threads: int) -> ExpandP
     return None if best is None else best[1]
 
 
-def pack_expand_filter(w_ci: np.ndarray, block: int) -> np.ndarray:
-    """The expansion's filter (c, cin) as the kernel reads it: one contiguous (cin, block)
-    panel per channel block, ``(c // block, cin, block)``."""
-    c, cin = w_ci.shape
-    return np.ascontiguousarray(w_ci.reshape(c // block, block, cin).transpose(0, 2, 1),
-                                dtype="float32")
+def pack_expand_filter(w_oihw: np.ndarray, block: int) -> np.ndarray:
+    """The expansion's filter (c, cin, r, s) as the kernel reads it: one contiguous
+    (r, s, cin, block) panel per channel block, ``(c // block, r, s, cin, block)``."""
+    c, cin, r, s = w_oihw.shape
+    panels = w_oihw.reshape(c // block, block, cin, r, s).transpose(0, 3, 4, 2, 1)
+    return np.ascontiguousarray(panels, dtype="float32")
 
 
-def expand_depthwise_schedule(shape: ConvShape, cin: int, isa: str = "avx512", *,
-                              threads: int = 1, expand_bias: bool = False,
+def pointwise(shape: ConvShape, cin: int) -> ConvShape:
+    """The 1x1 expansion of ``cin`` channels into the input of the depthwise ``shape``."""
+    return ConvShape(shape.n, shape.h, shape.w, cin, shape.c, 1, 1)
+
+
+def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str = "avx512",
+                              *, threads: int = 1, expand_bias: bool = False,
                               expand_activation: str | None = None, bias: bool = False,
                               activation: str | None = None, residual: bool = False,
                               post_activation: str | None = None
                               ) -> tuple[s_tir.Schedule, ExpandPlan]:
-    """The fused kernel and its blocking: inputs x (n, h, w, cin), the expansion's filter
+    """The fused kernel and its blocking: inputs x (n, h1, w1, cin), the expansion's filter
     packed by :func:`pack_expand_filter` with ``plan.vectors`` vectors a block [and its
     bias (c,)], the depthwise filter (r, s, c) [, bias (c,)][, residual (n, oh, ow, c)];
-    output (n, oh, ow, c). ``shape`` is the depthwise convolution's (c expanded channels)."""
-    sh = shape
+    output (n, oh, ow, c). ``shape`` is the depthwise convolution's (c expanded channels),
+    ``expansion`` the convolution producing its input: 1x1 (:func:`pointwise`) or any
+    window and stride (a stem)."""
+    sh, ex = shape, expansion
     lanes = vector_isa(isa).schedule_lanes("float32")
     plan = plan_expand_depthwise(sh, lanes, threads)
     if sh.oc != sh.c or plan is None:
         raise UnsupportedShapeError(
             f"expansion + depthwise conv2d: {sh.c} channels of {sh.w}-pixel rows (the "
             f"channels a multiple of {lanes}, a row tile of >= {MIN_TILE_PIXELS} pixels)")
+    if (ex.n, ex.oh, ex.ow, ex.oc, ex.groups) != (sh.n, sh.h, sh.w, sh.c, 1):
+        raise UnsupportedShapeError(
+            f"expansion + depthwise conv2d: the expansion's output {ex.n}x{ex.oh}x{ex.ow}x"
+            f"{ex.oc} (groups {ex.groups}) is not the depthwise input {sh.n}x{sh.h}x{sh.w}"
+            f"x{sh.c}")
     vec = f"float32x{lanes}"
     block = plan.vectors * lanes
     blocks = sh.c // block
@@ -132,28 +147,44 @@ def expand_depthwise_schedule(shape: ConvShape, cin: int, isa: str = "avx512", *
     act = vector_fn(expand_activation) if expand_activation else None
     grouped = not vector_isa(isa).scalable and expand_activation in LONG_CHAINS
     forms = avx512_forms() if isa == "avx512" else nullcontext()
+    # pixel tiles whose window columns are all inside the input row run unchecked
+    first, last = interior_pixel_blocks(ex, plan.pixels)
 
     with forms, IRBuilder() as builder, T.prim_func():
         T.func_name("main")
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, cin), "float32"))
-        w1 = T.arg("w_expand", T.Buffer((blocks, cin, block), "float32"))
+        x = T.arg("x", T.Buffer((ex.n, ex.h, ex.w, ex.c), "float32"))
+        w1 = T.arg("w_expand", T.Buffer((blocks, ex.r, ex.s, ex.c, block), "float32"))
         b1 = T.arg("bias_expand", T.Buffer((sh.c,), "float32")) if expand_bias else None
         taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation)
 
-        def expand_row(b, h, ring, slot, c0) -> None:
-            """Input row ``h``, channels [c0, c0 + block), into ring slot ``slot``."""
+        def expand_tiles(b, h, ring, slot, c0, lo: int, hi: int, checked: bool) -> None:
+            """Pixel tiles [lo, hi) of expanded row ``h``, channels [c0, c0 + block), into
+            ring slot ``slot``: taps x input channels as FMAs, then bias and activation."""
             px, nv = plan.pixels, plan.vectors
-            with T.serial(0, sh.w // px) as po:
+            if hi <= lo:
+                return
+            with T.serial(lo, hi) as po:
                 acc = T.alloc_buffer((px * nv,), vec, scope="local")
                 for u in range(px * nv):
                     T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [u])
-                with T.serial(0, cin) as k:
-                    for p in range(px):
-                        a = tirx.Broadcast(x[b, h, po * px + p, k], lanes)
-                        for v in range(nv):
-                            filt = w1[c0 // block, k, tirx.Ramp(v * lanes, 1, lanes)]
-                            T.buffer_store(acc, acc[p * nv + v] + a * filt, [p * nv + v])
+                with T.serial(0, ex.r) as ry:
+                    row = h * ex.stride + ry - ex.pad[0]
+                    with T.If(tirx.all(row >= 0, row < ex.h)), T.Then():
+                        with T.serial(0, ex.s) as rx, T.serial(0, ex.c) as k:
+                            for p in range(px):
+                                col = (po * px + p) * ex.stride + rx - ex.pad[1]
+                                value = x[b, row, col, k]
+                                if checked:
+                                    value = tirx.if_then_else(
+                                        tirx.all(col >= 0, col < ex.w), value,
+                                        tirx.const(0.0, "float32"))
+                                a = tirx.Broadcast(value, lanes)
+                                for v in range(nv):
+                                    filt = w1[c0 // block, ry, rx, k,
+                                              tirx.Ramp(v * lanes, 1, lanes)]
+                                    T.buffer_store(acc, acc[p * nv + v] + a * filt,
+                                                   [p * nv + v])
                 for v in range(nv):
                     bias_v = None if b1 is None else b1[tirx.Ramp(c0 + v * lanes, 1, lanes)]
                     size = EQUATION_GROUP if grouped else 1
@@ -165,6 +196,12 @@ def expand_depthwise_schedule(shape: ConvShape, cin: int, isa: str = "avx512", *
                                            [slot, po * px + p, tirx.Ramp(v * lanes, 1, lanes)])
                         apply_epilogue([acc[p * nv + v] for p in pixels], pixels, lanes,
                                        bias_v, act, None, None, store)
+
+        def expand_row(b, h, ring, slot, c0) -> None:
+            tiles = sh.w // plan.pixels
+            expand_tiles(b, h, ring, slot, c0, 0, first, True)
+            expand_tiles(b, h, ring, slot, c0, first, last, False)
+            expand_tiles(b, h, ring, slot, c0, last, tiles, True)
 
         with T.parallel(0, sh.n * plan.chunks * blocks) as task:
             b = task // (plan.chunks * blocks)
