@@ -60,6 +60,13 @@ def test_gemm_epilogue_with_tails():
     _check(13, 70, 9, bias=True, activation="relu")
 
 
+@pytest.mark.parametrize("m,n,k", [(12544, 16, 32), (196, 80, 48), (29, 16, 7)])
+def test_one_vector_wide_gemms_match_numpy(m, n, k):
+    """16 columns, or an odd number of 16-column panels: one-vector tiles where the host's
+    core table has them (Zen 5), the wider tiles padded elsewhere."""
+    _check(m, n, k, bias=True, activation="relu")
+
+
 def test_batched_and_transposed_b():
     _check(20, 50, 30, batch=3)
     _check(50, 40, 30, b_layout="nk")
@@ -258,18 +265,24 @@ def test_low_precision_tiles_fit_the_register_file(dtype):
 
 
 def test_core_tables_rank_the_same_tiles():
-    """Each core family has a measured efficiency for every register tile; the host's table
-    is Intel's on Intel cores and Zen 5's elsewhere."""
+    """Each core family has a measured efficiency for every register tile, and for the
+    one-vector tiles only where they were measured (Zen 5); the host's table is Intel's on
+    Intel cores and Zen 5's elsewhere."""
     from tpp_tvm.schedules.gemm_plan import (
         CORE_TABLES,
+        ONE_VECTOR_TILES,
         REGISTER_TILES,
         core_family,
         core_table,
     )
 
     for table in CORE_TABLES.values():
-        assert tuple(table.tile_efficiency) == REGISTER_TILES
+        tiles = tuple(table.tile_efficiency)
+        assert tiles[:len(REGISTER_TILES)] == REGISTER_TILES
+        assert set(tiles[len(REGISTER_TILES):]) <= set(ONE_VECTOR_TILES)
         assert all(0 < e <= 1 for e in table.tile_efficiency.values())
+    assert set(ONE_VECTOR_TILES) <= set(CORE_TABLES["zen"].tile_efficiency)
+    assert not set(ONE_VECTOR_TILES) & set(CORE_TABLES["intel"].tile_efficiency)
     assert core_family("Intel(R) Xeon(R) Platinum 8480+") == "intel"
     assert core_family("AMD EPYC 9R45 64-Core Processor") == "zen"
     assert core_family("unknown") == "zen"
