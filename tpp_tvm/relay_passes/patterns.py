@@ -277,7 +277,8 @@ def _expansion_check(a: dict, out_channels: int) -> bool:
     if any(int(d) != 1 for d in attrs.dilation) or int(attrs.strides[0]) != int(
             attrs.strides[1]):
         return False
-    if [int(d) for d in bias.ty.shape.values][-1] != out_channels:
+    *lead, width = [int(d) for d in bias.ty.shape.values] or [0]
+    if width != out_channels or any(d != 1 for d in lead):
         return False
     lo, hi = a.get("expand_act_lo"), a.get("expand_act_hi")
     return lo is None or [scalar_value(lo), scalar_value(hi)] == [0.0, 6.0]
