@@ -285,6 +285,8 @@ def _expansion_check(a: dict, out_channels: int) -> bool:
 
 
 def _expand_depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
+    """A depthwise convolution whose input is an expansion, fused where the expanded tensor
+    would leave the L2 (``fusion_pays``); elsewhere the two kernels take the pair."""
     a = ctx.annotated_expr
     if not _depthwise_check(ctx):
         return False

@@ -78,7 +78,8 @@ def plan_expand_depthwise(shape: ConvShape, lanes: int, threads: int) -> ExpandP
 
     Chunks trade re-expanded rows (``r - stride`` per chunk boundary) against idle threads:
     the cost of a choice is the expanded rows over the image's times the thread imbalance,
-    over the channel block's tile efficiency."""
+    over the tile's efficiency (a model, not a measurement: the square root of its share of
+    :data:`TILE_ACCUMULATORS`, so narrower blocks lose only where they buy balance)."""
     if shape.c % lanes:
         return None
     best = None
