@@ -1,6 +1,6 @@
 """AMX TPPs: bf16/int8 tile BRGEMMs compiled for ``mcpu=sapphirerapids`` and checked in the
-generated assembly (this machine has no AMX); the same kernels run against numpy where the
-CPU has AMX and the OS grants tile state."""
+generated assembly on any host; the same kernels run against numpy on AMX where the CPU has
+it and the OS grants tile state, else on the software tile model (``h.tile_target``)."""
 
 from __future__ import annotations
 
@@ -76,11 +76,9 @@ def test_tile_permission() -> None:
             ensure_tile_permission()
 
 
-@pytest.mark.requires_amx
 @pytest.mark.parametrize("spec", [BF16, INT8], ids=["bf16", "int8"])
 def test_tile_kernels_run_like_numpy(spec: TPPSpec) -> None:
-    ensure_tile_permission()
-    h.check(spec, isa="amx")
+    h.check(spec, isa="amx", tgt=h.tile_target())
 
 
 @pytest.mark.parametrize(("dtype", "dot"), [("bfloat16", "tdpbf16ps"), ("int8", "tdpbusd")])
@@ -95,6 +93,15 @@ def test_amx_gemm_configures_tiles_once_per_kernel(dtype: str, dot: str) -> None
     assert (plan.mr, plan.nr, plan.kp % (16 * (2 if dtype == "bfloat16" else 4))) == (32, 32, 0)
     assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
     assert _count(asm, dot) >= 4 and _count(asm, "tilestored") >= 4
+
+
+def _runnable(kernel, m: int, n: int, k: int, threads: int, options: dict):
+    """``kernel`` where this host runs tiles, else the same GEMM on emulated tiles."""
+    from tpp_tvm.kernels import build_gemm
+    from tpp_tvm.target import tiles_emulated
+
+    tgt = h.tile_target(threads)
+    return build_gemm(m, n, k, target=tgt, **options) if tiles_emulated(tgt) else kernel
 
 
 def _check_dequantize_bias_relu(kernel, rng, bias) -> None:
@@ -132,8 +139,7 @@ def test_amx_gemm_epilogues_run_on_tiles(options: dict) -> None:
     assert kernel.plan.amx and _count(asm, dot) >= 4
     assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
     assert ("zmm" in asm) == ("bias" in options)  # the epilogue on the vector unit
-    if not (HOST.amx_tile and HOST.amx_permitted):
-        pytest.skip(f"running it needs an AMX host with tile state ({HOST.summary()})")
+    kernel = _runnable(kernel, m, n, k, 2, options)
     rng = np.random.default_rng(0)
     lead = (options["batch"],) if "batch" in options else ()
     bias = rng.standard_normal(n).astype("float32")
@@ -200,8 +206,7 @@ def test_amx_gemm_epilogue_runs_between_tile_products(dtype: str, options: dict,
     assert _epilogue_between_tile_products(asm, dot)
     assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
     assert _count(asm, "prefetcht1") >= 8  # the next B panel, fetched into L2 during the steps
-    if not (HOST.amx_tile and HOST.amx_permitted):
-        pytest.skip(f"running it needs an AMX host with tile state ({HOST.summary()})")
+    kernel = _runnable(kernel, m, n, k, threads, {"dtype": dtype, **options})
     rng = np.random.default_rng(1)
     bias = rng.standard_normal(n).astype("float32")
     if dtype == "int8":
@@ -229,7 +234,6 @@ def test_amx_gemm_without_epilogue_prefetches_the_next_panel(dtype: str) -> None
     assert _count(asm, "prefetcht1") >= 8 and _count(asm, "ldtilecfg") == 1
 
 
-@pytest.mark.requires_amx
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
     import numpy as np
@@ -238,7 +242,7 @@ def test_amx_gemm_runs_like_numpy(dtype: str) -> None:
 
     rng = np.random.default_rng(0)
     m, n, k = 100, 70, 130
-    kernel = build_gemm(m, n, k, dtype=dtype, target=target("amx", num_cores=1))
+    kernel = build_gemm(m, n, k, dtype=dtype, target=h.tile_target(1))
     if dtype == "int8":
         a = rng.integers(0, 256, (m, k)).astype(np.uint8)
         b = rng.integers(-128, 128, (k, n)).astype(np.int8)
@@ -341,7 +345,6 @@ def test_tile_gemms_tensorize_for_ragged_row_counts(m: int, k: int) -> None:
     assert plan.amx and "tpp.gemm.bf16.amx" in str(sch.trace)
 
 
-@pytest.mark.requires_amx
 def test_row_blocked_tile_gemm_runs_like_numpy() -> None:
     """A larger than half the L2: row blocks of A outer, every B panel over each block."""
     import ml_dtypes
@@ -355,7 +358,40 @@ def test_row_blocked_tile_gemm_runs_like_numpy() -> None:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k), dtype="float32")
     b = rng.standard_normal((k, n), dtype="float32")
-    kernel = build_gemm(m, n, k, dtype="bfloat16", target=target("amx", num_cores=2))
+    kernel = build_gemm(m, n, k, dtype="bfloat16", target=h.tile_target(2))
     want = (a.astype(ml_dtypes.bfloat16).astype(np.float32)
             @ b.astype(ml_dtypes.bfloat16).astype(np.float32))
     np.testing.assert_allclose(kernel(a, b), want, rtol=1e-4, atol=1e-2)
+
+
+def test_exported_emulated_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
+    """A model exported with emulated tiles records it in its sidecar: a fresh process that
+    only loads it links the tile model before the library and gets the same result."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tpp_tvm import models
+    from tpp_tvm.compiled import compile_onnx
+    from tpp_tvm.target import tiles_emulated
+
+    tgt = h.tile_target(1)
+    if not tiles_emulated(tgt):
+        pytest.skip("this host runs tiles for real (the test above covers it)")
+    model = models.GENERATORS["mlp"](batch=20, dims=(64, 96, 32))
+    inputs = models.example_inputs(model)
+    compiled = compile_onnx(model, target=tgt, precision="bf16")
+    assert compiled.report_data["tiles_emulated"]
+    assert "emulated in software" in compiled.report()
+    path = compiled.export(str(tmp_path / "mlp_emulated.so"))
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    script = ("import sys, numpy as np, tpp_tvm\n"
+              "m = tpp_tvm.load(sys.argv[1]); x = np.load(sys.argv[2])\n"
+              "np.save(sys.argv[3], m(**dict(x))[0])\n")
+    out = tmp_path / "out.npy"
+    proc = subprocess.run([sys.executable, "-c", script, str(path),
+                           str(tmp_path / "inputs.npz"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(out), compiled(*inputs.values())[0])

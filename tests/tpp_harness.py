@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import checks
 import numpy as np
+import pytest
 import tvm
 from scipy import special
 from tvm import s_tir
 
-from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.intrinsics import TPPSpec, amx_emulator, intrinsic
 from tpp_tvm.intrinsics.geometry import contraction_geometry, pool_geometry
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
 from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS
-from tpp_tvm.target import target
+from tpp_tvm.target import host_isa, target, tiles_emulated
+from tpp_tvm.tir_pipeline import compile_kernels
 
 
 def tensorized(spec: TPPSpec, isa: str = "avx512") -> tvm.tirx.PrimFunc:
@@ -29,11 +31,30 @@ def tensorized(spec: TPPSpec, isa: str = "avx512") -> tvm.tirx.PrimFunc:
     return sch.mod["main"]
 
 
-def build(spec: TPPSpec, isa: str = "avx512"):
-    """Compile the tensorized TPP; returns (runtime module, operand shapes, dtypes)."""
-    mod = tvm.compile(tvm.IRModule({"main": tensorized(spec, isa)}),
-                      target=target(isa, num_cores=1)).jit()
-    return mod, operand_shapes(spec), operand_dtypes(spec)
+def tile_target(num_cores: int = 1) -> tvm.target.Target:
+    """The target tile kernels run on in this process: AMX where the host has it and the OS
+    grants tile state, else AMX with the tiles emulated in software (the kernels around the
+    tiles need AVX-512 F and BF16); skips the test on other hosts, saying why."""
+    host = host_isa()
+    if host.amx_tile and host.amx_permitted:
+        return target("amx", num_cores=num_cores)
+    if not (host.avx512f and host.avx512_bf16):
+        pytest.skip("running tile kernels needs an AMX host, or an AVX-512 BF16 host to "
+                    f"emulate the tiles ({host.summary()})")
+    amx_emulator.reset()
+    return target("amx", num_cores=num_cores, emulate_tiles=True)
+
+
+def build(spec: TPPSpec, isa: str = "avx512", tgt: tvm.target.Target | None = None):
+    """Compile the tensorized TPP (for ``tgt``, default ``isa``'s host target); returns
+    (runtime module, operand shapes, dtypes)."""
+    mod = tvm.IRModule({"main": tensorized(spec, isa)})
+    if tiles_emulated(tgt):
+        amx_emulator.library()
+        built = compile_kernels(mod, tgt).jit()  # the tpp pipeline renames tile instructions
+    else:
+        built = tvm.compile(mod, target=tgt or target(isa, num_cores=1)).jit()
+    return built, operand_shapes(spec), operand_dtypes(spec)
 
 
 def _gelu(x):
@@ -165,13 +186,16 @@ def numpy_dtype(dtype: str):
     return np.dtype(dtype)
 
 
-def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> tuple[np.ndarray, np.ndarray]:
+def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512",
+        tgt: tvm.target.Target | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(TPP result, numpy reference) for random inputs."""
-    mod, shapes, dtypes = build(spec, isa)
+    mod, shapes, dtypes = build(spec, isa, tgt)
     rng = np.random.default_rng(seed)
     args = inputs_for(spec, shapes, dtypes, rng)
     tensors = [tvm.runtime.tensor(x) for x in args]
     mod(*tensors)
+    if tiles_emulated(tgt):
+        amx_emulator.check(spec.name(isa))
     return tensors[-1].numpy(), reference(spec, args)
 
 
@@ -191,9 +215,10 @@ def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float
     checks.assert_close_scaled(got, want, rtol, err_msg=spec.name(isa))
 
 
-def check(spec: TPPSpec, seed: int = 0, isa: str = "avx512") -> None:
+def check(spec: TPPSpec, seed: int = 0, isa: str = "avx512",
+          tgt: tvm.target.Target | None = None) -> None:
     """Run the TPP on random inputs (:func:`run`) and assert it matches numpy."""
-    got, want = run(spec, seed, isa)
+    got, want = run(spec, seed, isa, tgt)
     assert_matches(spec, got, want, isa=isa)
 
 

@@ -30,11 +30,13 @@ from .errors import (
     describe_tvm_error,
 )
 from .inputs import bind_inputs
+from .intrinsics import amx_emulator
 from .profiling import peak_rss, profile_vm
 from .relay_passes.lower import TILES_MARK, LoweringReport
 from .relay_passes.pipeline import build
 from .runtime import configure_threads, target_threads
 from .target import target as tpp_target
+from .target import tiles_emulated
 
 _SIDECAR = ".tpp.json"
 
@@ -86,6 +88,12 @@ class CompiledModel:
         # Checked at the first run, not here: a model compiled for an AMX target on a host
         # without AMX must still export (cross-compilation); only running it needs tiles.
         self._tiles_unchecked = any(k.endswith(TILES_MARK) for k in report.get("lowered", {}))
+        # Tiles on the software model (tests on hosts without AMX): its symbols must be in
+        # the process before the VM links the kernels, and its faults are checked per run.
+        self._tiles_emulated = bool(report.get("tiles_emulated"))
+        if self._tiles_emulated:
+            amx_emulator.library()
+            self._tiles_unchecked = False
         self._profile: list[tuple[str, float, int]] = []
         self.threads = configure_threads(threads)
         self._vm = relax.VirtualMachine(module, tvm.cpu())
@@ -141,6 +149,8 @@ class CompiledModel:
         except Exception as exc:  # anything here is TVM's failure
             raise ExecutionError(f"the compiled model failed while running: "
                                  f"{describe_tvm_error(exc)}") from exc
+        if self._tiles_emulated:
+            amx_emulator.check("the compiled model")
         return [result] if isinstance(result, tvm.runtime.Tensor) else list(result)
 
     def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
@@ -191,6 +201,9 @@ class CompiledModel:
                          "other ops fp32")
             if any(k.endswith("[bf16]") for k in self._report.get("lowered", {})):
                 lines.append(BF16_WITHOUT_TILES)
+        if self._tiles_emulated:
+            lines.append("AMX tiles: emulated in software (target('amx', emulate_tiles="
+                         "True)): results as on AMX, speed not (for tests only)")
         lines.append("TPP kernels:")
         lines += [f"  {k}: {v}" for k, v in sorted(self._report.get("lowered", {}).items())]
         falls = self._report.get("fallbacks", {})
@@ -263,6 +276,8 @@ def load(path: str | Path) -> CompiledModel | DynamicModel:
     if "sha256" in meta and _sha256(path) != meta["sha256"]:
         raise ModelLoadError(f"{path} is corrupt: its checksum differs from the one export() "
                              f"wrote in {side.name} (truncated or overwritten?)")
+    if report.get("tiles_emulated"):
+        amx_emulator.library()  # the library's tile calls link against the tile model
     try:
         module = tvm.runtime.load_module(str(path))
         return CompiledModel(module, inputs, report, meta.get("threads", 1))
@@ -291,6 +306,8 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
     report = LoweringReport()
+    if tiles_emulated(tgt):
+        amx_emulator.library()
     try:
         with peak_rss() as memory:
             exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
@@ -313,6 +330,8 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     if report.rewrites:
         data["rewrites"] = dict(report.rewrites)
     data["default_scheduled"] = sorted(report.default_scheduled)
+    if tiles_emulated(tgt):
+        data["tiles_emulated"] = True
     return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt))
 
 

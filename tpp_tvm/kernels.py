@@ -16,10 +16,11 @@ import tvm
 from tvm import s_tir
 
 from .errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
+from .intrinsics import amx_emulator
 from .runtime import configure_threads, target_threads
 from .schedules.gemm import gemm_schedule, pack_b_schedule
 from .schedules.gemm_plan import GemmPlan, check_gemm, runs_on_tiles
-from .target import host_isa, isa_of
+from .target import host_isa, isa_of, tiles_emulated
 from .target import target as tpp_target
 from .tir_pipeline import compile_kernels
 
@@ -158,6 +159,8 @@ class GemmKernel:
         """C for B already in the packed layout (:meth:`pack_b`), as for constant weights."""
         args = self._args(a, b_packed, bias, scale, offset)
         self.module(*args)
+        if tiles_emulated(self.target):
+            amx_emulator.check(f"GEMM {self.plan.m}x{self.plan.n}x{self.plan.k}")
         return args[-1].numpy()[..., : self.plan.m, : self.plan.n]
 
     def __call__(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, *,
@@ -199,7 +202,9 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
             "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
     if isa not in ("avx512", "amx"):
         raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
-    if runs_on_tiles(isa, dtype) and host_isa().amx_tile:
+    if runs_on_tiles(isa, dtype) and tiles_emulated(tgt):
+        amx_emulator.library()  # the tile model's symbols, before the kernel is linked
+    elif runs_on_tiles(isa, dtype) and host_isa().amx_tile:
         from .intrinsics.amx import ensure_tile_permission
 
         ensure_tile_permission()  # before the first tile instruction, as Linux requires

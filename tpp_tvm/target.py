@@ -45,6 +45,9 @@ ISAS: tuple[str, ...] = ("amx", "avx512", "sve")
 """ISAs with TPP implementations, in order of preference for :func:`best_isa`."""
 
 TAG_PREFIX = "tpp/"
+EMULATED_TILES_KEY = "tpp-amx-emulated"
+"""Target key of an AMX target whose tile instructions call a software model of the tile
+unit (``intrinsics/amx_emulator.py``): for testing tile kernels on CPUs without AMX."""
 
 _CPUINFO = Path("/proc/cpuinfo")
 _SYS_CPU = Path("/sys/devices/system/cpu")
@@ -413,19 +416,45 @@ def require_features(tgt: Target | str | dict[str, Any], features: list[str] | t
             "or choose a precision this CPU has")
 
 
-def target(isa: str | None = None, num_cores: int | None = None) -> Target:
+def target(isa: str | None = None, num_cores: int | None = None, *,
+           emulate_tiles: bool = False) -> Target:
     """The TPP target for ``isa`` (default: :func:`best_isa` of the host).
 
     ``num_cores`` (default: the host's physical cores) is the ``num-cores`` attribute that
     MetaSchedule and the parallel schedules size their thread work by. Cross-compiling is
     fine: ``target("sve")`` works on an x86 host.
+
+    ``emulate_tiles`` (``amx`` only): the AMX kernels, compiled for this host's AVX-512 CPU,
+    with every tile instruction a call of the software tile model, so tile kernels and
+    models run (slowly) where the CPU has no AMX: for tests, never for speed.
     """
     isa = _check_isa(isa) if isa is not None else best_isa()
     if num_cores is None:
         num_cores = host_isa().physical_cores
     if num_cores < 1:
         raise ValueError(f"num_cores must be >= 1, got {num_cores}")
-    return Target(target_config(isa, num_cores))
+    config = target_config(isa, num_cores)
+    if emulate_tiles:
+        config.update(_emulated_tiles_config(isa))
+    return Target(config)
+
+
+def _emulated_tiles_config(isa: str) -> dict[str, Any]:
+    """``keys``, ``mcpu`` and ``mattr`` of an AMX target with emulated tiles on this host."""
+    host = host_isa()
+    mcpu = _host_mcpu()
+    if isa != "amx" or not (host.avx512f and host.avx512_bf16) or mcpu is None:
+        raise UnsupportedISAError(
+            f"emulated AMX tiles need target 'amx' (got {isa!r}) on a host with AVX-512 F and "
+            f"BF16 for the kernels around the tiles; this host: {host.summary()}")
+    tiles = {"-" + f: "+" + f for f in ("amx-tile", "amx-bf16", "amx-int8")}
+    return {"keys": ["tpp", "cpu", EMULATED_TILES_KEY], "mcpu": mcpu,
+            "mattr": [tiles.get(f, f) for f in host.llvm_mattr()]}
+
+
+def tiles_emulated(tgt: Target | str | dict[str, Any] | None) -> bool:
+    """Whether ``tgt`` runs AMX tile instructions on the software model."""
+    return tgt is not None and EMULATED_TILES_KEY in [str(k) for k in _as_target(tgt).keys]
 
 
 def _as_target(tgt: Target | str | dict[str, Any]) -> Target:

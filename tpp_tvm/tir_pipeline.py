@@ -31,6 +31,10 @@ The pipeline also refuses, before LLVM sees them, kernels that import LLVM IR ne
 features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 aborts the whole
 process inside LLVM): :func:`required_features` reads them off the imported functions'
 ``"target-features"``, :func:`tpp_tvm.target.require_features` raises the error.
+
+For a target with emulated AMX tiles (``target("amx", emulate_tiles=True)``), the last pass
+renames the tile instructions in every imported IR text to the software tile model's
+functions (:mod:`tpp_tvm.intrinsics.amx_emulator`).
 """
 
 from __future__ import annotations
@@ -49,10 +53,11 @@ from tpp_tvm.intrinsics.amx import (
     configure_tiles_per_task,
     interleave_tile_epilogues,
 )
+from tpp_tvm.intrinsics.amx_emulator import emulate_tile_instructions
 from tpp_tvm.intrinsics.llvm_ir import IRFunction, denormal_flushing, module_text
 from tpp_tvm.intrinsics.prefetch import prefetch_next_panels
 from tpp_tvm.runtime import target_threads
-from tpp_tvm.target import require_features
+from tpp_tvm.target import require_features, tiles_emulated
 
 #: Largest buffer kept on the stack. Worker threads have MiB-sized stacks; a register
 #: tile's intermediates are a few KiB, an unrolled conv panel's tens of KiB.
@@ -213,6 +218,22 @@ def prefetch_panels(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     return prefetch_next_panels(func)
 
 
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.EmulateTiles")
+def emulate_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """Kernels for a target with emulated tiles call the tile model instead of AMX."""
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if not tiles_emulated(target or tvm.target.Target.current(allow_none=True)):
+        return func
+
+    def rename(stmt: tirx.AttrStmt) -> tirx.AttrStmt:
+        if stmt.attr_key != "pragma_import_llvm":
+            return stmt
+        text = emulate_tile_instructions(str(stmt.value.value))
+        return tirx.AttrStmt(stmt.node, stmt.attr_key, tvm.ir.StringImm(text), stmt.body)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, rename)]))
+
+
 #: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.
 DENORMALS_FLUSHED = "tpp.denormals_flushed"
 
@@ -349,7 +370,8 @@ def _tpp_pipeline():
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         check_target_features(mod)
         lowered = base(flush_denormals(configure_tiles(mod)))
-        return stack_allocate_small_buffers(prefetch_panels(interleave_epilogues(lowered)))
+        return emulate_tiles(stack_allocate_small_buffers(
+            prefetch_panels(interleave_epilogues(lowered))))
 
     def finalize_host_fast() -> tvm.transform.Pass:
         passes = finalize_host()

@@ -1,0 +1,99 @@
+"""The software model of the AMX tile unit (``intrinsics/amx_emulator``): its instructions
+against numpy, the faults AMX would raise, and what it caught: tile GEMMs whose epilogue
+slices fell out of step with each other (wrong rows for K of 3, 5, 6 or 7 tile steps), and
+whole bf16 models on tiles against ONNX Runtime."""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tpp_tvm.errors import ExecutionError, UnsupportedISAError
+from tpp_tvm.intrinsics import amx_emulator
+from tpp_tvm.intrinsics.llvm_ir import amx_brgemm, amx_tile_config, module_text
+from tpp_tvm.target import host_isa, target, tiles_emulated
+
+HOST = host_isa()
+pytestmark = pytest.mark.skipif(
+    not (HOST.avx512f and HOST.avx512_bf16),
+    reason=f"the tile model runs beside AVX-512 BF16 kernels ({HOST.summary()})")
+
+
+def _config(m: int, n: int) -> ctypes.Array:
+    text, _ = amx_tile_config(m, n)
+    return (ctypes.c_uint8 * 64)(*(int(b.split()[1]) for b in text.strip("[]").split(",")))
+
+
+def _tile_product(instruction: str, a: np.ndarray, b_vnni: np.ndarray) -> np.ndarray:
+    """One 16 x 16 C tile: tilezero, A and B tile loads, the product, the store."""
+    lib = amx_emulator.library()
+    c = np.zeros((16, 16), np.float32 if instruction == "tdpbf16ps" else np.int32)
+    lib.tpp_amx_emu_ldtilecfg(_config(16, 16))
+    lib.tpp_amx_emu_tilezero(0)
+    lib.tpp_amx_emu_tileloadd64(1, a.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(64))
+    lib.tpp_amx_emu_tileloadd64(2, b_vnni.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(64))
+    getattr(lib, f"tpp_amx_emu_{instruction}")(0, 1, 2)
+    lib.tpp_amx_emu_tilestored64(0, c.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(64))
+    lib.tpp_amx_emu_tilerelease()
+    amx_emulator.check(instruction)
+    return c
+
+
+def _vnni(b: np.ndarray, v: int) -> np.ndarray:
+    """B (K x N) in VNNI rows: row g holds B[g v : g v + v, j] for each column j in turn."""
+    k, n = b.shape
+    return np.ascontiguousarray(b.reshape(k // v, v, n).transpose(0, 2, 1).reshape(k // v, n * v))
+
+
+def test_tile_products_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 32)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((32, 16)).astype(ml_dtypes.bfloat16)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(_tile_product("tdpbf16ps", a, _vnni(b, 2)), want,
+                               rtol=1e-5, atol=1e-5)
+    a8 = rng.integers(0, 256, (16, 64)).astype(np.uint8)
+    b8 = rng.integers(-128, 128, (64, 16)).astype(np.int8)
+    np.testing.assert_array_equal(_tile_product("tdpbusd", a8, _vnni(b8, 4)),
+                                  a8.astype(np.int64) @ b8.astype(np.int64))
+
+
+def test_faults_are_reported_as_amx_would_raise_them() -> None:
+    lib = amx_emulator.library()
+    amx_emulator.reset()
+    lib.tpp_amx_emu_tilerelease()
+    lib.tpp_amx_emu_tdpbf16ps(0, 1, 2)
+    with pytest.raises(ExecutionError, match="no tile configuration loaded"):
+        amx_emulator.check("a product before ldtilecfg")
+    lib.tpp_amx_emu_ldtilecfg(_config(16, 16))  # tiles 0 (C), 1 (A), 2 (B)
+    lib.tpp_amx_emu_tdpbf16ps(1, 0, 7)
+    with pytest.raises(ExecutionError, match="tile 7 is not in the loaded configuration"):
+        amx_emulator.check("a product on an unconfigured tile")
+    bad = _config(16, 16)
+    bad[48] = 17  # 17 rows in tile 0
+    lib.tpp_amx_emu_ldtilecfg(bad)
+    with pytest.raises(ExecutionError, match="tile 0 has 17 rows"):
+        amx_emulator.check("a configuration of 17 rows")
+    lib.tpp_amx_emu_tilerelease()
+    amx_emulator.check("nothing")  # reported faults are cleared
+
+
+def test_tile_instructions_are_renamed_and_nothing_else() -> None:
+    text = module_text(amx_brgemm("bfloat16", "bfloat16", 32, 32, 32, 1, 0))
+    emulated = amx_emulator.emulate_tile_instructions(text)
+    assert "@llvm.x86.tdpbf16ps" in text and "@llvm.x86.t" not in emulated
+    assert "@llvm.x86.ldtilecfg" not in emulated and "@tpp_amx_emu_ldtilecfg" in emulated
+    assert "@llvm.prefetch.p0" in emulated  # not a tile instruction
+    renamed = [line for line in emulated.splitlines()
+               if line.startswith("declare") and "tpp_amx_emu_" in line]
+    assert len(renamed) == 6 and not any("immarg" in line for line in renamed)  # no tdpbusd
+
+
+def test_emulated_tiles_need_the_amx_target() -> None:
+    with pytest.raises(UnsupportedISAError, match="emulated AMX tiles need target 'amx'"):
+        target("avx512", emulate_tiles=True)
+    assert tiles_emulated(target("amx", emulate_tiles=True))
+    assert not tiles_emulated(target("amx")) and not tiles_emulated(None)
