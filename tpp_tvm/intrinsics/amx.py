@@ -172,6 +172,33 @@ def _writes_only(stmt: tirx.Stmt, buffer: tirx.Buffer) -> bool:
     return bool(stores) and all(stores) and not loads
 
 
+def _sliceable(stmt: tirx.Stmt) -> bool:
+    """A serial loop of constant extent: an epilogue loop over the block's rows."""
+    return isinstance(stmt, tirx.For) and isinstance(stmt.extent, tirx.IntImm) \
+        and stmt.kind == tirx.ForKind.SERIAL
+
+
+def _epilogue_slicing(epilogue: list[tirx.Stmt], steps: int) -> tuple[int, int, int] | None:
+    """(slices, smallest loop extent, index of the last loop) for cutting ``epilogue`` into
+    row slices that keep its loops in step, or None where they cannot be: extents that are
+    not multiples of the smallest one, or a statement between two loops (it would run in
+    one slice while the loops run in all of them).
+
+    Slicing each loop by its own extent let a copy loop over 32 rows copy row 20 in one
+    slice while the activation loop before it (16 iterations of 2 rows) computed it in the
+    next: wrong rows wherever a block's K steps (3, 5, 6, 7) do not divide both extents."""
+    loops = [i for i, stmt in enumerate(epilogue) if _sliceable(stmt)]
+    if not loops:
+        return max(1, min(EPILOGUE_SLICES, steps)), 1, -1
+    if any(not _sliceable(stmt) for stmt in epilogue[loops[0]:loops[-1] + 1]):
+        return None
+    extents = [epilogue[i].extent.value for i in loops]
+    unit = min(extents)
+    if unit < 1 or any(e % unit for e in extents):
+        return None
+    return max(1, min(EPILOGUE_SLICES, steps, unit)), unit, loops[-1]
+
+
 def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
     """``loop`` (one tile block per iteration: microkernel into C, then the epilogue that
     reads C, if any) rewritten so that each iteration's tile steps are interleaved with the
@@ -214,22 +241,27 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
         kept.append(stmt)
     a, b, c, lda, a_batch, b_group, b_batch, ldc = (
         substitute(x, lets) for x in (a, b, c, lda, a_batch, b_group, b_batch, ldc))
-    slices = min(EPILOGUE_SLICES, parts.steps)
+    slicing = _epilogue_slicing(epilogue, parts.steps)
+    if slicing is None:
+        return None
+    slices, unit, last_loop = slicing
     v = loop.loop_var
     prev = [(v, v - 1)]
 
-    def row_slice(stmt: tirx.Stmt, s: int) -> tirx.Stmt | None:
-        """Rows [s m / S, (s+1) m / S) of an epilogue loop over the block's m rows (all of
-        a statement of another form in slice 0)."""
-        if isinstance(stmt, tirx.For) and isinstance(stmt.extent, tirx.IntImm) \
-                and stmt.extent.value >= slices and stmt.kind == tirx.ForKind.SERIAL:
-            m = stmt.extent.value
-            lo, hi = s * m // slices, (s + 1) * m // slices
+    def row_slice(i: int, stmt: tirx.Stmt, s: int) -> tirx.Stmt | None:
+        """Slice ``s`` of epilogue statement ``i``: the same share of the block's rows in
+        every loop (iterations [s u / S, (s+1) u / S) times extent / u, u the smallest
+        extent), so a loop reading what an earlier loop wrote (the copy out of the block's
+        epilogue buffer) reads only rows that are done; statements before the first loop
+        run in slice 0, after the last one in the last slice."""
+        if _sliceable(stmt):
+            per = stmt.extent.value // unit
+            lo, hi = s * unit // slices * per, (s + 1) * unit // slices * per
             if lo == hi:
                 return None
             return fresh_copy(tirx.For(stmt.loop_var, stmt.min + lo, hi - lo, stmt.kind,
                                         stmt.body))
-        return fresh_copy(stmt) if s == 0 else None
+        return fresh_copy(stmt) if s == (0 if i < last_loop else slices - 1) else None
 
     def extern(fn, *args) -> tirx.Stmt:
         return tirx.Evaluate(tirx.call_extern("void", fn.name, *args))
@@ -241,7 +273,8 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
         body.append(extern(parts.run, a, b, lda, a_batch, b_group, b_batch,
                            tirx.const(t0, "int32"), tirx.const(t1, "int32"), prefetch[0],
                            tirx.const(prefetch[1], "int32")))
-        work = [r for r in (row_slice(e, s) for e in epilogue) if r is not None]
+        work = [r for r in (row_slice(i, e, s) for i, e in enumerate(epilogue))
+                if r is not None]
         if work:
             body.append(tirx.IfThenElse(v > loop.min, substitute(tirx.SeqStmt(work)
                                                                   if len(work) > 1 else work[0],
