@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import tpp_harness as h
 from onnx import TensorProto, helper, numpy_helper
 
 from tpp_tvm import models
@@ -56,12 +57,14 @@ def _quantize(kind: str, src: str, dst: str, per_channel: bool = False) -> onnx.
     return onnx.load(dst)
 
 
-def _compiled_like_onnxruntime(fp32: onnx.ModelProto, model: onnx.ModelProto, kind: str):
-    """Compile the quantized ``model``; check it is as close to the ``fp32`` model as ONNX
-    Runtime's own int8 result (and, dynamic, the same integer math as ORT's). Returns
-    (compiled, our output, ORT's int8 output, ORT's max error vs fp32)."""
+def _compiled_like_onnxruntime(fp32: onnx.ModelProto, model: onnx.ModelProto, kind: str,
+                               tgt=None):
+    """Compile the quantized ``model`` (for ``tgt``, default the host's); check it is as
+    close to the ``fp32`` model as ONNX Runtime's own int8 result (and, dynamic, the same
+    integer math as ORT's). Returns (compiled, our output, ORT's int8 output, ORT's max
+    error vs fp32)."""
     inputs = models.example_inputs(fp32)
-    compiled = compile_onnx(model)
+    compiled = compile_onnx(model, target=tgt)
     got = compiled(*inputs.values())[0]
     ort_int8 = run_onnxruntime(model, inputs)[0]
     exact = run_onnxruntime(fp32, inputs)[0]
@@ -90,6 +93,17 @@ def test_quantized_mlp_matches_onnxruntime_int8(tmp_path, kind: str, kernel: str
     # quantization of the matmul's output and of each GELU step is dropped)
     assert ours == {f"{kernel}_bias_gelu {INT8}": 1, f"{kernel}_bias {INT8}": 1}, ours
     assert not data["fallbacks"], data["fallbacks"]
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])
+def test_quantized_mlp_on_tiles_matches_onnxruntime_int8(tmp_path, kind: str) -> None:
+    """The same models with their int8 GEMMs on AMX tiles (on the software tile model where
+    this host has no AMX), dequantization and GELU between the tile steps."""
+    fp32, path = _fp32_mlp(tmp_path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"))
+    compiled, *_ = _compiled_like_onnxruntime(fp32, model, kind, h.tile_target(2))
+    on_tiles = [k for k in compiled.report_data["lowered"] if k.endswith("[int8, amx]")]
+    assert len(on_tiles) == 2, compiled.report_data["lowered"]
 
 
 def _qlinear_matmul(w_zero_point: int) -> tuple[onnx.ModelProto, np.ndarray]:
