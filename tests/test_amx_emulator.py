@@ -148,11 +148,14 @@ def test_int8_epilogue_slices_stay_in_step() -> None:
 
 @pytest.mark.requires_torch
 @pytest.mark.requires_onnxruntime
-@pytest.mark.parametrize(("name", "args"), [
-    ("bert", {"layers": 1, "hidden": 96, "heads": 2, "intermediate": 192, "seq": 40}),
-    ("mlp", {"batch": 40, "dims": (96, 130, 64)}),
-], ids=["bert", "mlp"])
-def test_bf16_models_on_tiles_match_onnxruntime(name: str, args: dict) -> None:
+@pytest.mark.parametrize(("name", "args", "rtol"), [
+    ("bert", {"layers": 1, "hidden": 96, "heads": 2, "intermediate": 192, "seq": 40}, 1e-2),
+    ("mlp", {"batch": 40, "dims": (96, 130, 64)}, 1e-2),
+    # 1x1 convolutions (with residual epilogues) as tile GEMMs; eleven layers of bf16
+    # activations: 8e-3 measured, as much as OpenVINO's bf16 ResNet-50 (1e-2)
+    ("resnet50", {"image": 32, "width": 16, "blocks": (1, 1, 1, 1), "classes": 10}, 2e-2),
+], ids=["bert", "mlp", "resnet"])
+def test_bf16_models_on_tiles_match_onnxruntime(name: str, args: dict, rtol: float) -> None:
     """Whole bf16 models with every dense layer on tiles (K = 96 and 192: 3 and 6 steps)
     within bf16's error of ONNX Runtime's fp32 result."""
     from tpp_tvm import models
@@ -167,6 +170,6 @@ def test_bf16_models_on_tiles_match_onnxruntime(name: str, args: dict) -> None:
     before = amx_emulator.products() if compiled.report_data.get("tiles_emulated") else 0
     got = compiled(*inputs.values())[0]
     want = run_onnxruntime(model, inputs)[0]
-    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+    assert np.abs(got - want).max() <= rtol * np.abs(want).max()
     if compiled.report_data.get("tiles_emulated"):
         assert amx_emulator.products() > before
