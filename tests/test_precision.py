@@ -72,15 +72,25 @@ def test_bf16_on_an_amx_target_builds_without_fallbacks() -> None:
 
 
 @pytest.mark.requires_avx512_bf16
-def test_bf16_without_tiles_says_it_may_not_pay() -> None:
-    """On a target without AMX the report warns that bf16 runs on vdpbf16ps (often no
-    faster than fp32); on AMX tiles it does not."""
-    from tpp_tvm.compiled import BF16_WITHOUT_TILES
+def test_bf16_without_tiles_says_whether_it_pays() -> None:
+    """On a target without AMX the report says bf16 runs on vdpbf16ps: a warning (often no
+    faster than fp32) unless the target CPU's vdpbf16ps was measured at twice the FMA rate;
+    on AMX tiles neither."""
+    from tpp_tvm.compiled import BF16_FULL_RATE_CPUS, BF16_WITHOUT_TILES
     from tpp_tvm.target import target
 
     model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
-    text = compile_onnx(model, target=target("avx512", num_cores=1), precision="bf16").report()
-    assert BF16_WITHOUT_TILES in text and "[bf16]" in text
+    tgt = target("avx512", num_cores=1)
+    compiled = compile_onnx(model, target=tgt, precision="bf16")
+    text = compiled.report()
+    assert "[bf16]" in text
+    full_rate = str(tgt.attrs.get("mcpu", "")) in BF16_FULL_RATE_CPUS
+    assert (BF16_WITHOUT_TILES in text) != full_rate
+    assert ("twice the fp32 FMA's work" in text) == full_rate
+    # A model exported before the target CPU was recorded keeps the warning.
+    assert "target_cpu" in compiled.report_data
+    compiled._report.pop("target_cpu")
+    assert BF16_WITHOUT_TILES in compiled.report()
 
 
 def test_a_failing_bf16_kernel_runs_on_fp32_tpps(monkeypatch: pytest.MonkeyPatch) -> None:
