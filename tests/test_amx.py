@@ -5,6 +5,7 @@ it and the OS grants tile state, else on the software tile model (``h.tile_targe
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import tpp_harness as h
@@ -395,3 +396,25 @@ def test_exported_emulated_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     np.testing.assert_array_equal(np.load(out), compiled(*inputs.values())[0])
+
+
+def test_int8_convolutions_run_on_tiles_with_the_pixel_stride_as_row_pitch() -> None:
+    """An int8 3x3 convolution of 64 channels on an AMX target: one tile configuration per
+    task, tdpbusd products, the dequantizing epilogue on zmm registers; a 3-channel stem
+    (3 x 4 bytes per filter row, not a tile step) stays on VNNI, as do grouped ones."""
+    from tpp_tvm.schedules.conv import ConvShape, conv_schedule, tile_conv_plan
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    shape = ConvShape(1, 20, 20, 64, 64, 3, 3, stride=2, pad=(1, 1, 1, 1))
+    sch, plan = conv_schedule(shape, "amx", dtype="int8", bias=True, activation="relu",
+                              threads=2)
+    assert plan.amx and (plan.mr, plan.nr) == (16, 32)  # 10 output pixels a row
+    asm = compile_kernels(sch.mod, target("amx", num_cores=2)).jit().inspect_source("asm")
+    assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1
+    assert _count(asm, "tdpbusd") >= 2 and _count(asm, "vpdpbusd") == 0
+    assert "zmm" in asm
+    stem = ConvShape(1, 32, 32, 3, 64, 3, 3, stride=2, pad=(1, 1, 1, 1))
+    assert tile_conv_plan(stem, "int8", "amx") is None
+    assert tile_conv_plan(replace(shape, groups=2), "int8", "amx") is None
+    assert tile_conv_plan(shape, "int8", "avx512") is None
+    assert tile_conv_plan(shape, "float32", "amx") is None

@@ -173,6 +173,24 @@ def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
     assert not data["fallbacks"], data["fallbacks"]
 
 
+@pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])
+def test_quantized_convolutions_on_tiles_match_onnxruntime_int8(tmp_path, kind: str) -> None:
+    """A ResNet-50 bottleneck of 64 planes on AMX tiles (the software tile model where the
+    host has no AMX): the 1x1 convolutions as tile GEMMs, the 3x3 one as a tile conv BRGEMM
+    (10 output pixels a row as one 16-row tile, three filter rows of 3 x 64 channels),
+    as close to the fp32 model as ONNX Runtime's own int8 result."""
+    fp32 = models.resnet50_block(batch=1, image=10, planes=64)
+    path = str(tmp_path / "fp32.onnx")
+    onnx.save(fp32, path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"), per_channel=True)
+    compiled = _compiled_like_onnxruntime(fp32, model, kind, h.tile_target(2))[0]
+    lowered = compiled.report_data["lowered"]
+    convs = sum(node.op_type == "Conv" for node in fp32.graph.node)
+    on_tiles = sum(v for k, v in lowered.items() if k.endswith("[int8, amx]"))
+    assert on_tiles == convs, lowered
+    assert not compiled.report_data["fallbacks"], compiled.report_data["fallbacks"]
+
+
 def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
     """A depthwise ConvInteger (with its dequantizing Cast + Mul) is left to TVM, reported
     with the reason, and still right."""

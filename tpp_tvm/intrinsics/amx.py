@@ -29,7 +29,15 @@ from tvm.ir.expr import TensorLoad
 from ..errors import UnsupportedISAError
 from . import avx512
 from .brgemm_template import brgemm_impl
-from .llvm_ir import NO_CONFIG, amx_brgemm, amx_configure, module_text, tile_brgemm
+from .llvm_ir import (
+    AMX_GROUPS,
+    AMX_ROWS,
+    NO_CONFIG,
+    amx_brgemm,
+    amx_configure,
+    module_text,
+    tile_brgemm,
+)
 from .prefetch import fresh_copy, next_panel_share, substitute
 from .spec import TPPSpec
 
@@ -46,12 +54,19 @@ _CALL_EXTERN = tvm.ir.Op.get("tirx.call_extern")
 
 
 def implement(spec: TPPSpec) -> tirx.PrimFunc:
-    """The AMX implementation PrimFunc of ``spec`` (tiles for bf16/int8 GEMM/BRGEMM; a
-    convolution's strided rows are not tile rows, so conv BRGEMMs use the AVX-512 dot
-    product)."""
-    if spec.vnni > 1 and spec.op != "conv_brgemm":  # VNNI-packed B: a low-precision GEMM
+    """The AMX implementation PrimFunc of ``spec``: tiles for bf16/int8 GEMM/BRGEMM, and
+    for conv BRGEMMs whose output pixels fill tiles (16 or 32 pixels by 16 or 32 channels,
+    filter rows of whole tile steps: a tile row is one pixel, the tile's row pitch the pixel
+    stride); other conv BRGEMMs use the AVX-512 dot product."""
+    if spec.vnni > 1 and (spec.op != "conv_brgemm" or conv_fills_tiles(spec)):
         return brgemm_impl(spec, AMX)
     return avx512.implement(spec)
+
+
+def conv_fills_tiles(spec: TPPSpec) -> bool:
+    """Whether a low-precision conv BRGEMM has a tile shape (see :func:`implement`)."""
+    return spec.m in (AMX_ROWS, 2 * AMX_ROWS) and spec.n in (16, 32) \
+        and spec.k % (AMX_GROUPS * spec.vnni) == 0
 
 
 def ensure_tile_permission() -> None:

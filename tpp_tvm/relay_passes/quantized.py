@@ -141,7 +141,8 @@ class _Emitter:
                              np.ascontiguousarray(w_q[:, :, 0, 0].T), scale, name, epi,
                              None if res is None else relax.op.reshape(res, (rows, oc)))
             return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
-        sch, plan = conv_schedule(shape, self.isa, dtype="int8", **epi.schedule_args())
+        sch, plan = conv_schedule(shape, self.isa, dtype="int8", threads=self.threads,
+                                  **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
         x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
@@ -151,7 +152,8 @@ class _Emitter:
         args = [x, packed, zp_u8, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [res] if res is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
-        self.report.lowered[f"{name}{epi.suffix} [int8]"] += 1
+        tag = "int8, amx" if plan.amx else "int8"
+        self.report.lowered[f"{name}{epi.suffix} [{tag}]"] += 1
         return relax.op.permute_dims(out, TO_NCHW)
 
     @staticmethod

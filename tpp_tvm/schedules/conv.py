@@ -9,6 +9,13 @@ over the R filter rows, with the tile in registers (beta 0); the epilogue TPPs (
 activation, residual) then run on it. The input is zero-padded once when the convolution
 pads (spatial padding plus the row tail of the pixel tiling).
 
+On an AMX target an int8 convolution whose filter rows are whole tile steps (S x channels a
+multiple of 64) runs the same loop nest on tiles: 16 or 32 output pixels are the rows of an
+A tile (``tileloadd`` with the pixel stride, ``stride x C`` bytes, as its row pitch), the
+filter panel's VNNI rows are B tiles, and the filter rows are the batch of the tile
+BRGEMM; the output tiles are split into one task per thread that configures the tiles once,
+and the dequantizing epilogue runs on the AVX-512 unit (:func:`tile_conv_plan`).
+
 A grouped convolution is the same kernel with a group loop outermost: the padding pass
 gathers each group's channels into an image of its own, each group has its own filter
 panels, and the epilogue writes the group's tile straight into its channels of the NHWC
@@ -24,13 +31,18 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from ..intrinsics.amx import TILE_CONFIG_ATTR
+from ..intrinsics.llvm_ir import AMX_GROUPS, AMX_ROWS
 from ..intrinsics.prefetch import PREFETCH_ATTR
+from .gemm import split_tasks
 from .gemm_plan import (
     PANEL_BLOCK_BYTES,
     PANEL_BYTES,
+    PRECISIONS,
     GemmPlan,
     plan_gemm,
     register_tile_isa,
+    runs_on_tiles,
     weights_outer,
 )
 from .gemm_te import dequantize_te, epilogue_te
@@ -107,6 +119,21 @@ def plan_conv(shape: ConvShape, dtype: str = "float32") -> GemmPlan:
             f"conv2d: {shape.c} input and {shape.oc} output channels do not split into "
             f"{shape.groups} groups")
     return plan_gemm(shape.ow, shape.og, shape.cg * shape.r * shape.s, dtype)
+
+
+def tile_conv_plan(shape: ConvShape, dtype: str, isa: str) -> GemmPlan | None:
+    """The AMX tile blocking of a convolution (16 or 32 output pixels of a row by 16 or 32
+    output channels), or None where it stays on the vector unit: not a tile dtype on this
+    ISA, grouped, or a filter row (S x channels padded to the VNNI group) that is not whole
+    tile steps (a 3-channel stem: 7 x 4 = 28 bytes per filter row)."""
+    if not runs_on_tiles(isa, dtype) or shape.groups != 1 or dtype != "int8":
+        return None
+    v = PRECISIONS[dtype].vnni
+    if shape.s * (-(-shape.cg // v) * v) % (AMX_GROUPS * v):
+        return None
+    mr = AMX_ROWS if shape.ow <= AMX_ROWS else 2 * AMX_ROWS
+    nr = 16 if shape.og <= 16 else 32
+    return GemmPlan(shape.ow, shape.og, shape.cg * shape.r * shape.s, mr, nr, dtype, amx=True)
 
 
 def padded_channels(c: int, plan: GemmPlan) -> int:
@@ -211,22 +238,27 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
 
 def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
                   activation: str | None = None, residual: bool = False,
-                  post_activation: str | None = None, dtype: str = "float32"
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+                  post_activation: str | None = None, dtype: str = "float32",
+                  threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
     ``"float32"`` or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in the epilogue:
-    parameters as :func:`conv_te` lists them)."""
+    parameters as :func:`conv_te` lists them). ``threads``: the parallel tasks of a
+    convolution on AMX tiles (each configures the tiles once)."""
     if dtype not in ("float32", "int8"):
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32 or int8 (u8 data x s8 filter)")
     if dtype != "float32" and shape.groups > 1:
         raise UnsupportedDTypeError(f"grouped conv2d: dtype {dtype!r} unsupported; float32")
+    tiles = tile_conv_plan(shape, dtype, isa)
     isa = register_tile_isa(isa)
-    plan = plan_conv(shape, dtype)
+    plan = tiles or plan_conv(shape, dtype)
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)
+    func = te.create_prim_func([*inputs, out])
+    if tiles is not None:
+        func = func.with_attr(TILE_CONFIG_ATTR, [plan.mr, plan.nr])
     # The rows sharing a filter panel (or K chunk) prefetch the next one (intrinsics.prefetch).
-    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]).with_attr(PREFETCH_ATTR, FILTER))
+    sch = s_tir.Schedule(func.with_attr(PREFETCH_ATTR, FILTER))
     blk = sch.get_sblock("C")
     loops = sch.get_loops(blk)
     spatial = 4 + (shape.groups > 1)  # n, oh, [group,] ow, channel
@@ -238,7 +270,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     b_dtype = prec.b if prec.b != prec.a else None
     tile = TPPSpec("conv_brgemm", prec.a, b_dtype=b_dtype, m=plan.mr, n=plan.nr,
                    k=shape.s * cc, beta=0, batch=shape.r, stride=shape.stride * cc)
-    kc = conv_k_block(shape.r, shape.s * cc, plan.nr, elem, prec.vnni)
+    kc = None if tiles else conv_k_block(shape.r, shape.s * cc, plan.nr, elem, prec.vnni)
     if kc is not None:
         # the innermost reduction is the VNNI pack for int8: block the group axis above it
         *rs, k, kv = red if prec.vnni > 1 else (*red, None)
@@ -264,12 +296,16 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     else:
         sch.reorder(n, *go, y, xo, oo, xi, oi, *red)
         tile_loop = sch.fuse(n, *go, y, xo, oo)
-    sch.parallel(tile_loop)
+    if tiles is None:
+        sch.parallel(tile_loop)
     schedule_pads(sch, ("A_pad",))
     epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
-    if not try_tensorize(sch, xi, tile, isa, "conv tile"):
+    if not try_tensorize(sch, xi, tile, "amx" if tiles else isa, "conv tile"):
         raise RuntimeError("conv microkernel did not tensorize")  # a bug, not user input
     tensorize_epilogue(sch, epilogue, isa)
+    if tiles is not None:  # after tensorizing: a split fused loop blocks blockize
+        blocks = shape.n * shape.oh * (plan.mp // plan.mr) * (plan.np_ // plan.nr)
+        split_tasks(sch, tile_loop, blocks, threads)
     return sch, plan
 
 
