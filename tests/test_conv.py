@@ -1,6 +1,7 @@
-"""Convolution kernels (BRGEMM over filter taps) against numpy: fp32, and int8 (u8 data x
-s8 filter, dequantized in the epilogue) with channel padding to VNNI groups, zero-point
-padding, strides, K-blocked panels and fused bias + activation."""
+"""Convolution kernels (BRGEMM over filter taps) against numpy: fp32, bf16 (on the
+AVX512_BF16 dot product and on AMX tiles) and int8 (u8 data x s8 filter, dequantized in the
+epilogue) with channel padding to VNNI groups, zero-point padding, strides, K-blocked panels
+and fused bias + activation."""
 
 from __future__ import annotations
 
@@ -119,5 +120,66 @@ def test_int8_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
 
 
 def test_conv_rejects_other_dtypes() -> None:
-    with pytest.raises(UnsupportedDTypeError, match="bfloat16"):
-        conv_schedule(ConvShape(1, 8, 8, 8, 16, 3, 3), "avx512", dtype="bfloat16")
+    with pytest.raises(UnsupportedDTypeError, match="float16"):
+        conv_schedule(ConvShape(1, 8, 8, 8, 16, 3, 3), "avx512", dtype="float16")
+
+
+def _bf16_conv(sh: ConvShape, tgt, seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(kernel output, float64 reference on bf16-rounded operands, on tiles) of a bf16
+    convolution with bias and ReLU: the input padded to bf16 by ``conv_input_schedule``,
+    then the conv kernel, both compiled for ``tgt``."""
+    import ml_dtypes
+
+    from tpp_tvm.intrinsics import amx_emulator
+    from tpp_tvm.schedules.conv import conv_input_schedule, padded_input_shape
+    from tpp_tvm.target import isa_of, tiles_emulated
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
+    w = rng.standard_normal((sh.oc, sh.c, sh.r, sh.s)).astype("float32")
+    bias = rng.standard_normal(sh.oc).astype("float32")
+    sch, plan = conv_schedule(sh, isa_of(tgt), dtype="bfloat16", bias=True,
+                              activation="relu", threads=2)
+    dev = tvm.cpu()
+    pad = compile_kernels(conv_input_schedule(sh, plan).mod, tgt)
+    conv = compile_kernels(sch.mod, tgt)
+    xin = tvm.runtime.tensor(x.reshape(sh.n, sh.h, -1), dev)
+    hp, wp, cc = padded_input_shape(sh, plan)
+    xp = tvm.runtime.empty((sh.n, hp, wp * cc), "bfloat16", dev)
+    pad["main"](xin, xp)
+    args = [xp, tvm.runtime.tensor(pack_filter(w.astype(ml_dtypes.bfloat16), plan.nr, vnni=2),
+                                   dev),
+            tvm.runtime.tensor(np.pad(bias, (0, plan.np_ - sh.oc)), dev)]
+    out = tvm.runtime.tensor(np.zeros((sh.n, sh.oh, sh.ow, sh.oc), "float32"), dev)
+    conv["main"](*args, out)
+    if tiles_emulated(tgt):
+        amx_emulator.check("bf16 conv")
+    rounded = [v.astype(ml_dtypes.bfloat16).astype(np.float64) for v in (x, w)]
+    want = np.maximum(_conv_ref(*rounded, sh, 0.0) + bias, 0)
+    return out.numpy(), want, plan.amx
+
+
+BF16_SHAPES = [
+    ConvShape(1, 12, 12, 64, 64, 3, 3, pad=(1, 1, 1, 1)),  # tile steps: 3 x 64 channels
+    ConvShape(2, 17, 15, 32, 48, 3, 3, stride=2, pad=(1, 0, 1, 2)),  # strided, ragged
+    ConvShape(1, 20, 20, 3, 32, 7, 7, stride=2, pad=(3, 3, 3, 3)),  # a stem: 3 channels
+    ConvShape(1, 9, 40, 16, 16, 1, 4, stride=2),  # 1 x 4 filter, 16 channels, K 64
+]
+
+
+@pytest.mark.requires_avx512_bf16
+@pytest.mark.parametrize("sh", BF16_SHAPES, ids=lambda s: f"{s.c}x{s.r}x{s.s}s{s.stride}")
+def test_bf16_conv_matches_numpy(sh: ConvShape) -> None:
+    got, want, _ = _bf16_conv(sh, target("avx512", num_cores=2))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("sh", BF16_SHAPES, ids=lambda s: f"{s.c}x{s.r}x{s.s}s{s.stride}")
+def test_bf16_conv_on_tiles_matches_numpy(sh: ConvShape) -> None:
+    """On AMX (the tile model where the host has none): filter rows of whole tile steps
+    (S x channels a multiple of 32) on tiles, the stem on the AVX-512 dot product."""
+    import tpp_harness as h
+
+    got, want, on_tiles = _bf16_conv(sh, h.tile_target(2))
+    assert on_tiles == (sh.s * sh.c % 32 == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

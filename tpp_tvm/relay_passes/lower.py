@@ -29,7 +29,13 @@ from ..schedules.attention import (
     padded_query_rows,
 )
 from ..schedules.backward import backward_schedule, col_sum_schedule
-from ..schedules.conv import ConvShape, conv_schedule, pack_filter
+from ..schedules.conv import (
+    ConvShape,
+    conv_input_schedule,
+    conv_schedule,
+    pack_filter,
+    padded_input_shape,
+)
 from ..schedules.depthwise import depthwise_conv_schedule
 from ..schedules.expand_depthwise import (
     expand_depthwise_schedule,
@@ -95,10 +101,19 @@ class LoweringReport:
 TILES_MARK = ", amx]"
 
 
-def precision_label(name: str, tag: str, isa: str, dtype: str) -> str:
+def precision_label(name: str, tag: str, isa: str, dtype: str,
+                    on_tiles: bool | None = None) -> str:
     """The report's name of a ``dtype`` kernel of ``name``: ``<name> [<tag>]``, or
-    ``<name> [<tag>, amx]`` when it runs on AMX tiles."""
-    return f"{name} [{tag}{TILES_MARK if runs_on_tiles(isa, dtype) else ']'}"
+    ``<name> [<tag>, amx]`` when it runs on AMX tiles (``on_tiles``, where the kernel
+    decided by its shape; else every ``dtype`` GEMM of an AMX target does)."""
+    if on_tiles is None:
+        on_tiles = runs_on_tiles(isa, dtype)
+    return f"{name} [{tag}{TILES_MARK if on_tiles else ']'}"
+
+
+#: Key a lowering sets in its ``matched`` dict when its kernel's shape decided whether it
+#: runs on AMX tiles (a convolution: only filter rows of whole tile steps do).
+ON_TILES = "tpp.on_tiles"
 
 
 def _reason(err: Exception) -> str:
@@ -269,7 +284,20 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     epilogue = dict(bias="bias" in matched, activation=matched.get("activation"),
                     residual="residual" in matched,
                     post_activation=matched.get("post_activation"))
-    if winograd_applies(shape, epilogue["activation"], epilogue["post_activation"]) \
+    x_rows = bb.emit(relax.op.reshape(x, (n, h, w * c)))
+    if precision != "float32":
+        # bf16 (A and the filter; fp32 tile and epilogue): the input padded to bf16 by a
+        # kernel of its own, as TVM widens a bf16 buffer allocated inside the conv kernel
+        sch, plan = conv_schedule(shape, isa, dtype=precision, threads=threads, **epilogue)
+        matched[ON_TILES] = plan.amx
+        prec = plan.precision
+        packed = pack_filter(w_oihw.astype(numpy_dtype(prec.b)), plan.nr, vnni=prec.vnni)
+        pad = conv_input_schedule(shape, plan)
+        hp, wp, cc = padded_input_shape(shape, plan)
+        cvt = bb.add_func(as_relax_kernel(pad.mod["main"]), name.replace(".", "_") + "_a_bf16")
+        x_rows = bb.emit(relax.call_tir(cvt, [x_rows],
+                                        relax.TensorType((n, hp, wp * cc), prec.a)))
+    elif winograd_applies(shape, epilogue["activation"], epilogue["post_activation"]) \
             and register_tile_isa(isa) == "avx512":
         sch, plan = winograd_schedule(shape, isa, **epilogue)
         packed = pack_winograd_filter(w_oihw, plan.nr, groups)
@@ -278,8 +306,7 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         sch, plan = conv_schedule(shape, isa, **epilogue)
         packed = pack_filter(w_oihw, plan.nr, groups=groups)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
-    args = [bb.emit(relax.op.reshape(x, (n, h, w * c))),
-            relax.const(packed)]
+    args = [x_rows, relax.const(packed)]
     # Grouped: the kernel writes (n, oh, ow, groups, channels per group), NHWC once reshaped.
     out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
     if "bias" in matched:
@@ -592,14 +619,14 @@ THREADED_LOWERINGS = frozenset({"expand_depthwise_conv2d"})
 
 
 def _lowered_precision(lowering: str, matched: dict[str, relax.Expr], precision: str) -> str:
-    """The precision a composite runs in: ``precision`` for dense layers and pointwise
-    convolutions (GEMMs with constant weights), fp32 for everything else."""
+    """The precision a composite runs in: ``precision`` for dense layers and ungrouped
+    convolutions with constant weights, fp32 for everything else."""
     if precision == "float32" or lowering in ("dense", "expand_depthwise_conv2d"):
         return precision
     weight = matched.get("weight")
-    if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst) and _pointwise(
-            matched["root"], weight.value.numpy()):
-        return precision
+    if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst) \
+            and int(matched["root"].attrs.groups) == 1:
+        return precision  # pointwise: a GEMM; k x k: the conv BRGEMM in bf16
     return "float32"
 
 
@@ -691,7 +718,7 @@ class _Lowerer(relax.PyExprMutator):
             if prec != "float32":
                 out = self._low_precision(lowering, matched, comp, prec)
                 if out is not None:
-                    comp = precision_label(comp, "bf16", self.isa, prec)
+                    comp = precision_label(comp, "bf16", self.isa, prec, matched.get(ON_TILES))
             if out is None:
                 out = lowering(self.builder_, matched, comp, self.isa,
                                **({"threads": self.threads}

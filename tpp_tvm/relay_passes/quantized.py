@@ -152,8 +152,8 @@ class _Emitter:
         args = [x, packed, zp_u8, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [res] if res is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
-        tag = "int8, amx" if plan.amx else "int8"
-        self.report.lowered[f"{name}{epi.suffix} [{tag}]"] += 1
+        self.report.lowered[precision_label(f"{name}{epi.suffix}", "int8", self.isa, "int8",
+                                            plan.amx)] += 1
         return relax.op.permute_dims(out, TO_NCHW)
 
     @staticmethod

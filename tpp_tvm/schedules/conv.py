@@ -125,8 +125,8 @@ def tile_conv_plan(shape: ConvShape, dtype: str, isa: str) -> GemmPlan | None:
     """The AMX tile blocking of a convolution (16 or 32 output pixels of a row by 16 or 32
     output channels), or None where it stays on the vector unit: not a tile dtype on this
     ISA, grouped, or a filter row (S x channels padded to the VNNI group) that is not whole
-    tile steps (a 3-channel stem: 7 x 4 = 28 bytes per filter row)."""
-    if not runs_on_tiles(isa, dtype) or shape.groups != 1 or dtype != "int8":
+    tile steps of 64 bytes (a 3-channel int8 stem: 7 x 4 = 28 bytes per filter row)."""
+    if not runs_on_tiles(isa, dtype) or shape.groups != 1:
         return None
     v = PRECISIONS[dtype].vnni
     if shape.s * (-(-shape.cg // v) * v) % (AMX_GROUPS * v):
@@ -143,6 +143,50 @@ def padded_channels(c: int, plan: GemmPlan) -> int:
     return -(-c // v) * v
 
 
+def padded_input_shape(shape: ConvShape, plan: GemmPlan) -> tuple[int, int, int]:
+    """(rows, pixels, channels) of the padded input image one group's taps read: the
+    output rows' input rows, the pixel tiling's columns (at least the input's), channels
+    rounded up to whole VNNI groups."""
+    hp = (shape.oh - 1) * shape.stride + shape.r
+    wp = max((plan.mp - 1) * shape.stride + shape.s, shape.w)
+    return hp, wp, padded_channels(shape.cg, plan)
+
+
+def conv_input_te(shape: ConvShape, plan: GemmPlan, X: te.Tensor, fill) -> te.Tensor:
+    """The zero-padded (n, [group,] hp, wp*cc) image of NHWC input ``X`` (n, h, w*c) in
+    ``X``'s dtype or the plan's A dtype; a group's channels gathered into an image of its
+    own, so the taps of one filter row stay one contiguous run of S*C/groups elements."""
+    sh = shape
+    hp, wp, cc = padded_input_shape(sh, plan)
+    G, cg = sh.groups, sh.cg
+    top, left = sh.pad[0], sh.pad[1]
+    dtype = plan.precision.a
+
+    def padded(n, *ix):
+        g, y, z = ix if G > 1 else (0, *ix)
+        iy, ix_, ch = y - top, z // cc - left, z % cc
+        inside = tirx.all(iy >= 0, iy < sh.h, ix_ >= 0, ix_ < sh.w, ch < cg)
+        src = tirx.max(tirx.min(iy, sh.h - 1), 0), tirx.max(tirx.min(ix_, sh.w - 1), 0)
+        value = X[n, src[0], src[1] * sh.c + g * cg + tirx.min(ch, cg - 1)]
+        return tirx.if_then_else(inside, tirx.Cast(dtype, value) if X.dtype != dtype
+                                 else value, fill)
+
+    return te.compute((sh.n, *((G,) if G > 1 else ()), hp, wp * cc), padded, name="A_pad")
+
+
+def conv_input_schedule(shape: ConvShape, plan: GemmPlan) -> s_tir.Schedule:
+    """fp32 NHWC input -> the zero-padded bf16 image a bf16 convolution kernel takes (see
+    :attr:`GemmPlan.a_prepadded`: TVM widens a bf16 buffer allocated inside a kernel), one
+    parallel task per image row."""
+    X = te.placeholder((shape.n, shape.h, shape.w * shape.c), "float32", name="data")
+    out = conv_input_te(shape, plan, X, tirx.const(0, plan.precision.a))
+    sch = s_tir.Schedule(te.create_prim_func([X, out]))
+    blk = sch.get_sblock("A_pad")
+    loops = sch.get_loops(blk)
+    sch.parallel(sch.fuse(*loops[:-1]))
+    return sch
+
+
 def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
             residual: bool, post_activation: str | None = None
             ) -> tuple[list[te.Tensor], te.Tensor, list]:
@@ -153,6 +197,8 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     over channels padded to Cp (a multiple of 4), spatial padding holds the activation's
     zero point (so a padded tap adds nothing once the epilogue's ``-z * colsum`` offset is
     applied), and the int32 tile is dequantized per output channel before the fp32 steps.
+    bf16: the data is the padded bf16 image (:func:`conv_input_schedule`), the filter
+    VNNI-2 packed, the tile fp32.
     """
     sh, nr = shape, plan.nr
     prec = plan.precision
@@ -173,23 +219,14 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
         W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc, nr), prec.b,
                            name=FILTER)
     zero_point = te.placeholder((1,), prec.a, name="a_zero_point") if int8 else None
-    hp = (sh.oh - 1) * st + sh.r
-    wp = max((owp - 1) * st + sh.s, sh.w)
-    top, left = sh.pad[0], sh.pad[1]
-    # A group's channels are gathered into its own image by the padding pass, so the taps
-    # of one filter row stay one contiguous run of S*C/groups elements.
-    needs_pad = (hp, wp) != (sh.h, sh.w) or top or left or cc != sh.c
-    fill = zero_point[0] if int8 else tirx.const(0, prec.a)
-
-    def padded(n, *ix):
-        g, y, z = ix if G > 1 else (0, *ix)
-        iy, ix_, ch = y - top, z // cc - left, z % cc
-        inside = tirx.all(iy >= 0, iy < sh.h, ix_ >= 0, ix_ < sh.w, ch < cg)
-        src = tirx.max(tirx.min(iy, sh.h - 1), 0), tirx.max(tirx.min(ix_, sh.w - 1), 0)
-        return tirx.if_then_else(
-            inside, X[n, src[0], src[1] * sh.c + g * cg + tirx.min(ch, cg - 1)], fill)
-
-    Xp = te.compute((sh.n, *gdim, hp, wp * cc), padded, name="A_pad") if needs_pad else X
+    hp, wp, _ = padded_input_shape(sh, plan)
+    if plan.a_prepadded:  # bf16: the image comes padded (conv_input_schedule)
+        X = te.placeholder((sh.n, *gdim, hp, wp * cc), prec.a, name="data")
+        Xp = X
+    elif (hp, wp) != (sh.h, sh.w) or sh.pad[0] or sh.pad[1] or cc != sh.c:
+        Xp = conv_input_te(sh, plan, X, zero_point[0] if int8 else tirx.const(0, prec.a))
+    else:
+        Xp = X
 
     def mac(a, b):
         return a * b if prec.acc == prec.a else tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
@@ -241,12 +278,14 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
                   post_activation: str | None = None, dtype: str = "float32",
                   threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
-    ``"float32"`` or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in the epilogue:
-    parameters as :func:`conv_te` lists them). ``threads``: the parallel tasks of a
+    ``"float32"``, ``"bfloat16"`` (bf16 data, already padded, and filter; fp32
+    accumulation and epilogue) or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in
+    the epilogue: parameters as :func:`conv_te` lists them). ``threads``: the parallel tasks of a
     convolution on AMX tiles (each configures the tiles once)."""
-    if dtype not in ("float32", "int8"):
+    if dtype not in ("float32", "bfloat16", "int8"):
         raise UnsupportedDTypeError(
-            f"conv2d: dtype {dtype!r} unsupported; float32 or int8 (u8 data x s8 filter)")
+            f"conv2d: dtype {dtype!r} unsupported; float32, bfloat16 (data padded to bf16 "
+            "by conv_input_schedule) or int8 (u8 data x s8 filter)")
     if dtype != "float32" and shape.groups > 1:
         raise UnsupportedDTypeError(f"grouped conv2d: dtype {dtype!r} unsupported; float32")
     tiles = tile_conv_plan(shape, dtype, isa)
