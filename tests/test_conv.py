@@ -48,7 +48,7 @@ def _run(sch, args: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
 def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
     rng = np.random.default_rng(sh.c)
     x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
-    w = rng.standard_normal((sh.oc, sh.c, sh.r, sh.s)).astype("float32")
+    w = rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)).astype("float32")
     bias = rng.standard_normal(sh.oc).astype("float32")
     sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu")
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr),
@@ -136,7 +136,7 @@ def _bf16_conv(sh: ConvShape, tgt, seed: int = 0) -> tuple[np.ndarray, np.ndarra
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
-    w = rng.standard_normal((sh.oc, sh.c, sh.r, sh.s)).astype("float32")
+    w = rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)).astype("float32")
     bias = rng.standard_normal(sh.oc).astype("float32")
     sch, plan = conv_schedule(sh, isa_of(tgt), dtype="bfloat16", bias=True,
                               activation="relu", threads=2)
@@ -145,18 +145,25 @@ def _bf16_conv(sh: ConvShape, tgt, seed: int = 0) -> tuple[np.ndarray, np.ndarra
     conv = compile_kernels(sch.mod, tgt)
     xin = tvm.runtime.tensor(x.reshape(sh.n, sh.h, -1), dev)
     hp, wp, cc = padded_input_shape(sh, plan)
-    xp = tvm.runtime.empty((sh.n, hp, wp * cc), "bfloat16", dev)
+    groups = (sh.groups,) if sh.groups > 1 else ()
+    xp = tvm.runtime.empty((sh.n, *groups, hp, wp * cc), "bfloat16", dev)
     pad["main"](xin, xp)
-    args = [xp, tvm.runtime.tensor(pack_filter(w.astype(ml_dtypes.bfloat16), plan.nr, vnni=2),
-                                   dev),
-            tvm.runtime.tensor(np.pad(bias, (0, plan.np_ - sh.oc)), dev)]
-    out = tvm.runtime.tensor(np.zeros((sh.n, sh.oh, sh.ow, sh.oc), "float32"), dev)
+    packed = pack_filter(w.astype(ml_dtypes.bfloat16), plan.nr, vnni=2, groups=sh.groups)
+    row = np.pad(bias.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og)))
+    args = [xp, tvm.runtime.tensor(packed, dev),
+            tvm.runtime.tensor(row if groups else row[0], dev)]
+    out_shape = (sh.n, sh.oh, sh.ow, *((sh.groups, sh.og) if groups else (sh.oc,)))
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"), dev)
     conv["main"](*args, out)
     if tiles_emulated(tgt):
         amx_emulator.check("bf16 conv")
-    rounded = [v.astype(ml_dtypes.bfloat16).astype(np.float64) for v in (x, w)]
-    want = np.maximum(_conv_ref(*rounded, sh, 0.0) + bias, 0)
-    return out.numpy(), want, plan.amx
+    xr, wr = (v.astype(ml_dtypes.bfloat16).astype(np.float64) for v in (x, w))
+    one = replace(sh, c=sh.cg, oc=sh.og, groups=1)
+    want = np.concatenate([_conv_ref(xr[..., g * sh.cg:(g + 1) * sh.cg],
+                                     wr[g * sh.og:(g + 1) * sh.og], one, 0.0)
+                           for g in range(sh.groups)], axis=-1)
+    want = np.maximum(want + bias, 0)
+    return out.numpy().reshape(want.shape), want, plan.amx
 
 
 BF16_SHAPES = [
@@ -164,6 +171,7 @@ BF16_SHAPES = [
     ConvShape(2, 17, 15, 32, 48, 3, 3, stride=2, pad=(1, 0, 1, 2)),  # strided, ragged
     ConvShape(1, 20, 20, 3, 32, 7, 7, stride=2, pad=(3, 3, 3, 3)),  # a stem: 3 channels
     ConvShape(1, 9, 40, 16, 16, 1, 4, stride=2),  # 1 x 4 filter, 16 channels, K 64
+    ConvShape(1, 10, 10, 24, 48, 3, 3, pad=(1, 1, 1, 1), groups=3),  # RegNet's 8-wide groups
 ]
 
 
@@ -181,5 +189,5 @@ def test_bf16_conv_on_tiles_matches_numpy(sh: ConvShape) -> None:
     import tpp_harness as h
 
     got, want, on_tiles = _bf16_conv(sh, h.tile_target(2))
-    assert on_tiles == (sh.s * sh.c % 32 == 0)
+    assert on_tiles == (sh.s * sh.cg % 32 == 0 and sh.groups == 1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -291,12 +291,13 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         sch, plan = conv_schedule(shape, isa, dtype=precision, threads=threads, **epilogue)
         matched[ON_TILES] = plan.amx
         prec = plan.precision
-        packed = pack_filter(w_oihw.astype(numpy_dtype(prec.b)), plan.nr, vnni=prec.vnni)
+        packed = pack_filter(w_oihw.astype(numpy_dtype(prec.b)), plan.nr, vnni=prec.vnni,
+                             groups=groups)
         pad = conv_input_schedule(shape, plan)
         hp, wp, cc = padded_input_shape(shape, plan)
+        image = (n, *((groups,) if groups > 1 else ()), hp, wp * cc)
         cvt = bb.add_func(as_relax_kernel(pad.mod["main"]), name.replace(".", "_") + "_a_bf16")
-        x_rows = bb.emit(relax.call_tir(cvt, [x_rows],
-                                        relax.TensorType((n, hp, wp * cc), prec.a)))
+        x_rows = bb.emit(relax.call_tir(cvt, [x_rows], relax.TensorType(image, prec.a)))
     elif winograd_applies(shape, epilogue["activation"], epilogue["post_activation"]) \
             and register_tile_isa(isa) == "avx512":
         sch, plan = winograd_schedule(shape, isa, **epilogue)
@@ -619,14 +620,13 @@ THREADED_LOWERINGS = frozenset({"expand_depthwise_conv2d"})
 
 
 def _lowered_precision(lowering: str, matched: dict[str, relax.Expr], precision: str) -> str:
-    """The precision a composite runs in: ``precision`` for dense layers and ungrouped
-    convolutions with constant weights, fp32 for everything else."""
+    """The precision a composite runs in: ``precision`` for dense layers and convolutions
+    with constant weights, fp32 for everything else."""
     if precision == "float32" or lowering in ("dense", "expand_depthwise_conv2d"):
         return precision
     weight = matched.get("weight")
-    if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst) \
-            and int(matched["root"].attrs.groups) == 1:
-        return precision  # pointwise: a GEMM; k x k: the conv BRGEMM in bf16
+    if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst):
+        return precision  # pointwise: a GEMM; k x k (grouped too): the conv BRGEMM in bf16
     return "float32"
 
 

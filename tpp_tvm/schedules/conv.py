@@ -286,8 +286,9 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32, bfloat16 (data padded to bf16 "
             "by conv_input_schedule) or int8 (u8 data x s8 filter)")
-    if dtype != "float32" and shape.groups > 1:
-        raise UnsupportedDTypeError(f"grouped conv2d: dtype {dtype!r} unsupported; float32")
+    if dtype == "int8" and shape.groups > 1:
+        raise UnsupportedDTypeError("grouped conv2d: dtype 'int8' unsupported; float32 or "
+                                    "bfloat16")
     tiles = tile_conv_plan(shape, dtype, isa)
     isa = register_tile_isa(isa)
     plan = tiles or plan_conv(shape, dtype)
