@@ -288,11 +288,29 @@ def test_quantized_convolutions_build_for_amx_on_the_vnni_unit() -> None:
     assert not report.fallbacks, report.fallbacks
 
 
+def _run_exported_in_fresh_process(compiled, inputs: dict, tmp_path):
+    """(the process, its output file) of a fresh Python that only loads ``compiled``'s
+    export and runs it on ``inputs``."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    path = compiled.export(str(tmp_path / "model.so"))
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    script = ("import sys, numpy as np, tpp_tvm\n"
+              "m = tpp_tvm.load(sys.argv[1]); x = np.load(sys.argv[2])\n"
+              "np.save(sys.argv[3], m(**dict(x))[0])\n")
+    out = tmp_path / "out.npy"
+    proc = subprocess.run([sys.executable, "-c", script, str(path),
+                           str(tmp_path / "inputs.npz"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    return proc, out
+
+
 def test_exported_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
     """A process that only loads an exported AMX model must ask Linux for tile state itself
     (else its first tile instruction is SIGILL); a host without AMX gets a clear error."""
-    import subprocess
-    import sys
 
     import numpy as np
 
@@ -303,16 +321,7 @@ def test_exported_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
     inputs = models.example_inputs(model)
     compiled = compile_onnx(model, target=target("amx", num_cores=1), precision="bf16")
     assert any(k.endswith(", amx]") for k in compiled.report_data["lowered"])
-    path = tmp_path / "mlp_amx.so"
-    compiled.export(str(path))
-    np.savez(tmp_path / "inputs.npz", **inputs)
-    script = ("import sys, numpy as np, tpp_tvm\n"
-              "m = tpp_tvm.load(sys.argv[1]); x = np.load(sys.argv[2])\n"
-              "np.save(sys.argv[3], m(**dict(x))[0])\n")
-    out = tmp_path / "out.npy"
-    proc = subprocess.run([sys.executable, "-c", script, str(path),
-                           str(tmp_path / "inputs.npz"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc, out = _run_exported_in_fresh_process(compiled, inputs, tmp_path)
     if HOST.amx_tile and HOST.amx_permitted:
         assert proc.returncode == 0, proc.stderr[-2000:]
         want = compiled(*inputs.values())[0]
@@ -368,8 +377,6 @@ def test_row_blocked_tile_gemm_runs_like_numpy() -> None:
 def test_exported_emulated_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
     """A model exported with emulated tiles records it in its sidecar: a fresh process that
     only loads it links the tile model before the library and gets the same result."""
-    import subprocess
-    import sys
 
     import numpy as np
 
@@ -385,15 +392,7 @@ def test_exported_emulated_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
     compiled = compile_onnx(model, target=tgt, precision="bf16")
     assert compiled.report_data["tiles_emulated"]
     assert "emulated in software" in compiled.report()
-    path = compiled.export(str(tmp_path / "mlp_emulated.so"))
-    np.savez(tmp_path / "inputs.npz", **inputs)
-    script = ("import sys, numpy as np, tpp_tvm\n"
-              "m = tpp_tvm.load(sys.argv[1]); x = np.load(sys.argv[2])\n"
-              "np.save(sys.argv[3], m(**dict(x))[0])\n")
-    out = tmp_path / "out.npy"
-    proc = subprocess.run([sys.executable, "-c", script, str(path),
-                           str(tmp_path / "inputs.npz"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc, out = _run_exported_in_fresh_process(compiled, inputs, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     np.testing.assert_array_equal(np.load(out), compiled(*inputs.values())[0])
 

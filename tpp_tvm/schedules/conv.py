@@ -9,12 +9,13 @@ over the R filter rows, with the tile in registers (beta 0); the epilogue TPPs (
 activation, residual) then run on it. The input is zero-padded once when the convolution
 pads (spatial padding plus the row tail of the pixel tiling).
 
-On an AMX target an int8 convolution whose filter rows are whole tile steps (S x channels a
-multiple of 64) runs the same loop nest on tiles: 16 or 32 output pixels are the rows of an
-A tile (``tileloadd`` with the pixel stride, ``stride x C`` bytes, as its row pitch), the
-filter panel's VNNI rows are B tiles, and the filter rows are the batch of the tile
-BRGEMM; the output tiles are split into one task per thread that configures the tiles once,
-and the dequantizing epilogue runs on the AVX-512 unit (:func:`tile_conv_plan`).
+On an AMX target a bf16 or int8 convolution whose filter rows are whole tile steps (S x
+channels a multiple of 64 bytes) runs the same loop nest on tiles: 16 or 32 output pixels
+are the rows of an A tile (``tileloadd`` with the pixel stride, ``stride x C`` elements, as
+its row pitch), the filter panel's VNNI rows are B tiles, and the filter rows are the batch
+of the tile BRGEMM; the output tiles are split into one task per thread that configures the
+tiles once, and the epilogue runs on the AVX-512 unit (:func:`tile_conv_plan`). A bf16
+convolution takes its input already padded to bf16 (:func:`conv_input_schedule`).
 
 A grouped convolution is the same kernel with a group loop outermost: the padding pass
 gathers each group's channels into an image of its own, each group has its own filter
