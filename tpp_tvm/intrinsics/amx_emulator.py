@@ -66,9 +66,13 @@ def library() -> ctypes.CDLL:
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpp_tvm"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: the temporary directory instead
+        cache = Path(tempfile.gettempdir()) / "tpp_tvm"
+        cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"amx_emulator-{digest}.so"
     if not path.exists():
-        cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / path.name
             proc = subprocess.run([_compiler(), "-O2", "-shared", "-fPIC", "-o", str(out),
