@@ -260,7 +260,9 @@ def _lower_col_sum(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
 def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                   isa: str, precision: str = "float32", threads: int = 1) -> relax.Expr:
     """NHWC conv2d (+bias)(+act)(+residual)(+act): BRGEMM over taps, filter packed now;
-    3x3 stride-1 layers by Winograd F(2x2, 3x3) on the GEMM TPP where it applies."""
+    3x3 stride-1 layers by Winograd F(2x2, 3x3) on the GEMM TPP where it applies (fp32).
+    ``precision="bfloat16"``: the bf16 conv BRGEMM (on AMX tiles where its shape fills
+    them), its input padded to bf16 by a kernel of its own."""
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     attrs = call.attrs
     n, h, w, c = _shape(x)
