@@ -101,6 +101,28 @@ def test_run_library_compare_uses_its_onnx_model(
     assert float(re.search(r"max error:\s+(\S+) abs", text).group(1)) < 1e-4
 
 
+@pytest.mark.requires_onnxruntime
+def test_run_amx_build_on_emulated_tiles(mlp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --isa amx --emulate-tiles` checks an AMX bf16 build against ONNX Runtime on any
+    AVX-512 BF16 host; without --isa amx it is a one-line error."""
+    from tpp_tvm.target import host_isa
+
+    if not (host_isa().avx512f and host_isa().avx512_bf16):
+        pytest.skip(f"the tile model runs beside AVX-512 BF16 code ({host_isa().summary()})")
+    from tpp_tvm.intrinsics import amx_emulator
+
+    argv = ["run", str(mlp_path), "--isa", "amx", "--emulate-tiles", "--precision", "bf16",
+            "--compare", "onnxruntime", "--threads", "1"]
+    amx_emulator.reset()
+    assert cli.main(argv) == 0
+    assert amx_emulator.products() > 0  # the matmuls ran on (emulated) tiles
+    text = capsys.readouterr().out
+    assert float(re.search(r"max error:\s+(\S+) abs", text).group(1)) < 1e-2
+    assert cli.main(["run", str(mlp_path), "--isa", "avx512", "--emulate-tiles"]) == 2
+    assert "emulated AMX tiles need target 'amx'" in capsys.readouterr().err
+
+
 def test_run_library_compare_without_onnx_is_a_one_line_error(
     mlp_library: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

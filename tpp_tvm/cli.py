@@ -143,7 +143,8 @@ def _fix_threads(threads: int | None) -> None:
 def _target(args: argparse.Namespace) -> Any:
     from tpp_tvm.target import target
 
-    return target(args.isa, num_cores=args.threads)
+    return target(args.isa, num_cores=args.threads,
+                  emulate_tiles=getattr(args, "emulate_tiles", False))
 
 
 def _tune_logs_arg(args: argparse.Namespace) -> str | None:
@@ -528,6 +529,11 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         "--precision", choices=["fp32", "bf16"], default="fp32",
         help="bf16: matmuls in bf16 with fp32 accumulation (quantized models run int8 anyway)",
     )
+    parser.add_argument(
+        "--emulate-tiles", action="store_true",
+        help="with --isa amx: run the AMX tile instructions on a software model of the tile "
+             "unit, to check an AMX build's results on a CPU without AMX (slow; not for "
+             "timing)")
 
 
 def _add_tune_logs_option(parser: argparse.ArgumentParser) -> None:
