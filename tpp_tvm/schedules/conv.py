@@ -209,8 +209,6 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     G, cg = sh.groups, sh.cg
     cc = padded_channels(cg, plan)
     int8 = prec.acc == "int32"
-    # Rows are flattened (W*C): the input arrives as (n, h, w*c), a free reshape of NHWC.
-    X = te.placeholder((sh.n, sh.h, sh.w * sh.c), prec.a, name="data")
     # Grouped: one filter panel set and one padded image per group, (group, ...) first.
     gdim = (G,) if G > 1 else ()
     if V > 1:
@@ -222,12 +220,11 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     zero_point = te.placeholder((1,), prec.a, name="a_zero_point") if int8 else None
     hp, wp, _ = padded_input_shape(sh, plan)
     if plan.a_prepadded:  # bf16: the image comes padded (conv_input_schedule)
-        X = te.placeholder((sh.n, *gdim, hp, wp * cc), prec.a, name="data")
-        Xp = X
-    elif (hp, wp) != (sh.h, sh.w) or sh.pad[0] or sh.pad[1] or cc != sh.c:
-        Xp = conv_input_te(sh, plan, X, zero_point[0] if int8 else tirx.const(0, prec.a))
-    else:
-        Xp = X
+        X = Xp = te.placeholder((sh.n, *gdim, hp, wp * cc), prec.a, name="data")
+    else:  # rows flattened (W*C): (n, h, w*c), a free reshape of NHWC
+        X = Xp = te.placeholder((sh.n, sh.h, sh.w * sh.c), prec.a, name="data")
+        if (hp, wp) != (sh.h, sh.w) or sh.pad[0] or sh.pad[1] or cc != sh.c:
+            Xp = conv_input_te(sh, plan, X, zero_point[0] if int8 else tirx.const(0, prec.a))
 
     def mac(a, b):
         return a * b if prec.acc == prec.a else tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
