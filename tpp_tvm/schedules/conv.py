@@ -175,13 +175,15 @@ def conv_input_te(shape: ConvShape, plan: GemmPlan, X: te.Tensor, fill) -> te.Te
     return te.compute((sh.n, *((G,) if G > 1 else ()), hp, wp * cc), padded, name="A_pad")
 
 
-def conv_input_schedule(shape: ConvShape, plan: GemmPlan) -> s_tir.Schedule:
-    """fp32 NHWC input -> the zero-padded bf16 image a bf16 convolution kernel takes (see
-    :attr:`GemmPlan.a_prepadded`: TVM widens a bf16 buffer allocated inside a kernel), one
+def conv_input_schedule(shape: ConvShape, plan: GemmPlan, in_dtype: str = "float32"
+                        ) -> s_tir.Schedule:
+    """NHWC input (fp32, or bf16 from a producer that wrote bf16) -> the zero-padded bf16
+    image a bf16 convolution kernel takes (see :attr:`GemmPlan.a_prepadded`: TVM widens a
+    bf16 buffer allocated inside a kernel), one
     parallel task per image row. The row is split into pixels of ``cc`` channels, so the
     innermost index is linear for grouped images too (a group's channels are a strided
     gather; one flat loop over pixels x channels kept LLVM from vectorising it: 10x slower)."""
-    X = te.placeholder((shape.n, shape.h, shape.w * shape.c), "float32", name="data")
+    X = te.placeholder((shape.n, shape.h, shape.w * shape.c), in_dtype, name="data")
     out = conv_input_te(shape, plan, X, tirx.const(0, plan.precision.a))
     sch = s_tir.Schedule(te.create_prim_func([X, out]))
     blk = sch.get_sblock("A_pad")
@@ -192,7 +194,7 @@ def conv_input_schedule(shape: ConvShape, plan: GemmPlan) -> s_tir.Schedule:
 
 
 def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
-            residual: bool, post_activation: str | None = None
+            residual: bool, post_activation: str | None = None, out_dtype: str = "float32"
             ) -> tuple[list[te.Tensor], te.Tensor, list]:
     """TE stages of the convolution; inputs: data, packed filter, [zero point, scale,
     offset (int8)], [bias], [residual].
@@ -270,14 +272,16 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
         quant_inputs = [zero_point, *deq_inputs]
     extra, out, epilogue = epilogue_te(C, (sh.n, sh.oh, sh.ow, *gdim, sh.og), bias, activation,
                                        residual, post_activation,
-                                       (0, 1, 3, 2, 4) if G > 1 else None)
+                                       (0, 1, 3, 2, 4) if G > 1 else None,
+                                       out_dtype=out_dtype)
     return [X, W, *quant_inputs, *extra], out, stages + epilogue
 
 
 def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
                   activation: str | None = None, residual: bool = False,
                   post_activation: str | None = None, dtype: str = "float32",
-                  threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
+                  threads: int = 1, out_dtype: str = "float32"
+                  ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
     ``"float32"``, ``"bfloat16"`` (bf16 data, already padded, and filter; fp32
     accumulation and epilogue) or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in
@@ -294,7 +298,8 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     isa = register_tile_isa(isa)
     plan = tiles or plan_conv(shape, dtype)
     prec = plan.precision
-    inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation)
+    inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation,
+                                  out_dtype)
     func = te.create_prim_func([*inputs, out])
     if tiles is not None:
         func = func.with_attr(TILE_CONFIG_ATTR, [plan.mr, plan.nr])

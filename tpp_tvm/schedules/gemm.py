@@ -50,19 +50,21 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   dtype: str = "float32", dequantize: bool = False,
                   a_transposed: bool = False, b_transposed: bool = False,
                   a_scale: float = 1.0, a_col_scale: bool = False, threads: int = 1,
-                  gate: bool = False) -> tuple[s_tir.Schedule, GemmPlan]:
+                  gate: bool = False, out_dtype: str = "float32"
+                  ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
     On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
     parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
     vector unit. Parameters in order: A, B (packed), [A's column scale (K,)], [scale,
-    offset (int8 ``dequantize``)], [bias], [gate], [residual], output."""
+    offset (int8 ``dequantize``)], [bias], [gate], [residual], output (fp32, or bf16 with
+    ``out_dtype="bfloat16"``: the tile converted on its way out)."""
     check_gemm(m, n, k, dtype, activation)
     tiles = runs_on_tiles(isa, dtype) and b_packed
     plan = plan_gemm(m, n, k, dtype, "amx" if tiles else "avx512")
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
-                                  a_scale, a_col_scale, gate)
+                                  a_scale, a_col_scale, gate, out_dtype)
     func = te.create_prim_func([*inputs, out])
     if tiles:
         return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan
@@ -258,13 +260,16 @@ def pack_b_schedule(k: int, n: int, nr: int, kp: int, b_layout: str, isa: str
 
 
 def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
-                    lead: tuple[int, ...] = ()) -> s_tir.Schedule:
+                    lead: tuple[int, ...] = (), in_dtype: str = "float32") -> s_tir.Schedule:
     """fp32 A (..., m, k) -> bf16 A zero-padded to (..., mp, kp): the operand a bf16 GEMM
     kernel takes (see :attr:`GemmPlan.a_prepadded`). Rows are parallel; unpadded rows are
     fp32 -> bf16 copy TPPs (``vcvtneps2bf16``), padded ones a scalar loop (TVM cannot
-    vectorise predicated bf16 stores)."""
-    A = te.placeholder((*lead, m, k), "float32", name="A")
+    vectorise predicated bf16 stores). ``in_dtype="bfloat16"`` (a producer wrote bf16):
+    the padding only."""
+    A = te.placeholder((*lead, m, k), in_dtype, name="A")
     padded = (mp, kp) != (m, k)
+    if not padded and in_dtype == "bfloat16":
+        raise ValueError("bf16 A needs no conversion kernel unless it is padded")
 
     def at(*ix):
         i, j = ix[-2], ix[-1]
@@ -272,7 +277,8 @@ def bf16_a_schedule(m: int, k: int, mp: int, kp: int, isa: str,
             return tirx.Cast("bfloat16", A[ix])
         inside = tirx.all(i < m, j < k)
         src = A[(*ix[:-2], tirx.min(i, m - 1), tirx.min(j, k - 1))]
-        return tirx.if_then_else(inside, tirx.Cast("bfloat16", src), tirx.const(0, "bfloat16"))
+        value = src if in_dtype == "bfloat16" else tirx.Cast("bfloat16", src)
+        return tirx.if_then_else(inside, value, tirx.const(0, "bfloat16"))
 
     out = te.compute((*lead, mp, kp), at, name="to_bf16")
     sch = s_tir.Schedule(te.create_prim_func([A, out]))

@@ -26,7 +26,7 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             residual: bool = False, b_packed: bool = True,
             post_activation: str | None = None, dequantize: bool = False,
             a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0,
-            a_col_scale: bool = False, gate: bool = False
+            a_col_scale: bool = False, gate: bool = False, out_dtype: str = "float32"
             ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
@@ -125,13 +125,14 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
-                                               post_activation, gate=gate)
+                                               post_activation, gate=gate, out_dtype=out_dtype)
     return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
                 residual: bool, post_activation: str | None = None,
-                c_axes: tuple[int, ...] | None = None, gate: bool = False
+                c_axes: tuple[int, ...] | None = None, gate: bool = False,
+                out_dtype: str = "float32"
                 ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """The fused epilogue after a contraction C (padded in its last two dims), as equation
     TPPs: Y = post(act(C + bias) [* gate] + residual), one pass over each register tile.
@@ -144,7 +145,31 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     ``c_axes`` (a grouped convolution: C is (n, oh, group, ow, channel), the output
     (n, oh, ow, group, channel)) gives, for each dim of C, the output dim it is: all steps
     then run in one ``out`` stage that also transposes, with a bias row per group.
+
+    ``out_dtype="bfloat16"``: a last stage (``out_bf16``, a converting copy TPP on the
+    tile) writes the result as bf16, for a consumer that takes bf16 (the next layer of a
+    bf16 model), so the activation never makes an fp32 round trip through memory.
     """
+    inputs, out, stages = _epilogue_te(C, valid, bias, activation, residual, post_activation,
+                                       c_axes, gate)
+    if out_dtype == "float32":
+        return inputs, out, stages
+    if out_dtype != "bfloat16":
+        raise UnsupportedDTypeError(f"epilogue: output dtype {out_dtype!r}; float32 or bfloat16")
+    src = out
+    out = te.compute(valid, lambda *ix: tirx.Cast("bfloat16", src[ix]), name="out_bf16")
+    return inputs, out, [*stages, ("out_bf16", (TO_BF16,))]
+
+
+#: The epilogue step that converts the finished fp32 tile to bf16 (see ``epilogue_te``).
+TO_BF16 = "to_bf16"
+
+
+def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
+                 residual: bool, post_activation: str | None,
+                 c_axes: tuple[int, ...] | None, gate: bool
+                 ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
+    """:func:`epilogue_te` in fp32."""
     pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
     post = ((("gate",) if gate else ()) + (("residual",) if residual else ())
             + ((post_activation,) if post_activation else ()))

@@ -17,6 +17,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..intrinsics import TPPSpec, intrinsic
 from ..intrinsics.registry import vector_isa
+from .gemm_te import TO_BF16
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ def fuse_epilogue(sch: s_tir.Schedule, tile_loop: LoopRV, mr: int, nr: int,
     for name, steps in stages:
         if steps == ("dequantize",):
             spec = TPPSpec("dequantize", "int32", m=mr, n=nr, out_dtype="float32")
+        elif steps == (TO_BF16,):
+            spec = TPPSpec("copy", "float32", m=mr, n=nr, out_dtype="bfloat16")
         elif steps:
             spec = TPPSpec("equation", m=mr, n=nr, steps=steps)
         else:

@@ -1,0 +1,135 @@
+"""bf16 activations between bf16 layers: a producer writes bf16 where its only reader is a
+bf16 layer, and nothing changes in the result (the same fp32 tile rounded once, the same
+way), on the AVX-512 kernels and on AMX tiles."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from test_conv import BF16_SHAPES
+from tpp_harness import tile_target
+
+from tpp_tvm import models
+from tpp_tvm.compiled import compile_onnx
+from tpp_tvm.intrinsics import amx_emulator
+from tpp_tvm.kernels import pack_b_numpy
+from tpp_tvm.schedules.conv import (
+    ConvShape,
+    conv_input_schedule,
+    conv_schedule,
+    pack_filter,
+    padded_input_shape,
+)
+from tpp_tvm.schedules.gemm import gemm_schedule
+from tpp_tvm.target import isa_of, target, tiles_emulated
+from tpp_tvm.tir_pipeline import compile_kernels
+
+pytestmark = pytest.mark.requires_avx512_bf16
+
+REWRITE = "bf16 activations: layers writing bf16 for the next bf16 layer"
+
+
+def _targets() -> list:
+    return [pytest.param(lambda: target("avx512", num_cores=2), id="avx512"),
+            pytest.param(lambda: tile_target(num_cores=2), id="tiles")]
+
+
+def _as_bf16(x: np.ndarray) -> np.ndarray:
+    return x.astype(ml_dtypes.bfloat16)
+
+
+def _run_both(build, args: list[np.ndarray], out_shape: tuple, tgt) -> dict[str, np.ndarray]:
+    """The kernel built by ``build(out_dtype)`` run on ``args`` writing fp32 and bf16."""
+    outs = {}
+    for out_dtype in ("float32", "bfloat16"):
+        kernel = compile_kernels(build(out_dtype).mod, tgt).jit()
+        out = tvm.runtime.empty(out_shape, out_dtype)
+        kernel["main"](*(tvm.runtime.tensor(a) for a in args), out)
+        if tiles_emulated(tgt):
+            amx_emulator.check("bf16-output kernel")
+        outs[out_dtype] = out.numpy()
+    return outs
+
+
+@pytest.mark.parametrize("make_target", _targets())
+@pytest.mark.parametrize(("m", "n", "k", "activation", "residual"), [
+    (64, 128, 64, "relu", False),  # whole tiles
+    (49, 130, 96, "gelu", True),  # padded rows and columns: the tail tiles convert too
+    (300, 64, 256, None, True),  # many row tiles, residual only
+])
+def test_gemm_writes_bf16_as_its_fp32_result_rounded(make_target, m, n, k, activation,
+                                                     residual) -> None:
+    tgt = make_target()
+    isa = isa_of(tgt)
+    rng = np.random.default_rng(0)
+    _, plan = gemm_schedule(m, n, k, isa, dtype="bfloat16")
+    a = np.zeros((plan.mp, plan.kp), np.float32)
+    a[:m, :k] = rng.standard_normal((m, k))
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    args = [_as_bf16(a), pack_b_numpy(_as_bf16(b), plan.nr, "kn", plan.kp, 2),
+            np.pad(rng.standard_normal(n).astype(np.float32), (0, plan.np_ - n))]
+    if residual:
+        args.append(rng.standard_normal((m, n)).astype(np.float32))
+    outs = _run_both(lambda out_dtype: gemm_schedule(
+        m, n, k, isa, bias=True, activation=activation, residual=residual, dtype="bfloat16",
+        threads=2, out_dtype=out_dtype)[0], args, (m, n), tgt)
+    assert outs["bfloat16"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(outs["bfloat16"], _as_bf16(outs["float32"]))
+
+
+@pytest.mark.parametrize("make_target", _targets())
+@pytest.mark.parametrize("sh", [*BF16_SHAPES[:2], BF16_SHAPES[-1]],
+                         ids=lambda s: f"{s.c}x{s.r}x{s.s}s{s.stride}g{s.groups}")
+def test_conv_writes_bf16_as_its_fp32_result_rounded(make_target, sh: ConvShape) -> None:
+    """Convolutions too, grouped ones (whose epilogue also transposes) included; and the
+    image of a bf16 input pads exactly as the image of its fp32 original converts."""
+    tgt = make_target()
+    isa = isa_of(tgt)
+    rng = np.random.default_rng(1)
+    _, plan = conv_schedule(sh, isa, dtype="bfloat16")
+    x = _as_bf16(rng.standard_normal((sh.n, sh.h, sh.w * sh.c)).astype(np.float32))
+    hp, wp, cc = padded_input_shape(sh, plan)
+    groups = (sh.groups,) if sh.groups > 1 else ()
+    images = []
+    for source in (x.astype(np.float32), x):
+        pad = compile_kernels(conv_input_schedule(sh, plan, str(source.dtype)).mod, tgt).jit()
+        image = tvm.runtime.empty((sh.n, *groups, hp, wp * cc), "bfloat16")
+        pad["main"](tvm.runtime.tensor(source), image)
+        images.append(image.numpy())
+    np.testing.assert_array_equal(images[0], images[1])
+    w = rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)).astype(np.float32)
+    bias = np.pad(rng.standard_normal((sh.groups, sh.og)).astype(np.float32),
+                  ((0, 0), (0, plan.np_ - sh.og)))
+    out_shape = (sh.n, sh.oh, sh.ow, *((sh.groups, sh.og) if groups else (sh.oc,)))
+    args = [images[1], pack_filter(_as_bf16(w), plan.nr, vnni=2, groups=sh.groups),
+            bias if groups else bias[0], rng.standard_normal(out_shape).astype(np.float32)]
+    outs = _run_both(lambda out_dtype: conv_schedule(
+        sh, isa, bias=True, activation="relu", residual=True, dtype="bfloat16", threads=2,
+        out_dtype=out_dtype)[0], args, out_shape, tgt)
+    np.testing.assert_array_equal(outs["bfloat16"], _as_bf16(outs["float32"]))
+
+
+@pytest.mark.requires_torch
+@pytest.mark.parametrize("make_target", _targets())
+@pytest.mark.parametrize("name", ["resnet50", "bert"])
+def test_models_pass_bf16_between_layers_and_give_the_same_result(
+        make_target, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bottleneck's 1x1 -> 3x3 -> 1x1 convolutions and a transformer's MLP hand bf16 on;
+    the outputs are bit-identical to converting each activation in a kernel of its own."""
+    from tpp_tvm.relay_passes import lower
+
+    tgt = make_target()
+    model = models.GENERATORS[name](**models.TINY_ARGS[name])
+    inputs = models.example_inputs(model)
+    passing = compile_onnx(model, target=tgt, precision="bf16")
+    assert passing.report_data["rewrites"].get(REWRITE, 0) >= (3 if name == "resnet50" else 1)
+    assert REWRITE in passing.report()
+    monkeypatch.setattr(lower, "bf16_activations", lambda mod, offers: (mod, 0))
+    converting = compile_onnx(model, target=tgt, precision="bf16")
+    assert REWRITE not in converting.report_data.get("rewrites", {})
+    for got, want in zip(passing(**inputs), converting(**inputs), strict=True):
+        np.testing.assert_array_equal(got, want)
+    if tiles_emulated(tgt):
+        amx_emulator.check(name)
