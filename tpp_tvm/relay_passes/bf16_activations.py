@@ -3,7 +3,7 @@
 A bf16 layer takes its input as bf16 (padded, for a k x k convolution) from a small
 conversion kernel of its own (TVM widens a bf16 buffer allocated inside a kernel, so the
 conversion cannot be part of the layer's kernel). Where that input is the output of
-another bf16 layer and nothing else reads it, the producer writes bf16 itself (its
+another bf16 layer and only bf16 layers read it, the producer writes bf16 itself (its
 epilogue ends in a converting copy TPP on the tile, ``epilogue_te(out_dtype=...)``): the
 conversion kernel goes (unpadded GEMM operand) or only pads (convolution image, padded
 GEMM rows), and the activation crosses memory at half the bytes. Results are bit-identical
@@ -11,7 +11,9 @@ to converting afterwards: the same fp32 tile is rounded once, the same way.
 
 The lowering (``lower.py``) offers, per kernel it emits, how to rebuild it: a producer
 writing bf16, a conversion kernel taking bf16 (or none needed). This pass rewrites the
-call sites where a conversion reads, through reshapes only, the single use of a producer.
+call sites of a producer whose readers (through reshapes and aliases: views) are all such
+conversions: one, or several (a ResNet stage's first block and its downsampling shortcut
+both read the previous block's output).
 """
 
 from __future__ import annotations
@@ -58,21 +60,35 @@ class _Bf16Activations(relax.PyExprMutator):
         uses = relax.analysis.udchain(block)
         values = {b.var: b.value for b in block.bindings}
 
-        def single_use(var: relax.Expr) -> bool:
-            return isinstance(var, relax.DataflowVar) and len(uses.get(var, [])) == 1
+        def readers(var: relax.Var) -> list[relax.Var] | None:
+            """The bindings reading ``var``, through reshapes and aliases (views); None if
+            one is not in this dataflow block (an output)."""
+            found = []
+            for user in uses.get(var, []):
+                if not isinstance(user, relax.DataflowVar):
+                    return None
+                value = values[user]
+                if isinstance(value, relax.Var) or (
+                        isinstance(value, relax.Call) and value.op.same_as(_RESHAPE)):
+                    more = readers(user)
+                    if more is None:
+                        return None
+                    found += more
+                else:
+                    found.append(user)
+            return found
 
-        for value in values.values():
-            conversion = _tir_callee(value)
-            if conversion not in self.offers.conversions:
+        for var, value in values.items():
+            producer = _tir_callee(value)
+            if producer not in self.offers.producers or not isinstance(var, relax.DataflowVar):
                 continue
-            src = value.args[1].fields[0]
-            while single_use(src) and isinstance(values.get(src), relax.Call) \
-                    and values[src].op.same_as(_RESHAPE):
-                src = values[src].args[0]
-            producer = _tir_callee(values.get(src))
-            if single_use(src) and producer in self.offers.producers:
-                self.producer_calls[values[src]] = self.offers.producers[producer]
-                self.conversion_calls[value] = self.offers.conversions[conversion]
+            found = readers(var)
+            if not found or any(_tir_callee(values[r]) not in self.offers.conversions
+                                for r in found):
+                continue
+            self.producer_calls[value] = self.offers.producers[producer]
+            for r in found:
+                self.conversion_calls[values[r]] = self.offers.conversions[_tir_callee(values[r])]
         return super().visit_dataflow_block_(block)
 
     def _rebuilt(self, call: relax.Call, rebuild: Rebuild, suffix: str) -> relax.Call:
