@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.relay_passes.lowp_activations import NARROWED
 from tpp_tvm.schedules.gemm_plan import runs_on_tiles
 from tpp_tvm.target import isa_of, target
 
@@ -22,6 +23,8 @@ pytestmark = [pytest.mark.requires_torch, pytest.mark.requires_avx512_vnni]
 quantization = pytest.importorskip("onnxruntime.quantization",
                                    reason="ONNX Runtime quantizes the models")
 MLP = {"batch": 8, "dims": (64, 96, 32)}
+#: How the report counts int8 layers writing the next layer's quantized input.
+INT8_LINKS = NARROWED["uint8"]
 #: How the report marks an int8 GEMM on this host's default target (tiles on AMX hosts).
 INT8 = "[int8, amx]" if runs_on_tiles(isa_of(target()), "int8") else "[int8]"
 
@@ -171,6 +174,10 @@ def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
     ours = sum(v for k, v in data["lowered"].items() if k.startswith(kernel))
     assert ours == convs, data["lowered"]
     assert not data["fallbacks"], data["fallbacks"]
+    # QDQ: a convolution read only by the next one writes its quantized input (the 1x1 ->
+    # 3x3 -> 1x1 links of the block; small_cnn's layers pool or flatten in between)
+    links = 2 if cnn == "resnet_block" and kind != "dynamic" else 0
+    assert data.get("rewrites", {}).get(INT8_LINKS, 0) == links, data.get("rewrites")
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])
@@ -189,6 +196,8 @@ def test_quantized_convolutions_on_tiles_match_onnxruntime_int8(tmp_path, kind: 
     on_tiles = sum(v for k, v in lowered.items() if k.endswith("[int8, amx]"))
     assert on_tiles == convs, lowered
     assert not compiled.report_data["fallbacks"], compiled.report_data["fallbacks"]
+    links = compiled.report_data.get("rewrites", {}).get(INT8_LINKS, 0)
+    assert links == (0 if kind == "dynamic" else 2), compiled.report_data.get("rewrites")
 
 
 def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:

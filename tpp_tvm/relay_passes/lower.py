@@ -54,7 +54,7 @@ from ..schedules.rowwise import (
     softmax_schedule,
 )
 from ..schedules.winograd import pack_winograd_filter, winograd_applies, winograd_schedule
-from .bf16_activations import Bf16Offers, bf16_activations
+from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
 from .patterns import TPPPattern, mask_rows_broadcast, matched_activation, pattern_table
 from .tuned import composite_kernel, emit_tuned
 
@@ -141,16 +141,17 @@ def _shape(expr: relax.Expr) -> list[int]:
 
 
 #: ``matched`` key under which a lowering offers bf16 rebuilds of its kernels
-#: (:class:`~.bf16_activations.Bf16Offers`).
+#: (:class:`~.lowp_activations.LowpOffers`).
 BF16_OFFERS = "tpp.bf16_offers"
 
 
-def _offer_bf16(matched: dict, kernel: relax.GlobalVar, writing_bf16,
-                conversion: relax.GlobalVar, taking_bf16) -> None:
-    """Offer ``kernel`` rebuilt to write bf16 and its input ``conversion`` rebuilt to take
-    bf16 (None: not needed), for :func:`~.bf16_activations.bf16_activations`."""
-    offers = matched.setdefault(BF16_OFFERS, Bf16Offers())
-    offers.producers[kernel.name_hint] = lambda: as_relax_kernel(writing_bf16())
+def _offer_bf16(matched: dict, kernel: relax.GlobalVar, writing, conversion: relax.GlobalVar,
+                taking_bf16) -> None:
+    """Offer ``kernel`` rebuilt to write another dtype (``writing(dtype)``) and its input
+    ``conversion`` rebuilt to take bf16 (None: not needed), for
+    :func:`~.lowp_activations.lowp_activations`."""
+    offers = matched.setdefault(BF16_OFFERS, LowpOffers())
+    offers.producers[kernel.name_hint] = lambda dtype: as_relax_kernel(writing(dtype))
     offers.conversions[conversion.name_hint] = (
         None if taking_bf16 is None else lambda: as_relax_kernel(taking_bf16()))
 
@@ -163,7 +164,7 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
 
     In bf16 the weight is packed as bf16 VNNI panels now, and x is converted (and padded)
     to bf16 by a small kernel before the GEMM; the epilogue is fp32, and so is the output
-    unless ``bf16_activations`` finds that the next bf16 layer is its only reader. On
+    unless ``lowp_activations`` finds that the next bf16 layer is its only reader. On
     an AMX target the bf16 GEMM runs on tiles, one task per thread of ``threads``."""
     xs = _shape(x)
     k, n = w_kn.shape
@@ -185,11 +186,11 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
                           name.replace(".", "_") + "_a_bf16")
         a2 = bb.emit(relax.call_tir(cvt, [a2], relax.TensorType((plan.mp, plan.kp), prec.a)))
         unpadded = (plan.mp, plan.kp) == (m, k)
-        _offer_bf16(matched, gv, lambda: gemm_schedule(
+        _offer_bf16(matched, gv, lambda dtype: gemm_schedule(
             m, n, k, isa, bias="bias" in matched, activation=matched.get("activation"),
             residual="residual" in matched, post_activation=matched.get("post_activation"),
             dtype=precision, threads=threads, gate="gate" in matched,
-            out_dtype="bfloat16")[0].mod["main"],
+            out_dtype=dtype)[0].mod["main"],
             cvt, None if unpadded else lambda: bf16_a_schedule(
                 m, k, plan.mp, plan.kp, isa, in_dtype="bfloat16").mod["main"])
     w_packed = pack_b_numpy(w_kn.astype(numpy_dtype(prec.b)), plan.nr, "kn", plan.kp, prec.vnni)
@@ -339,8 +340,8 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         packed = pack_filter(w_oihw, plan.nr, groups=groups)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     if precision != "float32":
-        _offer_bf16(matched, gv, lambda: conv_schedule(
-            shape, isa, dtype=precision, threads=threads, out_dtype="bfloat16",
+        _offer_bf16(matched, gv, lambda dtype: conv_schedule(
+            shape, isa, dtype=precision, threads=threads, out_dtype=dtype,
             **epilogue)[0].mod["main"],
             cvt, lambda: conv_input_schedule(shape, plan, "bfloat16").mod["main"])
     args = [x_rows, relax.const(packed)]
@@ -712,7 +713,7 @@ class _Lowerer(relax.PyExprMutator):
         self.precision = precision
         self.logs, self.force_tuned = logs, force_tuned
         self.patterns = {p.name: p for p in pattern_table()}
-        self.bf16_offers = Bf16Offers()
+        self.bf16_offers = LowpOffers()
 
     def _contraction(self, call: relax.Call) -> relax.Expr:
         func = self.mod_[call.args[0]]
@@ -828,9 +829,8 @@ def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
     report.precision = precision
     lowerer = _Lowerer(mod, isa, report, precision, logs, force_tuned, threads)
     mod = lowerer.transform()
-    mod, written = bf16_activations(mod, lowerer.bf16_offers)
-    if written:
-        report.rewrites["bf16 activations: layers writing bf16 for the next bf16 layer"] += written
+    mod, written = lowp_activations(mod, lowerer.bf16_offers)
+    report_narrowed(report, written)
     mod = relax.transform.DeadCodeElimination()(mod)
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.

@@ -41,6 +41,7 @@ from .fake_quant import (
     expose_folded_relus,
 )
 from .lower import LoweringReport, as_relax_kernel, precision_label
+from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
 from .patterns import ACTIVATIONS
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
@@ -77,6 +78,7 @@ class _Emitter:
         self.threads = threads
         self.report = report
         self.kernels = 0
+        self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8
 
     def int8_matmul(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
                     scale: relax.Expr, name: str, epi: _Epilogue = _Epilogue()
@@ -106,6 +108,9 @@ class _Emitter:
                                   threads=self.threads, **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
+        self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(gemm_schedule(
+            m, n, k, self.isa, dtype="int8", dequantize=True, threads=self.threads,
+            out_dtype=dtype, **epi.schedule_args())[0].mod["main"])
         a2, zp = _as_uint8(a2, a_zp, a_dtype)
         packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
         colsum = w_q.astype(np.int64).sum(axis=0)
@@ -145,6 +150,9 @@ class _Emitter:
                                   **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
+        self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(conv_schedule(
+            shape, self.isa, dtype="int8", threads=self.threads, out_dtype=dtype,
+            **epi.schedule_args())[0].mod["main"])
         x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
         zp_u8 = relax.op.astype(relax.op.reshape(zp, (1,)), "uint8")
         packed = relax.const(pack_filter(w_q.astype(np.int8), plan.nr, vnni=4))
@@ -439,4 +447,9 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
                 func = sink_transposes(drop_fake_quantization(func, report))
                 func = split_full_reductions(func, bb)
             bb.update_func(gv, func)
-    return relax.transform.DeadCodeElimination()(bb.get()) if emitter.kernels else mod
+    if not emitter.kernels:
+        return mod
+    # An int8 layer whose readers all quantize its output alike writes the quantized u8/s8.
+    mod, written = lowp_activations(bb.get(), emitter.offers)
+    report_narrowed(report, written)
+    return relax.transform.DeadCodeElimination()(mod)

@@ -149,20 +149,32 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     ``out_dtype="bfloat16"``: a last stage (``out_bf16``, a converting copy TPP on the
     tile) writes the result as bf16, for a consumer that takes bf16 (the next layer of a
     bf16 model), so the activation never makes an fp32 round trip through memory.
+    ``"uint8"``/``"int8"``: the last stage (``out_q``) is a quantize TPP instead, with two
+    more inputs, per output column: 1/scale and the zero point (the next int8 layer's
+    input quantization).
     """
     inputs, out, stages = _epilogue_te(C, valid, bias, activation, residual, post_activation,
                                        c_axes, gate)
     if out_dtype == "float32":
         return inputs, out, stages
-    if out_dtype != "bfloat16":
-        raise UnsupportedDTypeError(f"epilogue: output dtype {out_dtype!r}; float32 or bfloat16")
+    if out_dtype not in ("bfloat16", "uint8", "int8"):
+        raise UnsupportedDTypeError(f"epilogue: output dtype {out_dtype!r}; float32, "
+                                    "bfloat16, uint8 or int8")
     src = out
+    if out_dtype in ("uint8", "int8"):
+        scale = te.placeholder((valid[-1],), "float32", name="q_scale")
+        offset = te.placeholder((valid[-1],), "float32", name="q_offset")
+        out = te.compute(valid, lambda *ix: quant_expr(
+            "quantize", src[ix], scale[ix[-1]], offset[ix[-1]], out_dtype), name="out_q")
+        return [*inputs, scale, offset], out, [*stages, ("out_q", (QUANTIZE, out_dtype))]
     out = te.compute(valid, lambda *ix: tirx.Cast("bfloat16", src[ix]), name="out_bf16")
     return inputs, out, [*stages, ("out_bf16", (TO_BF16,))]
 
 
 #: The epilogue step that converts the finished fp32 tile to bf16 (see ``epilogue_te``).
 TO_BF16 = "to_bf16"
+#: The epilogue step that quantizes the finished fp32 tile, followed by the int8 dtype.
+QUANTIZE = "quantize"
 
 
 def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,

@@ -1,8 +1,11 @@
-"""bf16 activations between bf16 layers: a producer writes bf16 where its only reader is a
-bf16 layer, and nothing changes in the result (the same fp32 tile rounded once, the same
-way), on the AVX-512 kernels and on AMX tiles."""
+"""Low-precision activations between layers: a producer writes bf16 where only bf16 layers
+read it, and nothing changes in the result (the same fp32 tile rounded once, the same
+way); an int8 layer writes u8/s8 where its readers quantize it, exactly as its quantize TPP
+would; on the AVX-512 kernels and on AMX tiles."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import ml_dtypes
 import numpy as np
@@ -26,7 +29,7 @@ from tpp_tvm.schedules.gemm import gemm_schedule
 from tpp_tvm.target import isa_of, target, tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
-pytestmark = pytest.mark.requires_avx512_bf16
+pytestmark = pytest.mark.requires_avx512_bf16  # and VNNI, which every such CPU has
 
 REWRITE = "bf16 activations: layers writing bf16 for the next bf16 layer"
 
@@ -130,10 +133,78 @@ def test_models_pass_bf16_between_layers_and_give_the_same_result(
     passing = compile_onnx(model, target=tgt, precision="bf16")
     assert passing.report_data["rewrites"].get(REWRITE, 0) == links
     assert REWRITE in passing.report()
-    monkeypatch.setattr(lower, "bf16_activations", lambda mod, offers: (mod, 0))
+    monkeypatch.setattr(lower, "lowp_activations", lambda mod, offers: (mod, Counter()))
     converting = compile_onnx(model, target=tgt, precision="bf16")
     assert REWRITE not in converting.report_data.get("rewrites", {})
     for got, want in zip(passing(**inputs), converting(**inputs), strict=True):
         np.testing.assert_array_equal(got, want)
     if tiles_emulated(tgt):
         amx_emulator.check(name)
+
+
+def _quantized(x: np.ndarray, inv_scale: float, zero: float, dtype: str) -> np.ndarray:
+    """The quantize TPP's math: fp32 x * (1/scale) + zero point, half to even, saturated."""
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    v = x.astype(np.float32) * np.float32(inv_scale) + np.float32(zero)
+    return np.clip(np.rint(v), lo, hi).astype(dtype)
+
+
+@pytest.mark.parametrize("make_target", _targets())
+@pytest.mark.parametrize(("m", "n", "k", "out_dtype"), [
+    (64, 128, 64, "uint8"), (49, 130, 96, "int8"), (300, 64, 256, "uint8")])
+def test_int8_gemm_writes_its_result_quantized(make_target, m, n, k, out_dtype) -> None:
+    tgt = make_target()
+    isa = isa_of(tgt)
+    rng = np.random.default_rng(2)
+    _, plan = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True)
+    a = np.zeros(plan.a_shape(()), np.uint8)  # int8 A is padded inside the kernel, or not
+    a[:m, :k] = rng.integers(0, 256, (m, k))
+    b = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    width = plan.np_
+    args = [a, pack_b_numpy(b, plan.nr, "kn", plan.kp, 4), np.full(width, 1e-3, np.float32),
+            np.full(width, -0.5, np.float32),
+            np.pad(rng.standard_normal(n).astype(np.float32), (0, width - n)),
+            rng.standard_normal((m, n)).astype(np.float32)]
+    inv_scale, zero = 1 / 0.03, 3.0 if out_dtype == "uint8" else -2.0
+    outs = {}
+    for dtype, extra in (("float32", []), (out_dtype, [np.full(n, inv_scale, np.float32),
+                                                       np.full(n, zero, np.float32)])):
+        sch, _ = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, bias=True,
+                               activation="relu", residual=True, threads=2, out_dtype=dtype)
+        kernel = compile_kernels(sch.mod, tgt).jit()
+        out = tvm.runtime.empty((m, n), dtype)
+        kernel["main"](*(tvm.runtime.tensor(x) for x in args + extra), out)
+        if tiles_emulated(tgt):
+            amx_emulator.check("int8 GEMM writing u8/s8")
+        outs[dtype] = out.numpy()
+    want = _quantized(outs["float32"], inv_scale, zero, out_dtype)
+    assert len(np.unique(want)) > 100  # not all saturated
+    np.testing.assert_array_equal(outs[out_dtype], want)
+
+
+@pytest.mark.parametrize("make_target", _targets())
+def test_int8_conv_writes_its_result_quantized(make_target) -> None:
+    tgt = make_target()
+    isa = isa_of(tgt)
+    sh = ConvShape(1, 12, 12, 64, 64, 3, 3, pad=(1, 1, 1, 1))
+    rng = np.random.default_rng(3)
+    _, plan = conv_schedule(sh, isa, dtype="int8")
+    x = rng.integers(0, 256, (sh.n, sh.h, sh.w * sh.c)).astype(np.uint8)
+    w = rng.integers(-127, 128, (sh.oc, sh.c, sh.r, sh.s)).astype(np.int8)
+    args = [x, pack_filter(w, plan.nr, vnni=4), np.array([128], np.uint8),
+            np.full(plan.np_, 1e-4, np.float32), np.zeros(plan.np_, np.float32),
+            np.zeros(plan.np_, np.float32)]
+    out_shape = (sh.n, sh.oh, sh.ow, sh.oc)
+    outs = {}
+    for dtype, extra in (("float32", []), ("uint8", [np.full(sh.oc, 20.0, np.float32),
+                                                     np.full(sh.oc, 128.0, np.float32)])):
+        sch, _ = conv_schedule(sh, isa, dtype="int8", bias=True, threads=2, out_dtype=dtype)
+        kernel = compile_kernels(sch.mod, tgt).jit()
+        out = tvm.runtime.empty(out_shape, dtype)
+        kernel["main"](*(tvm.runtime.tensor(a) for a in args + extra), out)
+        if tiles_emulated(tgt):
+            amx_emulator.check("int8 conv writing u8")
+        outs[dtype] = out.numpy()
+    want = _quantized(outs["float32"], 20.0, 128.0, "uint8")
+    assert len(np.unique(want)) > 100
+    np.testing.assert_array_equal(outs["uint8"], want)

@@ -1,0 +1,186 @@
+"""Low-precision activations between low-precision layers: no fp32 round trip.
+
+bf16: a bf16 layer takes its input as bf16 (padded, for a k x k convolution) from a small
+conversion kernel of its own (TVM widens a bf16 buffer allocated inside a kernel, so the
+conversion cannot be part of the layer's kernel). Where that input is the output of
+another bf16 layer and only bf16 layers read it, the producer writes bf16 itself (its
+epilogue ends in a converting copy TPP on the tile, ``epilogue_te(out_dtype=...)``): the
+conversion kernel goes (unpadded GEMM operand) or only pads (convolution image, padded
+GEMM rows), and the activation crosses memory at half the bytes. Results are bit-identical
+to converting afterwards: the same fp32 tile is rounded once, the same way.
+
+int8: an int8 layer's fp32 result that every reader quantizes alike (per tensor: the next
+int8 layer's input in a QDQ model) is quantized by the producer's epilogue (a quantize
+TPP, x * (1/scale) + zero point, rounded half to even and saturated), which writes u8/s8
+at a quarter of the bytes and leaves out the quantization kernel. Against TVM's
+``round(x / scale)`` the reciprocal can move a value that lies within an ulp of a rounding
+boundary by one step (ResNet-50 QDQ: 0.018 relative at the output, inside ONNX Runtime's
+own int8 error).
+
+The lowerings (``lower.py``, ``quantized.py``) offer, per kernel they emit, how to rebuild
+it: a producer writing another dtype, a bf16 conversion kernel taking bf16 (or none
+needed). This pass rewrites the call sites of a producer whose readers (through reshapes,
+aliases and transposes) are all such conversions, or all the same quantization: one
+reader, or several (a ResNet stage's first block and its downsampling shortcut both read
+the previous block's output).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+#: Rebuilds a producer to write the given dtype (bfloat16, uint8, int8).
+RebuildProducer = Callable[[str], tirx.PrimFunc]
+#: Rebuilds a conversion kernel to take bf16 (offered as None: not needed then).
+Rebuild = Callable[[], tirx.PrimFunc]
+
+
+@dataclass
+class LowpOffers:
+    """What the lowering can rebuild, by kernel (GlobalVar) name."""
+
+    producers: dict[str, RebuildProducer] = field(default_factory=dict)
+    conversions: dict[str, Rebuild | None] = field(default_factory=dict)
+
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+#: Ops a reader may reach the producer through: views, and a transpose (which commutes
+#: with a per-tensor quantization and with a conversion).
+_PASS_THROUGH = tuple(tvm.ir.Op.get(f"relax.{op}") for op in ("reshape", "permute_dims"))
+_QUANTIZE = tvm.ir.Op.get("relax.quantize")
+
+
+def _scalar_constant(expr: relax.Expr) -> float | None:
+    value = getattr(expr, "value", None)
+    if not hasattr(value, "numpy"):
+        return None
+    array = value.numpy()
+    return float(array.reshape(-1)[0]) if array.size == 1 else None
+
+
+def _quantization(value: relax.Expr) -> tuple[float, float, str] | None:
+    """(scale, zero point, dtype) of a per-tensor ``relax.quantize`` call, else None."""
+    if not (isinstance(value, relax.Call) and value.op.same_as(_QUANTIZE)):
+        return None
+    scale, zero = (_scalar_constant(a) for a in value.args[1:3])
+    if scale is None or zero is None or scale == 0:
+        return None
+    return scale, zero, str(value.attrs.out_dtype)
+
+
+def _tir_callee(value: relax.Expr) -> str | None:
+    if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
+        return value.args[0].name_hint
+    return None
+
+
+@relax.expr_functor.mutator
+class _Bf16Activations(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, offers: LowpOffers) -> None:
+        super().__init__(mod)
+        self.offers = offers
+        self.producer_calls: dict = {}  # producer call -> its bf16 rebuild
+        self.conversion_calls: dict = {}  # conversion call -> its bf16-input rebuild or None
+        self.rewritten: Counter = Counter()
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
+        uses = relax.analysis.udchain(block)
+        values = {b.var: b.value for b in block.bindings}
+
+        def readers(var: relax.Var) -> list[relax.Var] | None:
+            """The bindings reading ``var``, through views, aliases and transposes; None
+            if one is not in this dataflow block (an output)."""
+            found = []
+            for user in uses.get(var, []):
+                if not isinstance(user, relax.DataflowVar):
+                    return None
+                value = values[user]
+                if isinstance(value, relax.Var) or (
+                        isinstance(value, relax.Call)
+                        and any(value.op.same_as(op) for op in _PASS_THROUGH)):
+                    more = readers(user)
+                    if more is None:
+                        return None
+                    found += more
+                else:
+                    found.append(user)
+            return found
+
+        for var, value in values.items():
+            producer = _tir_callee(value)
+            if producer not in self.offers.producers or not isinstance(var, relax.DataflowVar):
+                continue
+            found = [values[r] for r in readers(var) or []]
+            rebuild = self.offers.producers[producer]
+            if found and all(_tir_callee(r) in self.offers.conversions for r in found):
+                self.producer_calls[value] = (rebuild, "bfloat16", ())
+                for r in found:
+                    self.conversion_calls[r] = self.offers.conversions[_tir_callee(r)]
+                continue
+            quantizations = {_quantization(r) for r in found}
+            if len(quantizations) == 1 and None not in quantizations:
+                scale, zero, dtype = quantizations.pop()
+                width = int(value.ty_args[0].shape.values[-1])
+                extra = (relax.const(np.full(width, 1.0 / scale, np.float32)),
+                         relax.const(np.full(width, zero, np.float32)))
+                self.producer_calls[value] = (rebuild, dtype, extra)
+                for r in found:
+                    self.conversion_calls[r] = None  # the producer's output is the result
+        return super().visit_dataflow_block_(block)
+
+    def _call(self, call: relax.Call, func: tirx.PrimFunc, suffix: str, dtype: str,
+              extra: tuple = ()) -> relax.Call:
+        gv = self.builder_.add_func(func, call.args[0].name_hint + suffix)
+        shape = [int(d) for d in call.ty_args[0].shape.values]
+        return relax.call_tir(gv, [*call.args[1].fields, *extra], relax.TensorType(shape, dtype))
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        producer = self.producer_calls.get(call)
+        is_reader = call in self.conversion_calls
+        rebuild_reader = self.conversion_calls.get(call)
+        if is_reader and call.op.same_as(_QUANTIZE):  # u8/s8 already: the quantization goes
+            return self.visit_expr(call.args[0])
+        new = super().visit_call_(call)
+        if producer is not None:
+            rebuild, dtype, extra = producer
+            self.rewritten[dtype] += 1
+            return self._call(new, rebuild(dtype), f"_out_{_SHORT[dtype]}", dtype, extra)
+        if is_reader:
+            if rebuild_reader is None:  # the producer's output is the operand as it is
+                return new.args[1].fields[0]
+            return self._call(new, rebuild_reader(), "_from_bf16", "bfloat16")
+        return new
+
+
+_SHORT = {"bfloat16": "bf16", "uint8": "u8", "int8": "s8"}
+
+
+def lowp_activations(mod: tvm.IRModule, offers: LowpOffers) -> tuple[tvm.IRModule, Counter]:
+    """``mod`` with producers writing bf16 where all their readers convert to bf16, and
+    u8/s8 where all their readers quantize alike; returns it and how many producers now
+    write each dtype. Unused fp32 kernels are left for dead-code elimination."""
+    if not offers.producers:
+        return mod, Counter()
+    pass_ = _Bf16Activations(mod, offers)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+            pass_.builder_.update_func(gv, pass_.visit_expr(func))
+    return pass_.builder_.get(), pass_.rewritten
+
+
+#: How the report names the layers that write the next layer's dtype.
+NARROWED = {"bfloat16": "bf16 activations: layers writing bf16 for the next bf16 layer",
+            "uint8": "int8 activations: layers writing the next int8 layer's quantized input",
+            "int8": "int8 activations: layers writing the next int8 layer's quantized input"}
+
+
+def report_narrowed(report, written: Counter) -> None:
+    """Count in ``report.rewrites`` the producers :func:`lowp_activations` rebuilt."""
+    for dtype, count in written.items():
+        report.rewrites[NARROWED[dtype]] += count
