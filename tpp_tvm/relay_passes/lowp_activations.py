@@ -81,12 +81,13 @@ def _tir_callee(value: relax.Expr) -> str | None:
 
 
 @relax.expr_functor.mutator
-class _Bf16Activations(relax.PyExprMutator):
+class _LowpActivations(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, offers: LowpOffers) -> None:
         super().__init__(mod)
         self.offers = offers
-        self.producer_calls: dict = {}  # producer call -> its bf16 rebuild
-        self.conversion_calls: dict = {}  # conversion call -> its bf16-input rebuild or None
+        self.producer_calls: dict = {}  # producer call -> (rebuild, dtype, extra arguments)
+        # reader call -> its bf16-input rebuild, or None: the producer's output replaces it
+        self.conversion_calls: dict = {}
         self.rewritten: Counter = Counter()
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
@@ -167,7 +168,7 @@ def lowp_activations(mod: tvm.IRModule, offers: LowpOffers) -> tuple[tvm.IRModul
     write each dtype. Unused fp32 kernels are left for dead-code elimination."""
     if not offers.producers:
         return mod, Counter()
-    pass_ = _Bf16Activations(mod, offers)
+    pass_ = _LowpActivations(mod, offers)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
             pass_.builder_.update_func(gv, pass_.visit_expr(func))
