@@ -179,8 +179,7 @@ def conv_input_schedule(shape: ConvShape, plan: GemmPlan, in_dtype: str = "float
                         ) -> s_tir.Schedule:
     """NHWC input (fp32, or bf16 from a producer that wrote bf16) -> the zero-padded bf16
     image a bf16 convolution kernel takes (see :attr:`GemmPlan.a_prepadded`: TVM widens a
-    bf16 buffer allocated inside a kernel), one
-    parallel task per image row. The row is split into pixels of ``cc`` channels, so the
+    bf16 buffer allocated inside a kernel), one parallel task per image row. The row is split into pixels of ``cc`` channels, so the
     innermost index is linear for grouped images too (a group's channels are a strided
     gather; one flat loop over pixels x channels kept LLVM from vectorising it: 10x slower)."""
     X = te.placeholder((shape.n, shape.h, shape.w * shape.c), in_dtype, name="data")
@@ -286,7 +285,8 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     ``"float32"``, ``"bfloat16"`` (bf16 data, already padded, and filter; fp32
     accumulation and epilogue) or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in
     the epilogue: parameters as :func:`conv_te` lists them). ``threads``: the parallel tasks of a
-    convolution on AMX tiles (each configures the tiles once)."""
+    convolution on AMX tiles (each configures the tiles once). ``out_dtype``: as
+    :func:`~.gemm.gemm_schedule`'s (bf16 or u8/s8 for the next layer)."""
     if dtype not in ("float32", "bfloat16", "int8"):
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32, bfloat16 (data padded to bf16 "

@@ -57,8 +57,9 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
     parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
     vector unit. Parameters in order: A, B (packed), [A's column scale (K,)], [scale,
-    offset (int8 ``dequantize``)], [bias], [gate], [residual], output (fp32, or bf16 with
-    ``out_dtype="bfloat16"``: the tile converted on its way out)."""
+    offset (int8 ``dequantize``)], [bias], [gate], [residual], [1/scale, zero point
+    (``out_dtype`` u8/s8)], output: fp32, or ``out_dtype`` (bf16: the tile converted on its
+    way out; u8/s8: quantized, see :func:`~.gemm_te.epilogue_te`)."""
     check_gemm(m, n, k, dtype, activation)
     tiles = runs_on_tiles(isa, dtype) and b_packed
     plan = plan_gemm(m, n, k, dtype, "amx" if tiles else "avx512")
