@@ -179,8 +179,9 @@ def conv_input_schedule(shape: ConvShape, plan: GemmPlan, in_dtype: str = "float
                         ) -> s_tir.Schedule:
     """NHWC input (fp32, or bf16 from a producer that wrote bf16) -> the zero-padded bf16
     image a bf16 convolution kernel takes (see :attr:`GemmPlan.a_prepadded`: TVM widens a
-    bf16 buffer allocated inside a kernel), one parallel task per image row. The row is split into pixels of ``cc`` channels, so the
-    innermost index is linear for grouped images too (a group's channels are a strided
+    bf16 buffer allocated inside a kernel), one parallel task per image row. The row is
+    split into pixels of ``cc`` channels, so the innermost index is linear for grouped
+    images too (a group's channels are a strided
     gather; one flat loop over pixels x channels kept LLVM from vectorising it: 10x slower)."""
     X = te.placeholder((shape.n, shape.h, shape.w * shape.c), in_dtype, name="data")
     out = conv_input_te(shape, plan, X, tirx.const(0, plan.precision.a))
