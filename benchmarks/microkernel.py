@@ -15,6 +15,8 @@ import tvm
 from tvm import s_tir, te
 
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
+from tpp_tvm.schedules.gemm_plan import register_tile_isa
+from tpp_tvm.target import isa_of
 from tpp_tvm.target import target as tpp_target
 from tpp_tvm.tir_pipeline import compile_kernels
 
@@ -34,11 +36,13 @@ def measure_microkernel(mr: int = 6, nr: int = 64, k: int = 64, batch: int = 2,
     sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
     blk = sch.get_sblock("C")
     t, i, _, _, _ = sch.get_loops(blk)
-    name = intrinsic(TPPSpec("brgemm", m=mr, n=nr, k=k, batch=batch, beta=0))
+    tgt = tpp_target(num_cores=1)
+    isa = register_tile_isa(isa_of(tgt))
+    name = intrinsic(TPPSpec("brgemm", m=mr, n=nr, k=k, batch=batch, beta=0), isa)
     sch.tensorize(i, name)
     # All reps write the same C tile region in memory order: keep it in L1 by making the
     # output small relative to the work (reps tiles of mr*nr*4 bytes each stream through).
-    mod = compile_kernels(sch.mod, tpp_target(num_cores=1)).jit()
+    mod = compile_kernels(sch.mod, tgt).jit()
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
     a = tvm.runtime.tensor(rng.standard_normal((batch, mr, k), dtype="float32"), dev)
@@ -47,7 +51,7 @@ def measure_microkernel(mr: int = 6, nr: int = 64, k: int = 64, batch: int = 2,
     ev = mod.time_evaluator("main", dev, number=5, repeat=9)
     sec = float(np.median(ev(a, b, c).results))
     flops = 2.0 * reps * batch * mr * nr * k
-    return {"impl": "tpp_microkernel", "mr": mr, "nr": nr, "k": k, "batch": batch,
+    return {"impl": "tpp_microkernel", "isa": isa, "mr": mr, "nr": nr, "k": k, "batch": batch,
             "gflops": flops / sec / 1e9}
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class PeakInstruction:
-    """One AVX-512 instruction to saturate: ``mnemonic src1, src2, acc`` (AT&T order)."""
+    """One vector instruction to saturate: ``mnemonic src1, src2, acc`` (AT&T order), on
+    zmm (AVX-512) or ymm (``vector_bits`` 256: AVX2) registers."""
 
     mnemonic: str
     flops: int
@@ -50,11 +51,14 @@ class PeakInstruction:
     unit: str = "GFLOP/s"
     tile: bool = False
     """An AMX tile product (``tdp*``): the tile loop, not the zmm chains."""
+    vector_bits: int = 512
 
 
 INSTRUCTIONS: dict[str, PeakInstruction] = {
     # 16 fp32 lanes x (mul + add)
     "fp32_fma": PeakInstruction("vfmadd231ps", 16 * 2),
+    # 8 fp32 lanes x (mul + add), on the 16 ymm registers of an AVX2 CPU
+    "fp32_fma_avx2": PeakInstruction("vfmadd231ps", 8 * 2, vector_bits=256),
     # 16 fp32 lanes x 2 bf16 pairs x (mul + add)
     "bf16_dp": PeakInstruction("vdpbf16ps", 16 * 2 * 2),
     # 16 int32 lanes x 4 u8*s8 products x (mul + add)
@@ -68,6 +72,8 @@ INSTRUCTIONS: dict[str, PeakInstruction] = {
 TILE_PRODUCTS = 4
 
 ACCUMULATORS = 16
+#: On AVX2's 16 ymm registers: 12 chains still cover two FMA pipes' latency, 2 operands.
+YMM_ACCUMULATORS = 12
 UNROLL = 4  # bodies of ACCUMULATORS instructions per loop trip, to hide the loop branch
 
 #: The C harness every measurement shares: ``threads`` pthreads pinned to distinct CPUs, each
@@ -136,12 +142,9 @@ static double measure(long id) {
 }
 """
 
-_ZMM_KERNEL = r"""
+_VECTOR_KERNEL = r"""
 static void kernel(long n) {
-  __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n\t" ZERO_ACCS
-                   "vpxord %%zmm30, %%zmm30, %%zmm30\n\t"
-                   "vpxord %%zmm31, %%zmm31, %%zmm31\n\t"
-                   "1:\n\t" BODY
+  __asm__ volatile(ZERO_ACCS "1:\n\t" BODY
                    "dec %0\n\t"
                    "jnz 1b\n\t"
                    : "+r"(n)
@@ -192,18 +195,22 @@ static void fill_tiles(void) {  /* a fixed LCG; bf16 exponents kept small (finit
 def _c_source(instr: PeakInstruction) -> str:
     if instr.tile:
         return _tile_source(instr)
-    accs = [f"zmm{i}" for i in range(ACCUMULATORS)]
+    reg = "zmm" if instr.vector_bits == 512 else "ymm"
+    count = ACCUMULATORS if reg == "zmm" else YMM_ACCUMULATORS
+    accs = [f"{reg}{i}" for i in range(count)]
+    ops = [f"{reg}30", f"{reg}31"] if reg == "zmm" else ["ymm14", "ymm15"]
     body = "".join(
-        f'"{instr.mnemonic} %%zmm30, %%zmm31, %%{acc}\\n\\t"\n'
+        f'"{instr.mnemonic} %%{ops[0]}, %%{ops[1]}, %%{acc}\\n\\t"\n'
         for _ in range(UNROLL)
         for acc in accs
     )
-    zero = "".join(f'"vpxord %%{a}, %%{a}, %%{a}\\n\\t"' for a in accs[1:])
-    clobbers = "".join(f'"{a}", ' for a in accs + ["zmm30", "zmm31"])
+    xor = "vpxord" if reg == "zmm" else "vpxor"
+    zero = "".join(f'"{xor} %%{a}, %%{a}, %%{a}\\n\\t"' for a in accs + ops)
+    clobbers = "".join(f'"{a}", ' for a in accs + ops)
     return (
         f"#define ZERO_ACCS {zero}\n#define BODY {body.replace(chr(10), ' ')}\n"
         f"#define CLOBBERS {clobbers}\n#define SETUP_THREAD\n#define MAIN_SETUP\n"
-        + _C_TEMPLATE.replace("KERNEL\n", _ZMM_KERNEL + _TIMED_LOOP)
+        + _C_TEMPLATE.replace("KERNEL\n", _VECTOR_KERNEL + _TIMED_LOOP)
     )
 
 
@@ -224,12 +231,15 @@ def _binary(name: str) -> Path:
     """Compile the peak loop for ``name`` once per source text (cached in the temp dir)."""
     instr = INSTRUCTIONS[name]
     isa_flags = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"] if instr.tile else []
+    if instr.vector_bits == 256:  # the harness itself must run on a CPU without AVX-512
+        isa_flags = ["-mno-avx512f", "-mavx2", "-mfma"]
     return _compiled(f"peak_{name}", _c_source(instr), isa_flags)
 
 
 def _compiled(stem: str, source: str, flags: list[str]) -> Path:
-    """``source`` compiled with gcc (AVX-512, pthreads) once per text, in the temp dir."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    """``source`` compiled with gcc (AVX-512 unless ``flags`` say otherwise, pthreads) once
+    per text and flags, in the temp dir."""
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
     cache = Path(tempfile.gettempdir()) / "tpp_tvm_peak"
     cache.mkdir(exist_ok=True)
     exe = cache / f"{stem}_{digest}"

@@ -19,6 +19,8 @@ from tvm.target import codegen
 import tpp_tvm
 from tpp_tvm.compiled import CompiledModel
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.schedules.gemm_plan import register_tile_isa
+from tpp_tvm.target import isa_of
 
 
 def assert_close_scaled(got: np.ndarray, want: np.ndarray, rtol: float, err_msg: str = ""
@@ -47,6 +49,12 @@ def assert_runs_like_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.
         assert g.shape == w.shape, (g.shape, w.shape)
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
     return compiled
+
+
+#: The vector ISA this host's default target runs TPP kernels on: ``avx512`` on AVX-512 and
+#: AMX hosts (AMX targets run their vector kernels there), ``avx2`` on AVX2-only x86 CPUs,
+#: ``sve`` on SVE hosts. Tests that build a vector kernel for the host target name it.
+VECTOR_ISA = register_tile_isa(isa_of(tpp_tvm.target()))
 
 
 def plain_llvm(num_cores: int | None = None) -> tvm.target.Target:

@@ -35,7 +35,7 @@ def _reference(q, kt, mask, v, shape: AttentionShape):
     ],
 )
 def test_attention_matches_numpy(shape):
-    sch = attention_schedule(shape, "avx512")
+    sch = attention_schedule(shape, checks.VECTOR_ISA)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     rng = np.random.default_rng(shape.seq)
     q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
@@ -55,15 +55,15 @@ def test_attention_matches_numpy(shape):
 
 def test_attention_tiles_are_tpps():
     shape = AttentionShape(bh=2, seq_q=16, seq=64, dim=32, heads=2, scale=0.5, mask=True)
-    trace = str(attention_schedule(shape, "avx512").trace)
+    trace = str(attention_schedule(shape, checks.VECTOR_ISA).trace)
     for name in ("tpp.gemm.f32", "tpp.reduce_max_cols", "tpp.exp", "tpp.reduce_add_cols",
-                 "tpp.mul.f32.avx512"):
+                 f"tpp.mul.f32.{checks.VECTOR_ISA}"):
         assert name in trace, name
 
 
 def test_attention_needs_a_row_block():
     with pytest.raises(UnsupportedShapeError, match="query rows"):
-        attention_schedule(AttentionShape(1, 13, 8, 8, 1, 1.0, False), "avx512")
+        attention_schedule(AttentionShape(1, 13, 8, 8, 1, 1.0, False), checks.VECTOR_ISA)
 
 
 def _attention_nodes(scale_op: str, masked: bool) -> list:

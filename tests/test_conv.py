@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import checks
 import numpy as np
 import pytest
 import tvm
@@ -50,7 +51,7 @@ def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
     x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
     w = rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)).astype("float32")
     bias = rng.standard_normal(sh.oc).astype("float32")
-    sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu")
+    sch, plan = conv_schedule(sh, checks.VECTOR_ISA, bias=True, activation="relu")
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr),
             np.pad(bias, (0, plan.np_ - sh.oc))]
     got = _run(sch, args, (sh.n, sh.oh, sh.ow, sh.oc))
@@ -76,7 +77,8 @@ def test_grouped_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
     plan = plan_conv(sh)
     kc = conv_k_block(sh.r, sh.s * padded_channels(sh.cg, plan), plan.nr)
     assert (kc is not None) == blocked
-    sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu", residual=True)
+    sch, plan = conv_schedule(sh, checks.VECTOR_ISA, bias=True, activation="relu",
+                               residual=True)
     bias_rows = np.pad(bias.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og)))
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, groups=sh.groups), bias_rows,
             res]

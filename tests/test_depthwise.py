@@ -51,7 +51,7 @@ def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
             "bias_residual": {"bias": True, "residual": True},
             # SiLU: pixels in groups of four (a remainder where the block is not 4 or 8)
             "bias_silu_residual": {"bias": True, "activation": "silu", "residual": True}}[epilogue]
-    sch = depthwise_conv_schedule(shape, **opts)
+    sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, **opts)
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
     arrays = [x, w] + ([bias] if "bias" in opts else []) + ([res] if "residual" in opts else [])
     out = tvm.runtime.tensor(np.zeros(res.shape, "float32"))

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
 from tpp_tvm.errors import UnsupportedShapeError
+from tpp_tvm.intrinsics.registry import vector_isa
 from tpp_tvm.schedules.conv import ConvShape
 from tpp_tvm.schedules.expand_depthwise import (
     MIN_TILE_PIXELS,
@@ -26,6 +27,9 @@ from tpp_tvm.schedules.expand_depthwise import (
 )
 from tpp_tvm.target import host_isa, target
 from tpp_tvm.tir_pipeline import compile_kernels
+
+#: fp32 lanes of the host target's vector unit: the packed filter's channel vectors
+LANES = vector_isa(checks.VECTOR_ISA).schedule_lanes("float32")
 
 _ACTS = {
     None: lambda v: v,
@@ -68,13 +72,14 @@ def test_fused_kernel_matches_numpy(shape: ConvShape, cin: int, threads: int, ac
     b1 = rng.standard_normal(shape.c).astype("float32")
     wd = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
     bd = rng.standard_normal(shape.c).astype("float32")
-    sch, plan = expand_depthwise_schedule(shape, pointwise(shape, cin), threads=threads,
+    sch, plan = expand_depthwise_schedule(shape, pointwise(shape, cin), checks.VECTOR_ISA,
+                                          threads=threads,
                                           expand_bias=True,
                                           expand_activation=expand_act, bias=True,
                                           activation=act)
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
     out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
-    packed = pack_expand_filter(w_ci[:, :, None, None], plan.vectors * 16)
+    packed = pack_expand_filter(w_ci[:, :, None, None], plan.vectors * LANES)
     lib(*[tvm.runtime.tensor(a) for a in (x, packed, b1, wd, bd)], out)
     want = _reference(x, w_ci, b1, wd, bd, shape, expand_act, act)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
@@ -111,12 +116,12 @@ def test_stem_conv_feeding_the_depthwise_matches_numpy(stem: ConvShape, dw_strid
     b1 = rng.standard_normal(stem.oc).astype("float32")
     wd = rng.standard_normal((3, 3, stem.oc)).astype("float32")
     bd = rng.standard_normal(stem.oc).astype("float32")
-    sch, plan = expand_depthwise_schedule(shape, stem, threads=threads, expand_bias=True,
-                                          expand_activation="silu", bias=True,
+    sch, plan = expand_depthwise_schedule(shape, stem, checks.VECTOR_ISA, threads=threads,
+                                          expand_bias=True, expand_activation="silu", bias=True,
                                           activation="silu")
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
     out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
-    packed = pack_expand_filter(w1, plan.vectors * 16)
+    packed = pack_expand_filter(w1, plan.vectors * LANES)
     lib(*[tvm.runtime.tensor(a) for a in (x, packed, b1, wd, bd)], out)
     e = _ACTS["silu"](_conv(x, w1, stem) + b1)
     want = _ACTS["silu"](_depthwise(e, wd, shape) + bd)

@@ -35,9 +35,10 @@ def test_instance_norm_kernels_match_numpy(rows: int, width: int, offset: float,
     gamma = rng.standard_normal(width).astype("float32")
     beta = rng.standard_normal(width).astype("float32")
     tgt = target(num_cores=2)
-    stats = compile_kernels(instance_norm_stats_schedule(rows, width, 1e-5, "avx512").mod, tgt)
+    stats = compile_kernels(
+        instance_norm_stats_schedule(rows, width, 1e-5, checks.VECTOR_ISA).mod, tgt)
     apply = compile_kernels(instance_norm_apply_schedule(rows, width, activation,
-                                                         "avx512").mod, tgt)
+                                                         checks.VECTOR_ISA).mod, tgt)
     t = [tvm.runtime.tensor(a) for a in (x, gamma, beta)]
     scale, shift = (tvm.runtime.tensor(np.zeros(width, "float32")) for _ in range(2))
     out = tvm.runtime.tensor(np.zeros((rows, width), "float32"))

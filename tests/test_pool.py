@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import checks
 import numpy as np
 import pytest
 import tvm
@@ -32,7 +33,7 @@ def _max_pool_ref(x: np.ndarray, sh: PoolShape) -> np.ndarray:
     ],
 )
 def test_max_pool_matches_numpy(sh: PoolShape) -> None:
-    sch = max_pool_schedule(sh, "avx512")
+    sch = max_pool_schedule(sh, checks.VECTOR_ISA)
     assert "tpp.pool_max" in str(sch.trace)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     x = np.random.default_rng(sh.c).standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
@@ -42,7 +43,7 @@ def test_max_pool_matches_numpy(sh: PoolShape) -> None:
 
 
 def test_global_avg_pool_matches_numpy() -> None:
-    sch = global_avg_pool_schedule(2, 49, 40, "avx512")
+    sch = global_avg_pool_schedule(2, 49, 40, checks.VECTOR_ISA)
     assert "tpp.reduce_add_rows" in str(sch.trace)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     x = np.random.default_rng(0).standard_normal((2, 49, 40)).astype("float32")

@@ -93,6 +93,7 @@ def test_bf16_without_tiles_says_whether_it_pays() -> None:
     assert BF16_WITHOUT_TILES in compiled.report()
 
 
+@pytest.mark.requires_avx512  # an AVX-512 target's fp32 kernels run here
 def test_a_failing_bf16_kernel_runs_on_fp32_tpps(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 kernel that cannot be built leaves the layer on the fp32 TPP kernel (reported
     as a rewrite), not on TVM's untuned code, which ran a ViT matmul 100x slower."""

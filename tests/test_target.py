@@ -134,7 +134,8 @@ def test_host_caches_and_cores_are_sane() -> None:
 
 def test_summary_names_the_isa() -> None:
     host = tt.host_isa()
-    assert ("AVX-512" in host.summary()) == host.avx512f
+    assert ("AVX-512 F" in host.summary()) == host.avx512f
+    assert ("AVX2" in host.summary()) == (host.avx2 and not host.avx512f)
     assert host.arch in host.summary()
 
 
@@ -151,11 +152,15 @@ def test_best_isa_preference_order() -> None:
     )
     assert tt.best_isa(_fake(avx512f=True, amx_bf16=True, amx_tile=True)) == "avx512"
     assert tt.best_isa(tt.HostISA(arch="aarch64", sve=True)) == "sve"
+    assert tt.best_isa(_fake(avx2=True, fma=True)) == "avx2"
+    assert tt.best_isa(_fake(avx2=True, fma=True, avx512f=True)) == "avx512"
 
 
 def test_best_isa_without_any_tpp_isa_says_what_it_found() -> None:
-    with pytest.raises(UnsupportedISAError, match="fake.*AVX-512F"):
+    with pytest.raises(UnsupportedISAError, match="fake.*AVX-512F, AVX2 with FMA"):
         tt.best_isa(_fake())
+    with pytest.raises(UnsupportedISAError, match="AVX2 with FMA"):
+        tt.best_isa(_fake(avx2=True))  # AVX2 without FMA3: no TPP ISA
 
 
 def test_best_isa_of_this_host_is_a_known_isa() -> None:
@@ -215,7 +220,7 @@ def test_target_default_is_best_isa_on_all_cores() -> None:
 
 
 def test_unknown_isa_names_the_valid_ones() -> None:
-    with pytest.raises(UnsupportedISAError, match="neon.*amx, avx512, sve"):
+    with pytest.raises(UnsupportedISAError, match="neon.*amx, avx2, avx512, sve"):
         tt.target("neon")
     assert issubclass(UnsupportedISAError, TPPError)
 
@@ -251,8 +256,10 @@ def test_isa_of_untagged_targets() -> None:
     assert tt.isa_of(sve) == "sve"
     with pytest.raises(UnsupportedISAError):
         tt.isa_of({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]})
+    assert tt.isa_of({"kind": "llvm", "mcpu": "haswell"}) == "avx2"
+    assert tt.isa_of({"kind": "llvm", "mcpu": "znver3"}) == "avx2"
     with pytest.raises(UnsupportedISAError):
-        tt.isa_of({"kind": "llvm", "mcpu": "haswell"})
+        tt.isa_of({"kind": "llvm", "mcpu": "sandybridge"})  # AVX without AVX2/FMA
 
 
 def test_plain_llvm_is_not_a_tpp_target() -> None:

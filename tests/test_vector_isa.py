@@ -11,11 +11,12 @@ from tpp_tvm.target import target
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_schedules_work_in_the_lanes_they_always_used(isa: str) -> None:
-    """16 fp32 lanes and 32 registers on every ISA (so schedules are unchanged), and a
-    fixed-width ISA's schedule lanes are its register's."""
+    """16 fp32 lanes and 32 registers on every ISA but AVX2 (8 lanes, 16 ymm registers),
+    and a fixed-width ISA's schedule lanes are its register's."""
     unit = vector_isa(isa)
-    assert (unit.schedule_lanes("float32"), unit.num_vregs) == (16, 32)
-    assert unit.schedule_lanes("bfloat16") == 32
+    lanes, vregs = (8, 16) if isa == "avx2" else (16, 32)
+    assert (unit.schedule_lanes("float32"), unit.num_vregs) == (lanes, vregs)
+    assert unit.schedule_lanes("bfloat16") == 2 * lanes
     if not unit.scalable:
         assert unit.schedule_lanes("float32") == unit.static_lanes("float32")
 

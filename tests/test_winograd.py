@@ -11,6 +11,7 @@ from checks import assert_runs_like_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 from test_conv import _conv_ref, _run
 
+from tpp_tvm.schedules import winograd
 from tpp_tvm.schedules.conv import ConvShape
 from tpp_tvm.schedules.winograd import (
     FILTER_TRANSFORM,
@@ -43,6 +44,7 @@ def test_transforms_compute_a_correlation() -> None:
     (ConvShape(1, 14, 14, 256, 256, 3, 3, 1, (1, 1, 1, 1)), ("bias", "relu")),  # ResNet
     (ConvShape(1, 7, 7, 512, 64, 3, 3, 1, (1, 1, 1, 1)), ("bias", "relu")),  # whole image
 ])
+@pytest.mark.requires_avx512  # the lowering takes Winograd on AVX-512 (and AMX) CPUs only
 def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> None:
     """Each schedule: blocks outer over a group's panels, panels outer after an input
     transform pass, and one block per panel holding the whole image (512 channels)."""
@@ -93,10 +95,14 @@ def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> N
     (ConvShape(1, 14, 14, 64, 64, 3, 3, 1, (1, 1, 1, 1)), "sigmoid", False),
 ])
 def test_winograd_applies_to_3x3_stride1_layers(sh: ConvShape, activation: str,
-                                                 applies: bool) -> None:
+                                                 applies: bool, monkeypatch) -> None:
+    # the choice follows the host's L2 (half of it for a panel): these cases are a 1 MiB one
+    host = winograd.host_isa()
+    monkeypatch.setattr(winograd, "host_isa", lambda: replace(host, l2_bytes=1 << 20))
     assert winograd_applies(sh, activation) is applies
 
 
+@pytest.mark.requires_avx512
 def test_resnet_block_compiles_to_winograd_and_runs_like_onnxruntime() -> None:
     """An NCHW ONNX 3x3 conv + ReLU and its residual block: the lowering picks the
     Winograd kernel (named so in profiles) and the model matches ONNX Runtime."""

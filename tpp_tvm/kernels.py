@@ -200,8 +200,6 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
         raise UnsupportedISAError(
             "GEMM: build_gemm runs its kernel in this process; SVE kernels cross-compile for "
             "aarch64: use tpp_tvm.cross (plan_model, export_library) and run them there")
-    if isa not in ("avx512", "amx"):
-        raise UnsupportedDTypeError(f"GEMM: kernels exist for avx512 and amx, not {isa}")
     if runs_on_tiles(isa, dtype) and tiles_emulated(tgt):
         amx_emulator.library()  # the tile model's symbols, before the kernel is linked
     elif runs_on_tiles(isa, dtype) and host_isa().amx_tile:

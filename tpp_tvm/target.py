@@ -41,7 +41,7 @@ from tvm.target.tag import list_tags, register_tag
 
 from tpp_tvm.errors import UnsupportedISAError
 
-ISAS: tuple[str, ...] = ("amx", "avx512", "sve")
+ISAS: tuple[str, ...] = ("amx", "avx512", "avx2", "sve")
 """ISAs with TPP implementations, in order of preference for :func:`best_isa`."""
 
 TAG_PREFIX = "tpp/"
@@ -62,6 +62,8 @@ _PR_SVE_VL_LEN_MASK = 0xFFFF
 # x86 flags in /proc/cpuinfo that become HostISA fields of the same name, with the LLVM
 # feature each one is (what a host target's ``mattr`` says, +present or -absent).
 X86_LLVM_FEATURES: dict[str, str] = {
+    "avx2": "avx2",
+    "fma": "fma",
     "avx512f": "avx512f",
     "avx512bw": "avx512bw",
     "avx512vl": "avx512vl",
@@ -86,6 +88,8 @@ class HostISA:
 
     arch: str
     model_name: str = "unknown"
+    avx2: bool = False
+    fma: bool = False
     avx512f: bool = False
     avx512bw: bool = False
     avx512vl: bool = False
@@ -135,6 +139,8 @@ class HostISA:
                 if present
             ]
             parts.append("AVX-512 " + "/".join(subsets))
+        elif self.avx2:
+            parts.append("AVX2" + ("/FMA" if self.fma else "") + ", no AVX-512")
         if self.amx_tile:
             kinds = [n for n, p in (("BF16", self.amx_bf16), ("INT8", self.amx_int8)) if p]
             permitted = "permitted" if self.amx_permitted else "NOT permitted by the OS"
@@ -314,23 +320,26 @@ def host_isa() -> HostISA:
 
 
 def best_isa(host: HostISA | None = None) -> str:
-    """The fastest TPP ISA the host can run: ``amx``, then ``avx512``, then ``sve``."""
+    """The fastest TPP ISA the host can run: ``amx``, then ``avx512``, ``avx2``, ``sve``."""
     host = host or host_isa()
     if host.amx_bf16 and host.amx_permitted:
         return "amx"
     if host.avx512f:
         return "avx512"
+    if host.avx2 and host.fma:
+        return "avx2"
     if host.sve:
         return "sve"
     raise UnsupportedISAError(
         f"no TPP ISA on this host ({host.model_name}: {host.summary()}); "
-        f"tpp_tvm needs one of AMX-BF16 (OS-permitted), AVX-512F or SVE"
+        f"tpp_tvm needs one of AMX-BF16 (OS-permitted), AVX-512F, AVX2 with FMA, or SVE"
     )
 
 
 _TAG_CONFIGS: dict[str, dict[str, Any]] = {
     "avx512": {"kind": "llvm", "keys": ["tpp", "cpu"], "mcpu": "skylake-avx512"},
     "amx": {"kind": "llvm", "keys": ["tpp", "cpu"], "mcpu": "sapphirerapids"},
+    "avx2": {"kind": "llvm", "keys": ["tpp", "cpu"], "mcpu": "haswell"},
     "sve": {
         "kind": "llvm",
         "keys": ["tpp", "cpu"],
@@ -380,7 +389,8 @@ def target_config(isa: str, num_cores: int) -> dict[str, Any]:
     _check_isa(isa)
     config: dict[str, Any] = {"tag": TAG_PREFIX + isa, "num-cores": int(num_cores)}
     host = host_isa()
-    if (isa == "avx512" and host.avx512f) or (isa == "amx" and host.amx_bf16):
+    if ((isa == "avx512" and host.avx512f) or (isa == "amx" and host.amx_bf16)
+            or (isa == "avx2" and host.avx2 and host.fma and not host.avx512f)):
         mcpu = _host_mcpu()
         if mcpu:
             config["mcpu"] = mcpu
@@ -467,7 +477,7 @@ def is_tpp_target(tgt: Target | str | dict[str, Any]) -> bool:
 
 
 def isa_of(tgt: Target | str | dict[str, Any]) -> str:
-    """Which TPP ISA (``avx512``/``amx``/``sve``) a target compiles for.
+    """Which TPP ISA (``amx``/``avx512``/``avx2``/``sve``) a target compiles for.
 
     A ``tpp/<isa>`` tag decides (targets from :func:`target` carry one). Untagged targets are
     read from their LLVM features, so an untagged ``sapphirerapids`` target reads as ``amx``.
@@ -486,7 +496,9 @@ def isa_of(tgt: Target | str | dict[str, Any]) -> str:
         return "amx"
     elif codegen.llvm_cpu_has_features(["avx512f"], tgt):
         return "avx512"
+    elif codegen.llvm_cpu_has_features(["avx2", "fma"], tgt):
+        return "avx2"
     raise UnsupportedISAError(
         f"target {tgt} has none of the TPP ISAs ({', '.join(sorted(ISAS))}): "
-        "x86 targets need an AVX-512 or AMX mcpu, aarch64 targets need +sve"
+        "x86 targets need an AVX2 (with FMA), AVX-512 or AMX mcpu, aarch64 targets need +sve"
     )

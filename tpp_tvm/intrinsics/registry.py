@@ -23,7 +23,7 @@ from .spec import DTYPE_SHORT, TPPSpec
 from .vector_isa import VectorISA
 
 #: ISAs with a TPP implementation module in this package.
-ISAS = ("avx512", "amx", "sve")
+ISAS = ("avx512", "amx", "avx2", "sve")
 
 _lock = threading.RLock()
 _names: dict[str, tuple[TPPSpec, str]] = {}
@@ -50,7 +50,7 @@ def vector_isa(isa: str) -> VectorISA:
 
 def target_vector_isa(target: Target | str | dict | None) -> VectorISA:
     """The vector unit of ``target``'s TPP ISA. ``None`` and CPU targets with no TPP ISA
-    (no AVX-512 or SVE) get AVX-512's: their plain loops are vectorized at its width,
+    (no AVX2, AVX-512 or SVE) get AVX-512's: their plain loops are vectorized at its width,
     which narrower units run as two or four registers."""
     try:
         return vector_isa(isa_of(target) if target is not None else "avx512")
@@ -113,7 +113,7 @@ def low_precision_catalogue() -> list[TPPSpec]:
 
 
 #: ISAs whose whole catalogue is registered by :func:`registered` (AMX has no fp32 set).
-_CATALOGUE_ISAS = ("avx512", "sve")
+_CATALOGUE_ISAS = ("avx512", "avx2", "sve")
 
 
 def portable(spec: TPPSpec) -> bool:

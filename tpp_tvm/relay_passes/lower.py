@@ -396,11 +396,12 @@ def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Exp
     shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
     expand_act = matched_activation(matched["expand_act"])
     act = matched_activation(matched["act"]) if "act" in matched else None
-    lanes = vector_isa(register_tile_isa(isa)).schedule_lanes("float32")
+    unit = vector_isa(register_tile_isa(isa))
+    lanes = unit.schedule_lanes("float32")
     # bf16 off tiles: the fused fp32 kernel (MobileNetV2 on Zen 5, 1 thread: 3.25 ms as a
     # bf16 GEMM + depthwise, 2.88 fused); on tiles the bf16 expansion GEMM.
     if (precision != "float32" and runs_on_tiles(isa, precision)) \
-            or plan_expand_depthwise(shape, lanes, threads) is None:
+            or plan_expand_depthwise(shape, lanes, threads, unit.num_vregs) is None:
         expanded = _lower_conv2d(
             bb, {"lhs": x, "weight": matched["expand_weight"], "root": call,
                  "bias": matched["expand_bias"], "activation": expand_act},

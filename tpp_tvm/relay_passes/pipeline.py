@@ -33,6 +33,7 @@ from tvm.relax.backend.cpu_generic.pipeline import (
 
 from ..runtime import target_threads
 from ..schedules.default import default_schedule_pass
+from ..schedules.gemm_plan import check_low_precision
 from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from ..tir_pipeline import PIPELINE as TIR_PIPELINE
@@ -275,6 +276,9 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
     precision = check_precision(precision)
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
+    if precision != "float32" and is_tpp_target(tgt):
+        # an ISA with no bf16 dot product (AVX2) is refused here, not kernel by kernel
+        check_low_precision(isa_of(tgt), precision, f"precision={precision!r}")
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     logs = resolve_logs(tune_logs, tgt)

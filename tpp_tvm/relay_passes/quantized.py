@@ -30,9 +30,11 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
+from ..intrinsics.registry import vector_isa
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule
+from ..schedules.gemm_plan import register_tile_isa
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -432,10 +434,31 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
     return rewrite_call(pattern, rewrite, func)
 
 
+def _quantizes(mod: tvm.IRModule) -> bool:
+    """Whether any Relax function of ``mod`` dequantizes (a quantized model)."""
+    found = []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.dequantize":
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return bool(found)
+
+
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads: int = 1
                     ) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_contractions` to every Relax function; add the
-    kernels (AMX tile GEMMs: one task per thread of ``threads``)."""
+    kernels (AMX tile GEMMs: one task per thread of ``threads``). On an ISA without int8
+    dot products (AVX2) the model stays as imported: its dequantized weights fold to
+    constants and its contractions run on fp32 TPPs (reported)."""
+    if vector_isa(register_tile_isa(isa)).dot_brgemm is None:
+        if _quantizes(mod):
+            report.rewrites[f"int8 layers run on fp32 TPPs (dequantized weights): the {isa} "
+                            "target has no int8 dot product"] += 1
+        return mod
     bb = relax.BlockBuilder(mod)
     emitter = _Emitter(bb, isa, report, threads)
     for gv, func in list(mod.functions.items()):

@@ -41,6 +41,7 @@ from .gemm_plan import (
     PANEL_BYTES,
     PRECISIONS,
     GemmPlan,
+    check_low_precision,
     plan_gemm,
     register_tile_isa,
     runs_on_tiles,
@@ -111,7 +112,7 @@ class ConvShape(SlidingWindow):
         return 2 * self.n * self.oh * self.ow * self.oc * self.r * self.s * self.cg
 
 
-def plan_conv(shape: ConvShape, dtype: str = "float32") -> GemmPlan:
+def plan_conv(shape: ConvShape, dtype: str = "float32", isa: str = "avx512") -> GemmPlan:
     """Register tile over (output pixels of a row, output channels of a group)."""
     if shape.oh < 1 or shape.ow < 1:
         raise UnsupportedShapeError(f"conv2d: empty output for {shape}")
@@ -119,7 +120,7 @@ def plan_conv(shape: ConvShape, dtype: str = "float32") -> GemmPlan:
         raise UnsupportedShapeError(
             f"conv2d: {shape.c} input and {shape.oc} output channels do not split into "
             f"{shape.groups} groups")
-    return plan_gemm(shape.ow, shape.og, shape.cg * shape.r * shape.s, dtype)
+    return plan_gemm(shape.ow, shape.og, shape.cg * shape.r * shape.s, dtype, isa)
 
 
 def tile_conv_plan(shape: ConvShape, dtype: str, isa: str) -> GemmPlan | None:
@@ -295,9 +296,10 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     if dtype == "int8" and shape.groups > 1:
         raise UnsupportedDTypeError("grouped conv2d: dtype 'int8' unsupported; float32 or "
                                     "bfloat16")
+    check_low_precision(isa, dtype, "conv2d")
     tiles = tile_conv_plan(shape, dtype, isa)
     isa = register_tile_isa(isa)
-    plan = tiles or plan_conv(shape, dtype)
+    plan = tiles or plan_conv(shape, dtype, isa)
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation,
                                   out_dtype)

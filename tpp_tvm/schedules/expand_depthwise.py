@@ -37,8 +37,9 @@ from ..target import host_isa
 from .conv import ConvShape
 from .depthwise import RowTaps, apply_epilogue, interior_pixel_blocks
 
-#: Accumulators of the expansion's register tile (pixels x channel vectors), leaving
-#: registers for the filter vectors and the broadcast input.
+#: Accumulators of the expansion's register tile (pixels x channel vectors) on 32 vector
+#: registers, leaving registers for the filter vectors and the broadcast input (three
+#: quarters of the register file: 12 on AVX2's 16).
 TILE_ACCUMULATORS = 24
 #: Channel blocks a task may own, in vectors, best first (3 vectors: an 8 x 48 tile, the
 #: shape of the GEMM TPP's own register tile on AVX-512).
@@ -72,25 +73,28 @@ class ExpandPlan:
     pixels: int
 
 
-def plan_expand_depthwise(shape: ConvShape, lanes: int, threads: int) -> ExpandPlan | None:
+def plan_expand_depthwise(shape: ConvShape, lanes: int, threads: int, vregs: int = 32
+                          ) -> ExpandPlan | None:
     """Blocking for :func:`expand_depthwise_schedule`, or None where none is efficient (a
     tile of fewer than :data:`MIN_TILE_PIXELS` pixels: no divisor of the row width fits).
 
     Chunks trade re-expanded rows (``r - stride`` per chunk boundary) against idle threads:
     the cost of a choice is the expanded rows over the image's times the thread imbalance,
     over the tile's efficiency (a model, not a measurement: the square root of its share of
-    :data:`TILE_ACCUMULATORS`, so narrower blocks lose only where they buy balance)."""
+    :data:`TILE_ACCUMULATORS`, so narrower blocks lose only where they buy balance).
+    ``vregs``: the vector registers of the ISA (the tile scales with them)."""
     if shape.c % lanes:
         return None
+    accumulators = TILE_ACCUMULATORS * vregs // 32
     best = None
     for vectors in BLOCK_VECTORS:
         if shape.c % (vectors * lanes):
             continue
-        pixels = next((p for p in range(min(shape.w, TILE_ACCUMULATORS // vectors), 0, -1)
+        pixels = next((p for p in range(min(shape.w, accumulators // vectors), 0, -1)
                        if shape.w % p == 0), 1)
         if pixels < MIN_TILE_PIXELS:
             continue
-        efficiency = min(1.0, vectors * pixels / TILE_ACCUMULATORS) ** 0.5
+        efficiency = min(1.0, vectors * pixels / accumulators) ** 0.5
         tasks_per_chunk = shape.n * shape.c // (vectors * lanes)
         for chunks in range(1, shape.oh + 1):
             rows = -(-shape.oh // chunks)
@@ -131,7 +135,7 @@ def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str =
     window and stride (a stem)."""
     sh, ex = shape, expansion
     lanes = vector_isa(isa).schedule_lanes("float32")
-    plan = plan_expand_depthwise(sh, lanes, threads)
+    plan = plan_expand_depthwise(sh, lanes, threads, vector_isa(isa).num_vregs)
     if sh.oc != sh.c or plan is None:
         raise UnsupportedShapeError(
             f"expansion + depthwise conv2d: {sh.c} channels of {sh.w}-pixel rows (the "

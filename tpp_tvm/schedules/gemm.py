@@ -26,6 +26,7 @@ from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm_plan import (
     GemmPlan,
     check_gemm,
+    check_low_precision,
     col_scale_once,
     k_block,
     plan_gemm,
@@ -61,8 +62,9 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     (``out_dtype`` u8/s8)], output: fp32, or ``out_dtype`` (bf16: the tile converted on its
     way out; u8/s8: quantized, see :func:`~.gemm_te.epilogue_te`)."""
     check_gemm(m, n, k, dtype, activation)
+    check_low_precision(isa, dtype)
     tiles = runs_on_tiles(isa, dtype) and b_packed
-    plan = plan_gemm(m, n, k, dtype, "amx" if tiles else "avx512")
+    plan = plan_gemm(m, n, k, dtype, isa if tiles else register_tile_isa(isa))
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
                                   a_scale, a_col_scale, gate, out_dtype)

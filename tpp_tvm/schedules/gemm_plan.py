@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS
+from ..intrinsics.registry import vector_isa
 from ..target import host_isa
 
 #: Rows and columns of an AMX GEMM's output block (2 x 2 tiles of 16 x 16).
@@ -110,6 +111,16 @@ ONE_VECTOR_TILES: dict[tuple[int, int], float] = {(16, 16): 0.95, (24, 16): 0.95
                                                   (28, 16): 0.94}
 
 
+#: AVX2 register tiles (16 ymm registers of 8 fp32 lanes): mr * nr/8 accumulators, B's row
+#: and the broadcast A element in registers. Measured on Zen 3 (benchmarks/microkernel.py,
+#: in L1, against the 110.6 GFLOP/s FMA peak of benchmarks/peak.py ``fp32_fma_avx2``); tiles
+#: past the register file (7x16: 0.41, 5x24: 0.39) or with one column vector (12x8: 0.31)
+#: spill or starve the FMA pipes of independent chains.
+AVX2_TILES: dict[tuple[int, int], float] = {
+    (4, 24): 0.75, (5, 16): 0.71, (6, 16): 0.68, (3, 24): 0.66, (4, 16): 0.64, (2, 32): 0.62,
+    (8, 8): 0.38}
+
+
 @dataclass(frozen=True)
 class CoreTable:
     """GEMM choices for one family of cores, measured on one core of it (1 thread).
@@ -144,19 +155,23 @@ CORE_TABLES: dict[str, CoreTable] = {
         dict(zip(REGISTER_TILES, (0.86, 0.87, 0.83, 0.89, 0.88, 0.88, 0.87, 0.82, 0.81, 0.80,
                                   0.82, 0.77, 0.58))),
         small_gemm_rows=64),
+    "avx2": CoreTable("avx2", "AMD EPYC Zen 3, znver3", AVX2_TILES),
 }
 
 
 def core_family(model_name: str) -> str:
-    """The :data:`CORE_TABLES` family of a CPU by its ``/proc/cpuinfo`` model name: Intel
-    cores use Intel's table; AMD and everything else (SVE cores, unknown names) Zen 5's,
-    the first one measured."""
+    """The :data:`CORE_TABLES` family of an AVX-512 CPU by its ``/proc/cpuinfo`` model name:
+    Intel cores use Intel's table; AMD and everything else (SVE cores, unknown names) Zen
+    5's, the first one measured."""
     return "intel" if "intel" in model_name.lower() else "zen"
 
 
-def core_table() -> CoreTable:
-    """The table for the host's cores (like the L2 size, the blocking follows the CPU the
+def core_table(isa: str = "avx512") -> CoreTable:
+    """The table for ``isa``'s register tiles on the host's cores: AVX2's (its own register
+    file), else the host family's (like the L2 size, the blocking follows the CPU the
     kernels are compiled on, which is where the host target runs them)."""
+    if register_tile_isa(isa) == "avx2":
+        return CORE_TABLES["avx2"]
     return CORE_TABLES[core_family(host_isa().model_name)]
 
 
@@ -166,12 +181,14 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
     tile blocks for bf16/int8)."""
     if runs_on_tiles(isa, dtype):
         return GemmPlan(m, n, k, AMX_BLOCK, AMX_BLOCK, dtype, amx=True)
+    unit = vector_isa(register_tile_isa(isa))
+    lanes = unit.static_lanes("float32")
     best = None
-    for (mr, nr), efficiency in core_table().tile_efficiency.items():
+    for (mr, nr), efficiency in core_table(isa).tile_efficiency.items():
         if mr > max(m, 2) and mr > 2:
             continue
-        nv = -(-nr // 16)
-        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > 31:
+        nv = -(-nr // lanes)
+        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > unit.num_vregs - 1:
             # The dot-product kernel holds each row's broadcast A group in a register too
             # (measured: 8x48 ran bf16 at a third of 4x64's rate, spilling).
             continue
@@ -194,6 +211,15 @@ def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> No
         raise UnsupportedShapeError(
             f"GEMM: activation {activation!r} unsupported; one of {', '.join(ACTIVATIONS)}"
         )
+
+
+def check_low_precision(isa: str, dtype: str, what: str = "GEMM") -> None:
+    """Refuse a bf16/int8 contraction on an ISA without dot-product TPPs (AVX2: fp32
+    only), naming what has them, before any kernel is built."""
+    if PRECISIONS[dtype].vnni > 1 and vector_isa(register_tile_isa(isa)).dot_brgemm is None:
+        raise UnsupportedDTypeError(
+            f"{what}: dtype {dtype!r} needs bf16/int8 dot-product TPPs, which exist for "
+            f"AVX-512 (BF16, VNNI) and AMX targets; the {isa} target has fp32 TPPs only")
 
 
 def register_tile_isa(isa: str) -> str:

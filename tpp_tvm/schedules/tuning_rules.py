@@ -61,7 +61,7 @@ def register_tiles(m: int, n: int, limit: int = MAX_TILES,
     """
     unit = vector_isa(isa)
     lanes, vregs = unit.schedule_lanes("float32"), unit.num_vregs
-    scored, efficiency = [], core_table().tile_efficiency
+    scored, efficiency = [], core_table(isa).tile_efficiency
     for nr in range(8, min(n, 64) + 1):
         if n % nr:
             continue
