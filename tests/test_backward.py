@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import checks
 import numpy as np
 import pytest
 import tvm
@@ -13,8 +14,6 @@ from scipy.special import erf
 from tpp_tvm.schedules import backward as bwd
 from tpp_tvm.schedules.gemm import gemm_schedule
 from tpp_tvm.target import target
-
-pytestmark = pytest.mark.requires_avx512  # the fp32 TPP kernels here are AVX-512 ones
 
 
 def _run(sch, *inputs, outs):
@@ -46,7 +45,7 @@ X = RNG.standard_normal((ROWS, WIDTH)).astype("float32")
                                      + s * np.exp(-s * s / 2) / np.sqrt(2 * np.pi))),
 ])
 def test_unary_backward(op, ref, untensorized):
-    sch = bwd.unary_bwd_schedule(ROWS, WIDTH, op, "avx512")
+    sch = bwd.unary_bwd_schedule(ROWS, WIDTH, op, checks.VECTOR_ISA)
     assert not untensorized()
     (out,) = _run(sch, DY, X, outs=[(ROWS, WIDTH)])
     np.testing.assert_allclose(out, ref(DY, X), rtol=1e-5, atol=1e-5)
@@ -54,7 +53,7 @@ def test_unary_backward(op, ref, untensorized):
 
 def test_softmax_backward(untensorized):
     y = np.exp(X) / np.exp(X).sum(-1, keepdims=True)
-    sch = bwd.softmax_bwd_schedule(ROWS, WIDTH, "avx512")
+    sch = bwd.softmax_bwd_schedule(ROWS, WIDTH, checks.VECTOR_ISA)
     assert not untensorized()
     (out,) = _run(sch, y, DY, outs=[(ROWS, WIDTH)])
     np.testing.assert_allclose(out, y * (DY - (DY * y).sum(-1, keepdims=True)), atol=1e-6)
@@ -62,7 +61,7 @@ def test_softmax_backward(untensorized):
 
 @pytest.mark.parametrize("width", [64, 80])
 def test_column_sum(width, untensorized):
-    sch = bwd.col_sum_schedule(ROWS, width, "avx512")
+    sch = bwd.col_sum_schedule(ROWS, width, checks.VECTOR_ISA)
     assert not untensorized()
     (out,) = _run(sch, DY[:, :width], outs=[(width,)])
     np.testing.assert_allclose(out, DY[:, :width].sum(0), rtol=1e-5, atol=1e-5)
@@ -77,7 +76,7 @@ def test_layer_norm_backward_matches_autograd(untensorized):
     gt = torch.tensor(gamma, requires_grad=True)
     bt = torch.zeros(WIDTH, requires_grad=True)
     torch.nn.functional.layer_norm(xt, (WIDTH,), gt, bt, 1e-5).backward(torch.tensor(DY))
-    sch = bwd.layer_norm_bwd_schedule(ROWS, WIDTH, 1e-5, "avx512")
+    sch = bwd.layer_norm_bwd_schedule(ROWS, WIDTH, 1e-5, checks.VECTOR_ISA)
     assert not untensorized()
     outs = _run(sch, X, gamma, DY, outs=[(ROWS, WIDTH), (WIDTH,), (WIDTH,)])
     for ours, ref in zip(outs, (xt, gt, bt)):
@@ -86,7 +85,7 @@ def test_layer_norm_backward_matches_autograd(untensorized):
 
 def test_backward_kernels_reject_tiny_tiles():
     with pytest.raises(Exception, match="no TPP tile"):
-        bwd.col_sum_schedule(1, 64, "avx512")
+        bwd.col_sum_schedule(1, 64, checks.VECTOR_ISA)
 
 
 @pytest.mark.parametrize("m,n,k,ta,tb", [
@@ -97,7 +96,7 @@ def test_backward_kernels_reject_tiny_tiles():
     (128, 768, 128, True, False),
 ])
 def test_gemm_with_transposed_operand(m, n, k, ta, tb, untensorized):
-    sch, plan = gemm_schedule(m, n, k, "avx512", b_packed=False, a_transposed=ta,
+    sch, plan = gemm_schedule(m, n, k, checks.VECTOR_ISA, b_packed=False, a_transposed=ta,
                               b_transposed=tb)
     if (plan.mp, plan.np_) == (m, n) and m % 16 == 0:  # unpadded: transposes are TPPs too
         assert not untensorized()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import checks
 import pytest
 import tpp_harness as h
 import tvm
@@ -44,8 +45,7 @@ def _ops(kind: str) -> list[str]:
 # -- every primitive of the set --------------------------------------------------------
 
 
-@pytest.mark.requires_avx512
-@pytest.mark.parametrize("spec", catalogue(), ids=lambda s: s.name("avx512"))
+@pytest.mark.parametrize("spec", catalogue(), ids=lambda s: s.name(checks.VECTOR_ISA))
 def test_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
     h.check(spec)
 
@@ -53,42 +53,36 @@ def test_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
 # -- properties over shapes, per kind --------------------------------------------------
 
 
-@pytest.mark.requires_avx512
 @few
 @given(op=st.sampled_from(_ops("unary")), m=M, n=N)
 def test_unary(op: str, m: int, n: int) -> None:
     h.check(TPPSpec(op, m=m, n=n))
 
 
-@pytest.mark.requires_avx512
 @few
 @given(op=st.sampled_from(_ops("unary_bwd")), m=M, n=N)
 def test_unary_bwd(op: str, m: int, n: int) -> None:
     h.check(TPPSpec(op, m=m, n=n))
 
 
-@pytest.mark.requires_avx512
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(op=st.sampled_from(_ops("binary")), bcast=st.sampled_from(BCASTS), m=M, n=N)
 def test_binary(op: str, bcast: str, m: int, n: int) -> None:
     h.check(TPPSpec(op, m=m, n=n, bcast=bcast))
 
 
-@pytest.mark.requires_avx512
 @few
 @given(bcast=st.sampled_from(BCASTS), m=M, n=N)
 def test_muladd(bcast: str, m: int, n: int) -> None:
     h.check(TPPSpec("muladd", m=m, n=n, bcast=bcast))
 
 
-@pytest.mark.requires_avx512
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(op=st.sampled_from(_ops("reduce")), m=M, n=N)
 def test_reduce(op: str, m: int, n: int) -> None:
     h.check(TPPSpec(op, m=m, n=n))
 
 
-@pytest.mark.requires_avx512
 @few
 @given(
     op=st.sampled_from(_ops("transform")),
@@ -100,7 +94,6 @@ def test_transform(op: str, dtype: str, m: int, n: int) -> None:
     h.check(TPPSpec(op, dtype, m=m, n=n))
 
 
-@pytest.mark.requires_avx512
 @pytest.mark.parametrize(
     ("dtype", "m", "n"),
     [
@@ -116,7 +109,6 @@ def test_transpose_blocks_edges_and_thin_tiles(dtype: str, m: int, n: int) -> No
     h.check(TPPSpec("transpose", dtype, m=m, n=n))
 
 
-@pytest.mark.requires_avx512
 @few
 @given(
     case=st.sampled_from(
@@ -137,14 +129,12 @@ def test_copy_converts_and_moves(case: tuple[str, str | None], m: int, n: int) -
     h.check(TPPSpec("copy", dtype, m=m, n=n, out_dtype=out_dtype))
 
 
-@pytest.mark.requires_avx512
 @few
 @given(dtype=st.sampled_from(["float32", "float16", "int8", "int32"]), m=M, n=N)
 def test_zero(dtype: str, m: int, n: int) -> None:
     h.check(TPPSpec("zero", dtype, m=m, n=n))
 
 
-@pytest.mark.requires_avx512
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(
     op=st.sampled_from(["gemm", "brgemm", "conv_brgemm"]),
@@ -161,7 +151,6 @@ def test_contractions(op: str, beta: int, m: int, n: int, k: int, batch: int,
                     stride=stride if op == "conv_brgemm" else 1))
 
 
-@pytest.mark.requires_avx512
 @pytest.mark.parametrize(
     "spec",
     [
@@ -175,7 +164,7 @@ def test_contractions(op: str, beta: int, m: int, n: int, k: int, batch: int,
         TPPSpec("transpose", m=3, n=21),
         TPPSpec("zero", m=2, n=5),
     ],
-    ids=lambda s: s.name("avx512"),
+    ids=lambda s: s.name(checks.VECTOR_ISA),
 )
 def test_tiles_of_a_larger_tensor(spec: TPPSpec) -> None:
     """The TPP applied to every tile of a bigger tensor: leading dimensions and offsets."""
@@ -264,7 +253,6 @@ def test_tensorized_module_round_trips_through_json() -> None:
     tvm.ir.assert_structural_equal(tvm.ir.load_json(text), sch.mod)
 
 
-@pytest.mark.requires_avx512
 @pytest.mark.parametrize("steps", [("bias", "gelu"), ("residual", "silu"),
                                    ("bias", "residual", "gelu_tanh")], ids="_".join)
 @pytest.mark.parametrize("m, n", [(2, 16), (5, 48), (3, 64), (7, 37)])
@@ -282,7 +270,7 @@ def test_grouped_equations_use_the_avx512_forms() -> None:
     values bound to statements so the intrinsic's zmm slices do not copy the whole tree
     (SiLU: exp and a reciprocal; GELU: its rational erf's reciprocal)."""
     for act, instructions in (("silu", ("vrcp14ps", "vscalefps")), ("gelu", ("vrcp14ps",))):
-        asm = h.assembly(TPPSpec("equation", m=4, n=64, steps=("bias", act)))
+        asm = h.assembly(TPPSpec("equation", m=4, n=64, steps=("bias", act)), "avx512")
         body = [line.split()[0] for line in asm.splitlines()
                 if line.strip() and not line.lstrip().startswith((".", "#"))]
         assert "vdivps" not in body
@@ -309,12 +297,16 @@ def test_residual_equations_prefetch_the_next_tile() -> None:
 LIBM_CALL = re.compile(r"call\w*\s+(exp|tanh|erf|log|pow|sigmoid)")
 
 
+@pytest.mark.parametrize(("isa", "register", "masked"),
+                         [("avx512", "zmm", "{%k"), ("avx2", "ymm", "vmaskmovps")])
 @pytest.mark.parametrize("op", ["exp", "gelu", "gelu_tanh", "tanh", "sigmoid"])
-def test_transcendentals_stay_in_zmm_registers(op: str) -> None:
-    """No per-lane libm calls (LLVM scalarises llvm.exp/tanh/erf); the tail is k-masked."""
-    asm = h.assembly(TPPSpec(op, m=2, n=21))
+def test_transcendentals_stay_in_vector_registers(op: str, isa: str, register: str,
+                                                  masked: str) -> None:
+    """No per-lane libm calls (LLVM scalarises llvm.exp/tanh/erf); the tail is a masked
+    load/store (k-mask on AVX-512, vmaskmovps on AVX2). Compiled for each ISA on any host."""
+    asm = h.assembly(TPPSpec(op, m=2, n=21), isa)
     body = [line for line in asm.splitlines() if not line.lstrip().startswith((".", "#"))]
     libm = [line for line in body if LIBM_CALL.search(line)]
     assert not libm, libm
-    assert any("zmm" in line for line in body)
-    assert any("{%k" in line for line in body), "tail is not a masked store/load"
+    assert any(register in line for line in body)
+    assert any(masked in line for line in body), "tail is not a masked store/load"

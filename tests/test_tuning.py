@@ -22,7 +22,6 @@ from tpp_tvm import cli, models
 from tpp_tvm.relay_passes.lower import LoweringReport
 from tpp_tvm.tuning import TuningLogError, driver, open_logs, resolve_logs, target_tag
 
-pytestmark = pytest.mark.requires_avx512  # tuned TPP kernels run AVX-512 code
 TARGET = tpp_tvm.target(num_cores=1)
 
 

@@ -23,7 +23,7 @@ from tpp_tvm.target import host_isa, target, tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
 
-def tensorized(spec: TPPSpec, isa: str = "avx512") -> tvm.tirx.PrimFunc:
+def tensorized(spec: TPPSpec, isa: str = checks.VECTOR_ISA) -> tvm.tirx.PrimFunc:
     """The TPP's workload with its whole loop nest tensorized by the ``isa`` intrinsic."""
     sch = s_tir.Schedule(workload(spec))
     block = sch.get_sblock(BLOCK)
@@ -45,7 +45,7 @@ def tile_target(num_cores: int = 1) -> tvm.target.Target:
     return target("amx", num_cores=num_cores, emulate_tiles=True)
 
 
-def build(spec: TPPSpec, isa: str = "avx512", tgt: tvm.target.Target | None = None):
+def build(spec: TPPSpec, isa: str = checks.VECTOR_ISA, tgt: tvm.target.Target | None = None):
     """Compile the tensorized TPP (for ``tgt``, default ``isa``'s host target); returns
     (runtime module, operand shapes, dtypes)."""
     mod = tvm.IRModule({"main": tensorized(spec, isa)})
@@ -186,7 +186,7 @@ def numpy_dtype(dtype: str):
     return np.dtype(dtype)
 
 
-def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512",
+def run(spec: TPPSpec, seed: int = 0, isa: str = checks.VECTOR_ISA,
         tgt: tvm.target.Target | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(TPP result, numpy reference) for random inputs."""
     mod, shapes, dtypes = build(spec, isa, tgt)
@@ -200,14 +200,14 @@ def run(spec: TPPSpec, seed: int = 0, isa: str = "avx512",
 
 
 def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float = 1e-5,
-                   isa: str = "avx512") -> None:
+                   isa: str = checks.VECTOR_ISA) -> None:
     """fp32 results within ``rtol`` (absolute ``rtol`` x the result's scale near zero, where
     sums cancel); other dtypes (conversions, data movement) bit-exact."""
     if got.dtype.name == "bfloat16" and spec.kind in ("unary", "binary") and spec.op != "copy":
         # Computed in fp32, rounded once to bf16: within one bf16 rounding (2^-8 relative)
         # of the exact value, plus the fp32 vector math's own error.
         checks.assert_close_scaled(got.astype(np.float64), want, 2.0**-7,
-                                   err_msg=spec.name("avx512"))
+                                   err_msg=spec.name(isa))
         return
     if got.dtype != np.float32:
         np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=spec.name(isa))
@@ -215,14 +215,14 @@ def assert_matches(spec: TPPSpec, got: np.ndarray, want: np.ndarray, rtol: float
     checks.assert_close_scaled(got, want, rtol, err_msg=spec.name(isa))
 
 
-def check(spec: TPPSpec, seed: int = 0, isa: str = "avx512",
+def check(spec: TPPSpec, seed: int = 0, isa: str = checks.VECTOR_ISA,
           tgt: tvm.target.Target | None = None) -> None:
     """Run the TPP on random inputs (:func:`run`) and assert it matches numpy."""
     got, want = run(spec, seed, isa, tgt)
     assert_matches(spec, got, want, isa=isa)
 
 
-def assembly(spec: TPPSpec, isa: str = "avx512") -> str:
+def assembly(spec: TPPSpec, isa: str = checks.VECTOR_ISA) -> str:
     """The assembly of the tensorized TPP, compiled for ``isa`` (no need to run it here)."""
     return build(spec, isa)[0].inspect_source("asm")
 
@@ -243,7 +243,7 @@ def tile_loops(sch: s_tir.Schedule, spec: TPPSpec, big: TPPSpec):
 
 
 def run_tiled(spec: TPPSpec, reps: tuple[int, int] = (2, 3), seed: int = 0,
-              isa: str = "avx512") -> tuple[np.ndarray, np.ndarray]:
+              isa: str = checks.VECTOR_ISA) -> tuple[np.ndarray, np.ndarray]:
     """Like :func:`run`, on a tensor of ``reps`` tiles, each computed by the TPP in place.
 
     Proves the intrinsic matches sub-tiles (free leading dimension, non-zero offsets).
