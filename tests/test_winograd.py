@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import checks
 import numpy as np
 import onnx
 import pytest
@@ -44,7 +45,6 @@ def test_transforms_compute_a_correlation() -> None:
     (ConvShape(1, 14, 14, 256, 256, 3, 3, 1, (1, 1, 1, 1)), ("bias", "relu")),  # ResNet
     (ConvShape(1, 7, 7, 512, 64, 3, 3, 1, (1, 1, 1, 1)), ("bias", "relu")),  # whole image
 ])
-@pytest.mark.requires_avx512  # the lowering takes Winograd on AVX-512 (and AMX) CPUs only
 def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> None:
     """Each schedule: blocks outer over a group's panels, panels outer after an input
     transform pass, and one block per panel holding the whole image (512 channels)."""
@@ -57,8 +57,8 @@ def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> N
     res = rng.standard_normal(out_shape).astype("float32")
     post = "relu6" if "relu6" in steps else None
     if sh.cg == 512:
-        assert whole_image(sh, plan_winograd(sh))
-    sch, plan = winograd_schedule(sh, "avx512", bias="bias" in steps,
+        assert whole_image(sh, plan_winograd(sh, checks.VECTOR_ISA))
+    sch, plan = winograd_schedule(sh, checks.VECTOR_ISA, bias="bias" in steps,
                                   activation="relu" if "relu" in steps else None,
                                   residual="residual" in steps, post_activation=post)
     args = [x.reshape(sh.n, sh.h, -1), pack_winograd_filter(w, plan.nr, sh.groups)]
@@ -102,7 +102,6 @@ def test_winograd_applies_to_3x3_stride1_layers(sh: ConvShape, activation: str,
     assert winograd_applies(sh, activation) is applies
 
 
-@pytest.mark.requires_avx512
 def test_resnet_block_compiles_to_winograd_and_runs_like_onnxruntime() -> None:
     """An NCHW ONNX 3x3 conv + ReLU and its residual block: the lowering picks the
     Winograd kernel (named so in profiles) and the model matches ONNX Runtime."""

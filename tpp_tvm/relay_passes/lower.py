@@ -330,8 +330,8 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         image = (n, *((groups,) if groups > 1 else ()), hp, wp * cc)
         cvt = bb.add_func(as_relax_kernel(pad.mod["main"]), name.replace(".", "_") + "_a_bf16")
         x_rows = bb.emit(relax.call_tir(cvt, [x_rows], relax.TensorType(image, prec.a)))
-    elif winograd_applies(shape, epilogue["activation"], epilogue["post_activation"]) \
-            and register_tile_isa(isa) == "avx512":
+    elif register_tile_isa(isa) in ("avx512", "avx2") and winograd_applies(
+            shape, epilogue["activation"], epilogue["post_activation"], isa=isa):
         sch, plan = winograd_schedule(shape, isa, **epilogue)
         packed = pack_winograd_filter(w_oihw, plan.nr, groups)
         name = name.replace("conv2d", "conv2d_winograd", 1)  # so profiles tell them apart

@@ -26,6 +26,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands
 from ..target import host_isa
 from .conv import FILTER, ConvShape
@@ -37,9 +38,9 @@ INPUT_TRANSFORM = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0
 FILTER_TRANSFORM = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
 OUTPUT_TRANSFORM = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
 
-#: Fewest elements a register tile may hold: the FMA pipes need a dozen independent
-#: accumulators (7x7 outputs, 256 channels: 4x32 tiles ran at 0.94x the direct conv).
-MIN_TILE_ELEMENTS = 12 * 16
+#: Fewest accumulator vectors a register tile may hold: the FMA pipes need a dozen
+#: independent ones (7x7 outputs, 256 channels: 4x32 tiles ran at 0.94x the direct conv).
+MIN_TILE_VECTORS = 12
 
 #: Fewest blocks of tiles that run in parallel when blocks are the outer loop (else the
 #: panels are parallel too: ResNet's 14x14 layer has 7 blocks for 2 threads).
@@ -50,17 +51,22 @@ WINOGRAD_ACTIVATIONS = (None, "relu", "relu6")
 
 
 def winograd_applies(shape: ConvShape, activation: str | None = None,
-                     post_activation: str | None = None, dtype: str = "float32") -> bool:
+                     post_activation: str | None = None, dtype: str = "float32",
+                     isa: str = "avx512") -> bool:
     """Whether F(2x2, 3x3) takes this convolution: 3x3, stride 1, fp32, channels per group
     whole vectors, an output of at least 4x4 (smaller ones are mostly tile padding), and a
     transformed filter panel that fits in half the L2 (:func:`plan_winograd`)."""
     return (shape.r == 3 and shape.s == 3 and shape.stride == 1 and dtype == "float32"
-            and shape.cg % 16 == 0 and shape.oh >= 4 and shape.ow >= 4
+            and shape.cg % _lanes(isa) == 0 and shape.oh >= 4 and shape.ow >= 4
             and activation in WINOGRAD_ACTIVATIONS and post_activation in WINOGRAD_ACTIVATIONS
-            and plan_winograd(shape) is not None)
+            and plan_winograd(shape, isa) is not None)
 
 
-def plan_winograd(shape: ConvShape) -> GemmPlan | None:
+def _lanes(isa: str) -> int:
+    return vector_isa(register_tile_isa(isa)).static_lanes("float32")
+
+
+def plan_winograd(shape: ConvShape, isa: str = "avx512") -> GemmPlan | None:
     """The GEMM of one tile position: rows are the tiles of a tile row, K the input
     channels of a group, N its output channels; None when no panel fits.
 
@@ -71,13 +77,14 @@ def plan_winograd(shape: ConvShape) -> GemmPlan | None:
     K x nr part must fit an eighth of the L2 and the image's 16 products half of it. A tile
     row shorter than a register tile's rows takes a tile of that many rows (7 tiles of a
     14-wide output: 7x32), so the tile row is not padded, if it keeps enough accumulators
-    (:data:`MIN_TILE_ELEMENTS`)."""
+    (:data:`MIN_TILE_VECTORS`). Tiles and lanes are ``isa``'s."""
     tw, th = -(-shape.ow // 2), -(-shape.oh // 2)
     budget = (host_isa().l2_bytes or 1024 * 1024) // 2
     best: dict[bool, tuple[float, GemmPlan]] = {}
-    for (mr, nr), efficiency in core_table().tile_efficiency.items():
+    lanes = _lanes(isa)
+    for (mr, nr), efficiency in core_table(isa).tile_efficiency.items():
         rows = min(mr, tw)
-        if rows * nr < MIN_TILE_ELEMENTS:
+        if rows * nr < MIN_TILE_VECTORS * lanes:
             continue
         plan = GemmPlan(tw, shape.og, shape.cg, rows, nr, "float32")
         image = whole_image(shape, plan)
@@ -223,7 +230,8 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     """The scheduled F(2x2, 3x3) convolution and its GEMM blocking (``plan.nr`` packs the
     filter: :func:`pack_winograd_filter`)."""
     isa = register_tile_isa(isa)
-    plan = plan_winograd(shape)
+    plan = plan_winograd(shape, isa)
+    lanes = _lanes(isa)
     if plan is None:
         raise UnsupportedShapeError(
             f"Winograd conv2d: no filter panel of {shape.cg} channels fits half the L2")
@@ -237,7 +245,7 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     tx, dx = sch.split(x, [None, 2])
     txo, txi = sch.split(tx, [None, plan.mr])
     oo, oi = sch.split(o, [None, plan.nr])
-    oi, ov = sch.split(oi, [None, 16])
+    oi, ov = sch.split(oi, [None, lanes])
     blocks = shape.n * shape.groups * -(-shape.oh // 2) * (plan.mp // plan.mr)
     if filters_stay(shape, plan) and blocks >= MIN_PARALLEL_BLOCKS:
         # One input transform per block, shared by all of the group's panels.
@@ -269,7 +277,7 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     # Input transform: per tile and vector of channels, the 16 values of one 4x4 patch
     # (a, b unrolled: the selects fold and the 16 loads are shared).
     *vouter, va, vb, vtx, vc = sch.get_loops(v)
-    vco, vci = sch.split(vc, [None, 16])
+    vco, vci = sch.split(vc, [None, lanes])
     sch.reorder(vtx, vco, va, vb, vci)
     sch.unroll(va)
     sch.unroll(vb)
