@@ -15,6 +15,8 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from ..intrinsics.registry import vector_isa
+from .gemm_plan import register_tile_isa
 from .tensorize import tensorize_row_block, try_tensorize
 
 
@@ -40,9 +42,10 @@ class AttentionShape:
     mask_per_query: bool = False
 
 
-def _row_block(rows: int) -> int:
-    """Query rows per block: a divisor of ``rows``, up to 8 (8 x 32 tiles: 16 accumulators)."""
-    for mr in range(min(8, rows), 1, -1):
+def _row_block(rows: int, max_rows: int = 8) -> int:
+    """Query rows per block: a divisor of ``rows``, up to ``max_rows`` (AVX-512's 8 x 32
+    tiles: 16 accumulators of 32 registers; AVX2's 6 x 16: 12 of 16)."""
+    for mr in range(min(max_rows, rows), 1, -1):
         if rows % mr == 0:
             return mr
     raise UnsupportedShapeError(f"attention: {rows} query rows have no block size in [2, 8]")
@@ -64,9 +67,10 @@ def padded_keys(keys: int) -> int:
     return keys if keys % 32 == 0 else -(-keys // 32) * 32
 
 
-def _col_block(cols: int) -> int:
-    """Column block of both GEMMs: 32 (2 vectors) when it divides, else the whole width."""
-    for nr in (32, 16):
+def _col_block(cols: int, lanes: int = 16) -> int:
+    """Column block of both GEMMs: 2 vectors when they divide, else one, else the whole
+    width."""
+    for nr in (2 * lanes, lanes):
         if cols % nr == 0:
             return nr
     return cols
@@ -76,9 +80,11 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
     (bh/heads, sq or 1, s)], V (bh/group, s, d); output (bh, sq, d)."""
     sh = shape
-    mr = _row_block(sh.seq_q)
-    nr = _col_block(sh.seq)
-    nd = _col_block(sh.dim)
+    unit = vector_isa(register_tile_isa(isa))
+    lanes = unit.static_lanes("float32")
+    mr = _row_block(sh.seq_q, min(8, unit.num_vregs * 3 // 8))
+    nr = _col_block(sh.seq, lanes)
+    nd = _col_block(sh.dim, lanes)
     Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
     g = sh.group
     KT = te.placeholder((sh.bh // g, sh.dim, sh.seq), "float32", name="k_t")
