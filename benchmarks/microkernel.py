@@ -15,7 +15,7 @@ import tvm
 from tvm import s_tir, te
 
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
-from tpp_tvm.schedules.gemm_plan import register_tile_isa
+from tpp_tvm.schedules.gemm_plan import core_table, register_tile_isa
 from tpp_tvm.target import isa_of
 from tpp_tvm.target import target as tpp_target
 from tpp_tvm.tir_pipeline import compile_kernels
@@ -57,10 +57,14 @@ def measure_microkernel(mr: int = 6, nr: int = 64, k: int = 64, batch: int = 2,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--tiles", default="6x64,5x64,4x64,8x48,9x48,12x32,14x32")
+    p.add_argument("--tiles", default=None,
+                   help="comma-separated MRxNR (default: the host ISA's register tiles)")
     args = p.parse_args()
-    for tile in args.tiles.split(","):
-        mr, nr = (int(x) for x in tile.split("x"))
+    if args.tiles:
+        tiles = [tuple(int(x) for x in tile.split("x")) for tile in args.tiles.split(",")]
+    else:  # the GEMM planner's table for this host's vector unit, its first seven
+        tiles = list(core_table(register_tile_isa(isa_of(tpp_target()))).tile_efficiency)[:7]
+    for mr, nr in tiles:
         print(json.dumps(measure_microkernel(mr, nr)))
 
 

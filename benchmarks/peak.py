@@ -192,11 +192,18 @@ static void fill_tiles(void) {  /* a fixed LCG; bf16 exponents kept small (finit
 """
 
 
+def _chains(instr: PeakInstruction) -> int:
+    """Independent instructions per loop body (tile products, or accumulator chains)."""
+    if instr.tile:
+        return TILE_PRODUCTS
+    return ACCUMULATORS if instr.vector_bits == 512 else YMM_ACCUMULATORS
+
+
 def _c_source(instr: PeakInstruction) -> str:
     if instr.tile:
         return _tile_source(instr)
     reg = "zmm" if instr.vector_bits == 512 else "ymm"
-    count = ACCUMULATORS if reg == "zmm" else YMM_ACCUMULATORS
+    count = _chains(instr)
     accs = [f"{reg}{i}" for i in range(count)]
     ops = [f"{reg}30", f"{reg}31"] if reg == "zmm" else ["ymm14", "ymm15"]
     body = "".join(
@@ -346,13 +353,15 @@ def measure_peak(name: str = "fp32_fma", threads: int = 1, seconds: float = 0.15
     """
     if name not in INSTRUCTIONS:
         raise ValueError(f"unknown peak instruction {name!r}; known: {', '.join(INSTRUCTIONS)}")
+    if name == "fp32_fma" and not _has_flag("avx512f"):
+        name = "fp32_fma_avx2"  # the host's fp32 peak: ymm FMAs on a CPU without AVX-512
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     instr = INSTRUCTIONS[name]
     if instr.tile and not _has_amx():
         raise RuntimeError(f"{name}: this CPU has no AMX (amx_tile in /proc/cpuinfo)")
     exe = _binary(name)
-    per_trip = (TILE_PRODUCTS if instr.tile else ACCUMULATORS) * UNROLL * instr.flops
+    per_trip = _chains(instr) * UNROLL * instr.flops
     iters = 200_000
     elapsed = _run(exe, threads, iters)
     iters = max(iters, int(iters * seconds / max(elapsed, 1e-6)))
@@ -361,14 +370,20 @@ def measure_peak(name: str = "fp32_fma", threads: int = 1, seconds: float = 0.15
 
 
 def _has_amx() -> bool:
+    return _has_flag("amx_tile")
+
+
+def _has_flag(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag``."""
     try:
-        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+        return f" {flag}" in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
 
 
 def measure_fp32_peak(threads: int) -> float:
-    """Measured fp32 FMA peak (GFLOP/s) on ``threads`` threads: the "% of peak" denominator."""
+    """Measured fp32 FMA peak (GFLOP/s) on ``threads`` threads: the "% of peak" denominator
+    (zmm FMAs, or ymm ones on a CPU without AVX-512)."""
     return measure_peak("fp32_fma", threads)
 
 

@@ -113,12 +113,13 @@ ONE_VECTOR_TILES: dict[tuple[int, int], float] = {(16, 16): 0.95, (24, 16): 0.95
 
 #: AVX2 register tiles (16 ymm registers of 8 fp32 lanes): mr * nr/8 accumulators, B's row
 #: and the broadcast A element in registers. Measured on Zen 3 (benchmarks/microkernel.py,
-#: in L1, k = 128, best of 4 interleaved rounds, against the 110.6 GFLOP/s FMA peak of
-#: benchmarks/peak.py ``fp32_fma_avx2``); tiles past the register file (7x16, 5x24: about
-#: 0.4) spill, and one column vector (8x8, 12x8: 0.3-0.4) re-broadcasts A for every FMA.
+#: in L1, k = 128, best of 3 interleaved rounds, against the 100.6 GFLOP/s ymm FMA peak of
+#: benchmarks/peak.py measured between them; the top six are within noise of each other);
+#: tiles past the register file (7x16, 5x24) spill, and one column vector (8x8) broadcasts
+#: A for every FMA.
 AVX2_TILES: dict[tuple[int, int], float] = {
-    (6, 16): 0.86, (5, 16): 0.85, (4, 24): 0.84, (3, 24): 0.82, (4, 16): 0.79, (2, 32): 0.79,
-    (3, 16): 0.65, (2, 24): 0.66, (8, 8): 0.39}
+    (4, 24): 0.97, (5, 16): 0.97, (6, 16): 0.96, (3, 24): 0.96, (4, 16): 0.94, (2, 32): 0.93,
+    (3, 16): 0.75, (2, 24): 0.75, (8, 8): 0.45}
 
 
 @dataclass(frozen=True)
