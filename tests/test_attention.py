@@ -193,3 +193,18 @@ def test_sdpa_export_is_one_kernel_and_zeroes_fully_masked_rows(tmp_path):
                                                    atol=1e-5)
     assert "tpp.attention_mask_mulscale_nanguard: 1" in compiled.report()
     assert not compiled(**feeds)[0][1].any()
+
+
+def test_query_blocks_fit_the_register_file() -> None:
+    """8-row blocks on AVX-512's 32 registers, 6 on AVX2's 16: Swin's 49 query rows (7 x 7)
+    run as 56 there rather than falling back to TVM."""
+    from tpp_tvm.schedules.attention import padded_query_rows, query_block_rows
+
+    assert (query_block_rows("avx512"), query_block_rows("amx"), query_block_rows("avx2")) \
+        == (8, 8, 6)
+    assert padded_query_rows(49, query_block_rows("avx512")) == 49
+    assert padded_query_rows(49, query_block_rows("avx2")) == 56
+    assert padded_query_rows(197, 6) == 200
+    sch = attention_schedule(AttentionShape(bh=2, seq_q=56, seq=64, dim=32, heads=2,
+                                            scale=0.5, mask=False), "avx2")
+    assert "tpp.gemm.f32.avx2.m4n16" in str(sch.trace)  # 4-row blocks of 56 on AVX2

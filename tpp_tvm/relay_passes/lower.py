@@ -27,6 +27,7 @@ from ..schedules.attention import (
     attention_schedule,
     padded_keys,
     padded_query_rows,
+    query_block_rows,
 )
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import (
@@ -516,7 +517,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
         v = matched["v_grouped"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched["scale_multiplies"] else 1.0 / c
-    rows = padded_query_rows(qs[-2])
+    rows = padded_query_rows(qs[-2], query_block_rows(isa))
     keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards

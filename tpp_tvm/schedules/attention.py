@@ -51,10 +51,17 @@ def _row_block(rows: int, max_rows: int = 8) -> int:
     raise UnsupportedShapeError(f"attention: {rows} query rows have no block size in [2, 8]")
 
 
-def padded_query_rows(rows: int) -> int:
-    """Query rows the kernel runs on: ``rows`` when a block size divides it, else the next
-    multiple of 8 (ViT's 197 tokens run as 200; the zero rows' outputs are dropped)."""
-    if any(rows % mr == 0 for mr in range(2, min(8, rows) + 1)):
+def query_block_rows(isa: str) -> int:
+    """The most query rows of one block on ``isa``: 3/8 of its vector registers are the two
+    tiles' accumulators at 2 vectors a row, up to 8 (AVX-512: 8; AVX2: 6)."""
+    return min(8, vector_isa(register_tile_isa(isa)).num_vregs * 3 // 8)
+
+
+def padded_query_rows(rows: int, max_rows: int = 8) -> int:
+    """Query rows the kernel runs on: ``rows`` when a block size up to ``max_rows``
+    (:func:`query_block_rows`) divides it, else the next multiple of 8 (ViT's 197 tokens
+    run as 200, Swin's 49 as 56 on AVX2; the zero rows' outputs are dropped)."""
+    if any(rows % mr == 0 for mr in range(2, min(max_rows, rows) + 1)):
         return rows
     return -(-rows // 8) * 8
 
@@ -82,7 +89,7 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     sh = shape
     unit = vector_isa(register_tile_isa(isa))
     lanes = unit.static_lanes("float32")
-    mr = _row_block(sh.seq_q, min(8, unit.num_vregs * 3 // 8))
+    mr = _row_block(sh.seq_q, query_block_rows(isa))
     nr = _col_block(sh.seq, lanes)
     nd = _col_block(sh.dim, lanes)
     Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
