@@ -77,6 +77,8 @@ def _test_extra() -> str:
 
 
 REQUIREMENTS: dict[str, Requirement] = {
+    "requires_avx2": Requirement(
+        "an AVX2 CPU to run AVX2 kernels", _cpu(avx2="AVX2", fma="FMA"), _host),
     "requires_avx512": Requirement(
         "an AVX-512 CPU to run AVX-512 kernels", _cpu(avx512f="AVX512F"), _host),
     "requires_avx512_vnni": Requirement(

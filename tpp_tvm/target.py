@@ -389,6 +389,8 @@ def target_config(isa: str, num_cores: int) -> dict[str, Any]:
     _check_isa(isa)
     config: dict[str, Any] = {"tag": TAG_PREFIX + isa, "num-cores": int(num_cores)}
     host = host_isa()
+    # The host's CPU where it is that ISA's machine; an avx2 target on an AVX-512 host keeps
+    # the tag's Haswell, so its kernels stay AVX2 (LLVM would widen loops to zmm otherwise).
     if ((isa == "avx512" and host.avx512f) or (isa == "amx" and host.amx_bf16)
             or (isa == "avx2" and host.avx2 and host.fma and not host.avx512f)):
         mcpu = _host_mcpu()
