@@ -55,7 +55,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"target:  {isa_of(tgt)}: {_show(tgt)}")
     from tpp_tvm.schedules.gemm_plan import core_table
 
-    print(f"tiles:   {core_table().summary()}")
+    print(f"tiles:   {core_table(isa_of(tgt)).summary()}")
     try:
         from tpp_tvm.intrinsics import registered
 
@@ -521,7 +521,7 @@ def _demo_gemm(args: argparse.Namespace) -> int:
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--isa", help="avx512, amx or sve (default: best for this host)")
+    parser.add_argument("--isa", help="amx, avx512, avx2 or sve (default: best for this host)")
     parser.add_argument(
         "--threads", type=int, help="threads to compile and run for (default: all cores)"
     )
@@ -554,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "names; `compile` writes a folder, one build per size on first use)")
 
     info = sub.add_parser("info", help="show the host ISA, the TPP target and registered TPPs")
-    info.add_argument("--isa", help="avx512, amx or sve (default: best for this host)")
+    info.add_argument("--isa", help="amx, avx512, avx2 or sve (default: best for this host)")
     info.set_defaults(func=_cmd_info)
 
     comp = sub.add_parser("compile", help="compile an ONNX model onto TPPs and export it")

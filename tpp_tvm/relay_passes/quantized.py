@@ -434,6 +434,43 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
     return rewrite_call(pattern, rewrite, func)
 
 
+@relax.expr_functor.mutator
+class _WidenIntegerContractions(relax.PyExprMutator):
+    """Integer matmuls and convolutions (MatMulInteger, ConvInteger) as fp32 ones on the
+    same integer values, cast back to int32: exact while the sums stay under 2^24 (u8 x s8
+    products over K <= 514), fp32-rounded past it, as the fp32 model would be."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.widened = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = getattr(call.op, "name", "")
+        if name not in ("relax.matmul", "relax.nn.conv2d") or not all(
+                "int" in dtype_of(arg) for arg in call.args[:2]):
+            return call
+        a, b = (relax.op.astype(arg, "float32") for arg in call.args[:2])
+        if name == "relax.matmul":
+            wide = relax.op.matmul(a, b, out_dtype="float32")
+        else:
+            at = call.attrs
+            wide = relax.op.nn.conv2d(a, b, at.strides, at.padding, at.dilation, at.groups,
+                                      at.data_layout, at.kernel_layout, at.out_layout,
+                                      "float32")
+        self.widened += 1
+        return relax.op.astype(wide, dtype_of(call))
+
+
+def _integer_contractions_in_fp32(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``mod`` with :class:`_WidenIntegerContractions` applied; how many it widened."""
+    mutator = _WidenIntegerContractions(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get(), mutator.widened
+
+
 def _quantizes(mod: tvm.IRModule) -> bool:
     """Whether any Relax function of ``mod`` dequantizes (a quantized model)."""
     found = []
@@ -455,7 +492,8 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
     dot products (AVX2) the model stays as imported: its dequantized weights fold to
     constants and its contractions run on fp32 TPPs (reported)."""
     if vector_isa(register_tile_isa(isa)).dot_brgemm is None:
-        if _quantizes(mod):
+        mod, widened = _integer_contractions_in_fp32(mod)
+        if widened or _quantizes(mod):
             report.rewrites[f"int8 layers run on fp32 TPPs (dequantized weights): the {isa} "
                             "target has no int8 dot product"] += 1
         return mod
