@@ -489,8 +489,9 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
                     ) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_contractions` to every Relax function; add the
     kernels (AMX tile GEMMs: one task per thread of ``threads``). On an ISA without int8
-    dot products (AVX2) the model stays as imported: its dequantized weights fold to
-    constants and its contractions run on fp32 TPPs (reported)."""
+    dot products (AVX2) no int8 kernel is made: QDQ models' dequantized weights fold to
+    constants, integer matmuls/convolutions are widened to fp32 ones, and all of them run
+    on fp32 TPPs (reported)."""
     if vector_isa(register_tile_isa(isa)).dot_brgemm is None:
         mod, widened = _integer_contractions_in_fp32(mod)
         if widened or _quantizes(mod):
