@@ -20,7 +20,6 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
-from ..intrinsics.registry import vector_isa
 from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import (
     AttentionShape,
@@ -44,7 +43,7 @@ from ..schedules.expand_depthwise import (
     plan_expand_depthwise,
 )
 from ..schedules.gemm import bf16_a_schedule, gemm_schedule
-from ..schedules.gemm_plan import register_tile_isa, runs_on_tiles
+from ..schedules.gemm_plan import register_tile_isa, runs_on_tiles, vector_unit
 from ..schedules.instance_norm import instance_norm_apply_schedule, instance_norm_stats_schedule
 from ..schedules.pool import PoolShape, global_avg_pool_schedule, max_pool_schedule
 from ..schedules.rowwise import (
@@ -397,7 +396,7 @@ def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Exp
     shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
     expand_act = matched_activation(matched["expand_act"])
     act = matched_activation(matched["act"]) if "act" in matched else None
-    unit = vector_isa(register_tile_isa(isa))
+    unit = vector_unit(isa)
     lanes = unit.schedule_lanes("float32")
     # bf16 off tiles: the fused fp32 kernel (MobileNetV2 on Zen 5, 1 thread: 3.25 ms as a
     # bf16 GEMM + depthwise, 2.88 fused); on tiles the bf16 expansion GEMM.

@@ -30,11 +30,10 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
-from ..intrinsics.registry import vector_isa
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule
-from ..schedules.gemm_plan import register_tile_isa
+from ..schedules.gemm_plan import has_dot_products
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -492,7 +491,7 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
     dot products (AVX2) no int8 kernel is made: QDQ models' dequantized weights fold to
     constants, integer matmuls/convolutions are widened to fp32 ones, and all of them run
     on fp32 TPPs (reported)."""
-    if vector_isa(register_tile_isa(isa)).dot_brgemm is None:
+    if not has_dot_products(isa):
         mod, widened = _integer_contractions_in_fp32(mod)
         if widened or _quantizes(mod):
             report.rewrites[f"int8 layers run on fp32 TPPs (dequantized weights): the {isa} "

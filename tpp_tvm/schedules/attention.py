@@ -15,8 +15,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from ..intrinsics.registry import vector_isa
-from .gemm_plan import register_tile_isa
+from .gemm_plan import vector_unit
 from .tensorize import tensorize_row_block, try_tensorize
 
 
@@ -54,7 +53,7 @@ def _row_block(rows: int, max_rows: int = 8) -> int:
 def query_block_rows(isa: str) -> int:
     """The most query rows of one block on ``isa``: 3/8 of its vector registers are the two
     tiles' accumulators at 2 vectors a row, up to 8 (AVX-512: 8; AVX2: 6)."""
-    return min(8, vector_isa(register_tile_isa(isa)).num_vregs * 3 // 8)
+    return min(8, vector_unit(isa).num_vregs * 3 // 8)
 
 
 def padded_query_rows(rows: int, max_rows: int = 8) -> int:
@@ -87,7 +86,7 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
     (bh/heads, sq or 1, s)], V (bh/group, s, d); output (bh, sq, d)."""
     sh = shape
-    unit = vector_isa(register_tile_isa(isa))
+    unit = vector_unit(isa)
     lanes = unit.static_lanes("float32")
     mr = _row_block(sh.seq_q, query_block_rows(isa))
     nr = _col_block(sh.seq, lanes)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS
 from ..intrinsics.registry import vector_isa
+from ..intrinsics.vector_isa import VectorISA
 from ..target import host_isa
 
 #: Rows and columns of an AMX GEMM's output block (2 x 2 tiles of 16 x 16).
@@ -182,7 +183,7 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
     tile blocks for bf16/int8)."""
     if runs_on_tiles(isa, dtype):
         return GemmPlan(m, n, k, AMX_BLOCK, AMX_BLOCK, dtype, amx=True)
-    unit = vector_isa(register_tile_isa(isa))
+    unit = vector_unit(isa)
     lanes = unit.static_lanes("float32")
     best = None
     for (mr, nr), efficiency in core_table(isa).tile_efficiency.items():
@@ -217,10 +218,21 @@ def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> No
 def check_low_precision(isa: str, dtype: str, what: str = "GEMM") -> None:
     """Refuse a bf16/int8 contraction on an ISA without dot-product TPPs (AVX2: fp32
     only), naming what has them, before any kernel is built."""
-    if PRECISIONS[dtype].vnni > 1 and vector_isa(register_tile_isa(isa)).dot_brgemm is None:
+    if PRECISIONS[dtype].vnni > 1 and not has_dot_products(isa):
         raise UnsupportedDTypeError(
             f"{what}: dtype {dtype!r} needs bf16/int8 dot-product TPPs, which exist for "
             f"AVX-512 (BF16, VNNI) and AMX targets; the {isa} target has fp32 TPPs only")
+
+
+def vector_unit(isa: str) -> VectorISA:
+    """The vector unit ``isa``'s register tiles run on (AVX-512's for AMX): lanes,
+    registers and dot products, for every plan that sizes a tile."""
+    return vector_isa(register_tile_isa(isa))
+
+
+def has_dot_products(isa: str) -> bool:
+    """Whether ``isa`` has bf16/int8 dot-product TPPs (AVX2 has none)."""
+    return vector_unit(isa).dot_brgemm is not None
 
 
 def register_tile_isa(isa: str) -> str:

@@ -26,11 +26,10 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands
 from ..target import host_isa
 from .conv import FILTER, ConvShape
-from .gemm_plan import GemmPlan, core_table, register_tile_isa, weights_outer
+from .gemm_plan import GemmPlan, core_table, register_tile_isa, vector_unit, weights_outer
 from .tensorize import schedule_pads, try_tensorize
 
 #: Bᵀ, G and Aᵀ of F(2x2, 3x3).
@@ -63,7 +62,7 @@ def winograd_applies(shape: ConvShape, activation: str | None = None,
 
 
 def _lanes(isa: str) -> int:
-    return vector_isa(register_tile_isa(isa)).static_lanes("float32")
+    return vector_unit(isa).static_lanes("float32")
 
 
 def plan_winograd(shape: ConvShape, isa: str = "avx512") -> GemmPlan | None:
