@@ -60,6 +60,9 @@ def test_quantized_models_run_on_fp32_tpps(tmp_path, kind: str) -> None:
     compiled = compile_onnx(model, target=_avx2())
     data = compiled.report_data
     assert any("int8 layers run on fp32 TPPs" in k for k in data["rewrites"]), data["rewrites"]
+    # dense layers on constant (packed) weights, not matmuls re-reading the weight unpacked
+    assert any(k.startswith("tpp.dense") for k in data["lowered"]), data["lowered"]
+    assert not any(k.startswith("tpp.matmul") for k in data["lowered"]), data["lowered"]
     got = compiled(*inputs.values())[0]
     want = run_onnxruntime(model, inputs)[0]
     exact = run_onnxruntime(fp32, inputs)[0]

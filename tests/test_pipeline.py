@@ -56,3 +56,31 @@ def test_tuple_valued_op_next_to_a_conv() -> None:
     for got, want in zip(compiled(**feeds), run_onnxruntime(model, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert "NHWC layout conversion" in compiled.report()
+
+
+def test_weight_minus_a_scalar_zero_point_is_a_constant() -> None:
+    """TVM's FoldConstant leaves every 0-d op, so ``W - int32(zp)`` (MatMulInteger's weight
+    zero point) stayed a run-time subtraction and the matmul had no constant weight to
+    pack; the pipeline evaluates the scalar cast and the weight folds."""
+    from tvm import relax
+
+    from tpp_tvm.relay_passes.pipeline import fold_constants
+
+    w = np.arange(12, dtype=np.int8).reshape(3, 4)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            zp = bb.emit(relax.op.astype(relax.const(np.int8(2)), "int32"))
+            wz = bb.emit(relax.op.subtract(relax.op.astype(relax.const(w), "int32"), zp))
+            half = bb.emit(relax.op.multiply(relax.const(np.float32(0.5)),
+                                             relax.const(np.float32(3.0))))
+            wf = bb.emit(relax.op.multiply(relax.op.astype(wz, "float32"), half))
+            out = bb.emit_output(relax.op.matmul(x, wf))
+        bb.emit_func_output(out)
+    main = fold_constants()(bb.get())["main"]
+    ops = [b.value.op.name for b in main.body.blocks[0].bindings
+           if isinstance(b.value, relax.Call)]
+    assert ops == ["relax.matmul"], main
+    weight = main.body.blocks[0].bindings[-1].value.args[1].value.numpy()
+    np.testing.assert_array_equal(weight, (w.astype(np.float32) - 2) * 1.5)

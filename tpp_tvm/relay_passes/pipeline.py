@@ -50,6 +50,7 @@ from .lower import (
 from .patterns import pattern_table
 from .quantized import lower_quantized
 from .residual_order import OrderResidualOperands
+from .scalar_constants import fold_scalar_constants
 from .transposes import SinkLayoutTransposes
 
 PIPELINE_NAME = "tpp"
@@ -89,11 +90,13 @@ def fold_constants() -> tvm.transform.Pass:
     On a ``dynamic_strided_slice`` of a statically shaped tensor (ONNX Slice with starts and
     ends given at run time) TVM's FoldConstant emits a ``call_tir`` of a ``shape_func`` it
     never adds to the module; the build then fails with an ``InternalError`` ("There is no
-    definition of shape_func") on a graph TVM's default build (which does not fold) runs."""
+    definition of shape_func") on a graph TVM's default build (which does not fold) runs.
+    Scalar ops ``FoldConstant`` skips are evaluated first (:mod:`.scalar_constants`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.FoldConstant")
     def _fold(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        folded = relax.transform.FoldConstant()(mod)
+        folded, _ = fold_scalar_constants(mod)
+        folded = relax.transform.FoldConstant()(folded)
         if _well_formed(folded) or not _well_formed(mod):
             return folded
         log.debug("FoldConstant left the module ill-formed; kept it unfolded")
