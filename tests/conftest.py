@@ -55,6 +55,15 @@ def _cpu(**flags: str) -> Callable[[], list[str]]:
     return lacking
 
 
+def _int8_lacking() -> list[str]:
+    """The host's default target runs int8 kernels on AVX512_VNNI, or on AVX2's s16 dot
+    product where there is no AVX-512 (an AVX-512 CPU without VNNI has neither)."""
+    host = host_isa()
+    if host.avx512_vnni or (host.avx2 and host.fma and not host.avx512f):
+        return []
+    return ["AVX512_VNNI"] if host.avx512f else ["AVX2"]
+
+
 def _host() -> str:
     return f"this host: {host_isa().summary()}"
 
@@ -83,6 +92,9 @@ REQUIREMENTS: dict[str, Requirement] = {
         "an AVX-512 CPU to run AVX-512 kernels", _cpu(avx512f="AVX512F"), _host),
     "requires_avx512_vnni": Requirement(
         "an AVX512_VNNI CPU to run int8 kernels", _cpu(avx512_vnni="AVX512_VNNI"), _host),
+    "requires_int8_kernels": Requirement(
+        "a CPU with an integer dot product to run int8 kernels (AVX512_VNNI; or AVX2 on a "
+        "CPU without AVX-512, whose kernels widen to s16)", lambda: _int8_lacking(), _host),
     "requires_avx512_bf16": Requirement(
         "an AVX512_BF16 CPU to run bf16 kernels", _cpu(avx512_bf16="AVX512_BF16"), _host),
     "requires_amx": Requirement(

@@ -1,5 +1,6 @@
 """Low-precision TPPs against numpy: bf16 and u8 x s8 contractions (VNNI-packed B, AVX-512
-BF16/VNNI dot products), fp32 <-> bf16 conversion, quantize/requantize/dequantize.
+BF16/VNNI dot products), s16 x s16 ones (AVX2 vpmaddwd), fp32 <-> bf16 conversion,
+quantize/requantize/dequantize.
 
 Inputs are exact in their dtypes and the reference multiplies them in float64, so int8
 results are bit-exact and bf16 contractions differ from it only by fp32 accumulation.
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from tpp_tvm.errors import UnsupportedDTypeError, UnsupportedShapeError
 from tpp_tvm.intrinsics import TPPSpec
-from tpp_tvm.intrinsics.registry import low_precision_catalogue
+from tpp_tvm.intrinsics.registry import implements, low_precision_catalogue
 from tpp_tvm.intrinsics.spec import QUANT_DTYPES
 
 DOT_DTYPES = [("bfloat16", None), ("uint8", "int8")]
@@ -25,9 +26,36 @@ DOT_DTYPES = [("bfloat16", None), ("uint8", "int8")]
 
 @pytest.mark.requires_avx512_bf16
 @pytest.mark.requires_avx512_vnni
-@pytest.mark.parametrize("spec", low_precision_catalogue(), ids=lambda s: s.name("avx512"))
+@pytest.mark.parametrize("spec", [s for s in low_precision_catalogue()
+                                  if implements(s, "avx512")], ids=lambda s: s.name("avx512"))
 def test_low_precision_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
-    h.check(spec)
+    h.check(spec, isa="avx512")
+
+
+@pytest.mark.requires_avx2
+@pytest.mark.parametrize("spec", [s for s in low_precision_catalogue()
+                                  if implements(s, "avx2")], ids=lambda s: s.name("avx2"))
+def test_avx2_low_precision_catalogue_runs_like_numpy(spec: TPPSpec) -> None:
+    h.check(spec, isa="avx2")
+
+
+@pytest.mark.requires_avx2
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
+    op=st.sampled_from(["gemm", "brgemm", "conv_brgemm"]),
+    beta=st.sampled_from([0, 1]),
+    m=st.integers(2, 8),
+    n=st.integers(2, 40),  # full vectors, tails and tail-only rows
+    kgroups=st.integers(2, 12),
+    batch=st.integers(1, 3),
+    stride_groups=st.integers(1, 3),
+)
+def test_s16_dot_contractions_on_avx2(op, beta, m, n, kgroups, batch, stride_groups) -> None:
+    """AVX2's int8 contractions: s16 pairs (vpmaddwd) summed into int32, exactly."""
+    conv = op == "conv_brgemm"
+    h.check(TPPSpec(op, "int16", m=m, n=n, k=kgroups * 2, beta=beta,
+                    batch=1 if op == "gemm" else batch if conv else max(batch, 2),
+                    stride=stride_groups * 2 if conv else 1), isa="avx2")
 
 
 @pytest.mark.requires_avx512_bf16

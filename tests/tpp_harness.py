@@ -156,8 +156,10 @@ def inputs_for(spec: TPPSpec, shapes, dtypes, rng: np.random.Generator) -> list[
     """Random operands in each op's domain (positive for sqrt/rsqrt, away from 0 for 1/x)."""
     out = []
     for shape, dt in zip(shapes, dtypes):
-        if dt in ("uint8", "int8", "int32") and spec.kind in ("brgemm", "quant"):
-            lo, hi = (-5000, 5000) if dt == "int32" else (np.iinfo(dt).min, np.iinfo(dt).max)
+        if dt in ("uint8", "int8", "int16", "int32") and spec.kind in ("brgemm", "quant"):
+            # s16 operands hold u8 activations and s8 weights widened (AVX2's int8 TPPs)
+            lo, hi = {"int32": (-5000, 5000), "int16": (-255, 255)}.get(
+                dt, (np.iinfo(dt).min, np.iinfo(dt).max))
             out.append(rng.integers(lo, hi + 1, shape).astype(dt))
             continue
         if spec.kind == "quant" and len(out) in (1, 2):  # scale, offset

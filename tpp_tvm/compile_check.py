@@ -94,6 +94,7 @@ def _schedule_items() -> Iterator[Item]:
     yield "gemm bf16 bias gelu", gemm_item("bfloat16", bias=True, activation="gelu")
     yield "gemm int8 37x100x64", gemm_item("int8")
     yield "gemm int8 dequantize relu", gemm_item("int8", dequantize=True, activation="relu")
+    yield "gemm int16 dequantize relu", gemm_item("int16", dequantize=True, activation="relu")
 
     def conv_item(dtype: str) -> Callable[[tvm.target.Target], None]:
         def build(tgt: tvm.target.Target) -> None:
@@ -108,6 +109,7 @@ def _schedule_items() -> Iterator[Item]:
         conv.ConvShape(1, 10, 9, 64, 64, 3, 3, 1, (1, 1, 1, 1), 2), isa_of(tgt), bias=True,
         activation="relu", residual=True)[0].mod, tgt)
     yield "conv2d int8 3x3 bias relu", conv_item("int8")
+    yield "conv2d int16 3x3 bias relu", conv_item("int16")
     yield "layer_norm 196x768", lambda tgt: _compile_tir(
         rowwise.layer_norm_schedule(196, 768, 1e-5, isa_of(tgt)).mod, tgt)
     yield "softmax 49x77", lambda tgt: _compile_tir(

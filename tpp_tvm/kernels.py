@@ -117,7 +117,7 @@ class GemmKernel:
         """``x`` as ``dtype``: floats round to bf16; integer operands must already be it."""
         x = np.asarray(x)
         want = numpy_dtype(dtype)
-        if dtype in ("uint8", "int8") and x.dtype != want:
+        if dtype in ("uint8", "int8", "int16") and x.dtype != want:
             raise UnsupportedDTypeError(
                 f"GEMM {self.plan.dtype}: {what} must be {dtype} (quantized), got {x.dtype}")
         return np.ascontiguousarray(x.astype(want, copy=False))

@@ -15,7 +15,8 @@ from .spec import TPPSpec
 from .vector_isa import VectorISA
 from .vector_math import avx512_forms
 
-AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm)
+AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm,
+                   dot_dtypes=(("bfloat16", "bfloat16"), ("uint8", "int8")))
 #: The vector unit the registry reports for this ISA.
 VECTOR_ISA = AVX512
 

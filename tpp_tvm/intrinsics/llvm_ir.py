@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedDTypeError
 
-_LLVM_TYPES = {"float32": "float", "bfloat16": "bfloat", "int32": "i32", "int8": "i8",
-               "uint8": "i8"}
+_LLVM_TYPES = {"float32": "float", "bfloat16": "bfloat", "int32": "i32", "int16": "i16",
+               "int8": "i8", "uint8": "i8"}
 
 
 @dataclass(frozen=True)
@@ -30,21 +30,26 @@ class DotOp:
     """A dot-product instruction: ``acc[l] += sum_v a[l, v] * b[l, v]`` over ``vnni`` pairs.
 
     ``intrinsic`` takes (acc, a, b) as ``<lanes x acc>``, ``<lanes*vnni x a>``,
-    ``<lanes*vnni x b>``; ``features`` is what the calling function must be compiled with.
+    ``<lanes*vnni x b>``; one that does not ``accumulate`` takes (a, b) and returns the
+    pair sums, which an ``add`` accumulates (AVX2's ``vpmaddwd``). ``features`` is what the
+    calling function must be compiled with.
     """
 
     intrinsic: str
     acc_dtype: str
     vnni: int
     features: str
+    accumulates: bool = True
 
 
-#: x86 dot products by (A dtype, B dtype), 512-bit (16 accumulator lanes).
-X86_DOT: dict[tuple[str, str], DotOp] = {
-    ("bfloat16", "bfloat16"): DotOp("llvm.x86.avx512bf16.dpbf16ps.512", "float32", 2,
-                                    "+avx512f,+avx512bf16"),
-    ("uint8", "int8"): DotOp("llvm.x86.avx512.vpdpbusd.512", "int32", 4,
-                             "+avx512f,+avx512vnni"),
+#: x86 dot products by (A dtype, B dtype, accumulator lanes): 512-bit AVX-512 (16 lanes)
+#: and 256-bit AVX2 (8 lanes: s16 x s16 pairs into s32, exact for widened u8 x s8).
+X86_DOT: dict[tuple[str, str, int], DotOp] = {
+    ("bfloat16", "bfloat16", 16): DotOp("llvm.x86.avx512bf16.dpbf16ps.512", "float32", 2,
+                                        "+avx512f,+avx512bf16"),
+    ("uint8", "int8", 16): DotOp("llvm.x86.avx512.vpdpbusd.512", "int32", 4,
+                                 "+avx512f,+avx512vnni"),
+    ("int16", "int16", 8): DotOp("llvm.x86.avx2.pmadd.wd", "int32", 2, "+avx2", False),
 }
 
 
@@ -101,7 +106,7 @@ def _masked_store(val: str, n: int, dtype: str, ptr: str, width: int) -> tuple[s
 
 
 def _suffix(dtype: str) -> str:
-    return {"float32": "f32", "bfloat16": "bf16", "int32": "i32", "int8": "i8",
+    return {"float32": "f32", "bfloat16": "bf16", "int32": "i32", "int16": "i16", "int8": "i8",
             "uint8": "i8"}[dtype]
 
 
@@ -118,11 +123,11 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     from a TIR loop: TVM puts a 1 KiB+ accumulator array on the heap, and the step's untyped
     loads would then pin every accumulator to memory.)
     """
-    op = X86_DOT.get((a_dtype, b_dtype))
-    if op is None or lanes != 16:
+    op = X86_DOT.get((a_dtype, b_dtype, lanes))
+    if op is None:
         raise UnsupportedDTypeError(
             f"no x86 dot-product BRGEMM for {a_dtype} x {b_dtype} at {lanes} lanes; supported: "
-            + ", ".join(f"{a} x {b}" for a, b in X86_DOT) + " at 16 lanes (512-bit)")
+            + ", ".join(f"{a} x {b} at {n} lanes" for a, b, n in X86_DOT))
     V, acc_dt = op.vnni, op.acc_dtype
     acc, at, bt = _vec(lanes, acc_dt), _vec(lanes * V, a_dtype), _vec(lanes * V, b_dtype)
     ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
@@ -131,7 +136,8 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     steps = kgroups * batch
     name = (f"tpp_brgemm_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}"
             f"_beta{beta}")
-    declares = {f"declare {acc} @{op.intrinsic}({acc}, {at}, {bt})"}
+    operands = f"{acc}, {at}, {bt}" if op.accumulates else f"{at}, {bt}"
+    declares = {f"declare {acc} @{op.intrinsic}({operands})"}
     body = [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
             "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:"]
 
@@ -175,8 +181,12 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
         emit(_masked_load(f"%bv{v}", lanes * V, b_dtype, f"%pb{v}", w * V))
     for i in range(m):
         for v in range(nv):
-            body.append(f"  %new{i}_{v} = call {acc} @{op.intrinsic}({acc} %acc{i}_{v}, "
-                        f"{at} %av{i}, {bt} %bv{v})")
+            if op.accumulates:
+                body.append(f"  %new{i}_{v} = call {acc} @{op.intrinsic}({acc} %acc{i}_{v}, "
+                            f"{at} %av{i}, {bt} %bv{v})")
+                continue
+            body += [f"  %dot{i}_{v} = call {acc} @{op.intrinsic}({at} %av{i}, {bt} %bv{v})",
+                     f"  %new{i}_{v} = add {acc} %acc{i}_{v}, %dot{i}_{v}"]
     body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps}",
              "  br i1 %done, label %exit, label %loop", "exit:"]
     for i in range(m):

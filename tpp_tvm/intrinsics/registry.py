@@ -98,10 +98,10 @@ def catalogue(dtype: str = "float32") -> list[TPPSpec]:
 
 
 def low_precision_catalogue() -> list[TPPSpec]:
-    """The bf16 and u8 x s8 contractions (VNNI-packed B, with an N tail), the fp32 <-> bf16
-    conversions and bf16 element-wise TPPs, at representative tiles."""
+    """The bf16, u8 x s8 and s16 x s16 contractions (VNNI-packed B, with an N tail), the
+    fp32 <-> bf16 conversions and bf16 element-wise TPPs, at representative tiles."""
     specs = []
-    for a, b in (("bfloat16", None), ("uint8", "int8")):
+    for a, b in (("bfloat16", None), ("uint8", "int8"), ("int16", None)):
         for beta in (0, 1):
             specs.append(TPPSpec("gemm", a, b_dtype=b, m=6, n=37, k=64, beta=beta))
             specs.append(TPPSpec("brgemm", a, b_dtype=b, m=4, n=64, k=32, batch=4, beta=beta))
@@ -122,6 +122,17 @@ def portable(spec: TPPSpec) -> bool:
     return spec.dtype == "float32" and spec.acc_dtype == "float32"
 
 
+def implements(spec: TPPSpec, isa: str) -> bool:
+    """Whether ``isa`` has an implementation of ``spec``: every portable TPP; a
+    low-precision contraction where the ISA's vector unit has its dot product (AVX2: s16
+    pairs only); the other low-precision TPPs on AVX-512."""
+    if portable(spec):
+        return True
+    if spec.vnni > 1:
+        return (spec.dtype, spec.b_dtype or spec.dtype) in vector_isa(isa).dot_dtypes
+    return isa == "avx512"
+
+
 def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
     """Names of the registered TPP intrinsics, optionally filtered by ISA and dtype.
 
@@ -130,7 +141,7 @@ def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
     for cat_isa in _CATALOGUE_ISAS if isa is None else (isa,):
         if cat_isa in _CATALOGUE_ISAS:
             for spec in catalogue() + low_precision_catalogue():
-                if cat_isa == "avx512" or portable(spec):
+                if implements(spec, cat_isa):
                     intrinsic(spec, cat_isa)
     short = DTYPE_SHORT.get(dtype, dtype) if dtype else None
     out = []

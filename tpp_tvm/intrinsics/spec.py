@@ -41,6 +41,7 @@ DTYPE_SHORT = {
     "float16": "f16",
     "int8": "i8",
     "uint8": "u8",
+    "int16": "i16",
     "int32": "i32",
 }
 
@@ -212,8 +213,10 @@ BCASTS = ("none", "row", "col", "scalar")
 
 #: (A, B) dtypes a contraction TPP takes: fp32 FMA, bf16 dot products into fp32
 #: (AVX512_BF16 ``vdpbf16ps``, AMX ``tdpbf16ps``), u8 x s8 dot products into int32
-#: (AVX512_VNNI ``vpdpbusd``, AMX ``tdpbusd``).
-CONTRACTION_DTYPES = (("float32", "float32"), ("bfloat16", "bfloat16"), ("uint8", "int8"))
+#: (AVX512_VNNI ``vpdpbusd``, AMX ``tdpbusd``), s16 x s16 pairs into int32 (AVX2
+#: ``vpmaddwd``).
+CONTRACTION_DTYPES = (("float32", "float32"), ("bfloat16", "bfloat16"), ("uint8", "int8"),
+                      ("int16", "int16"))
 
 
 #: (input, output) dtypes of the quantization TPPs.
@@ -241,7 +244,7 @@ def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
 
 def vnni_factor(dtype: str) -> int:
     """Elements of ``dtype`` one 32-bit dot-product lane consumes (1 for fp32 FMA)."""
-    return {"bfloat16": 2, "float16": 2, "uint8": 4, "int8": 4}.get(dtype, 1)
+    return {"bfloat16": 2, "float16": 2, "int16": 2, "uint8": 4, "int8": 4}.get(dtype, 1)
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,7 @@ class TPPSpec:
     def _natural_out(self) -> str:
         """The output dtype without ``out_dtype``: a contraction's accumulator, else dtype."""
         if self.kind == "brgemm":
-            return "int32" if self.dtype in ("int8", "uint8") else "float32"
+            return "int32" if self.dtype in ("int8", "uint8", "int16") else "float32"
         return self.dtype
 
     def _check_contraction_dtypes(self) -> None:

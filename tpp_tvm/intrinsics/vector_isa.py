@@ -26,6 +26,7 @@ class VectorISA:
     ``dot_brgemm(a_dtype, b_dtype, m, n, kgroups, batch, beta)`` gives the ISA's
     low-precision (VNNI dot-product) BRGEMM microkernel as an LLVM IR function
     (``llvm_ir.IRFunction``); None when this package has none for the ISA.
+    ``dot_dtypes`` are the (A, B) dtype pairs it takes.
     The optional LLVM intrinsic names below are instructions the templates use when the ISA
     has them and generic code cannot reach them (a scalable vector has no compile-time lane
     indices to shuffle): ``horizontal`` maps ``"add"``/``"max"`` to a predicated across-lane
@@ -39,6 +40,7 @@ class VectorISA:
     min_vector_bits: int = 128
     schedule_vector_bits: int | None = None
     dot_brgemm: Callable | None = None
+    dot_dtypes: tuple[tuple[str, str], ...] = ()
     horizontal: Mapping[str, str] = field(default_factory=dict)
     gather: str | None = None
     interleaved_store: Mapping[int, str] = field(default_factory=dict)

@@ -33,7 +33,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter
 from ..schedules.gemm import gemm_schedule
-from ..schedules.gemm_plan import has_dot_products
+from ..schedules.gemm_plan import PRECISIONS, int8_gemm_dtype
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -70,14 +70,20 @@ class _Epilogue:
 
 
 class _Emitter:
-    """Builds int8 GEMM/convolution calls and collects the kernels they need."""
+    """Builds int8 GEMM/convolution calls and collects the kernels they need. ``dtype``
+    is the kernels' GEMM precision: ``int8`` (u8 x s8 dot products), or ``int16`` where the
+    ISA's integer dot product takes s16 pairs (AVX2: the u8 activations are widened on the
+    way in, the s8 weights when packed; the sums are the same int32)."""
 
     def __init__(self, bb: relax.BlockBuilder, isa: str, report: LoweringReport,
-                 threads: int = 1) -> None:
+                 threads: int = 1, dtype: str = "int8") -> None:
         self.bb = bb
         self.isa = isa
         self.threads = threads
         self.report = report
+        self.dtype = dtype
+        self.prec = PRECISIONS[dtype]
+        self.tag = "int8" if dtype == "int8" else f"int8 via {dtype}"
         self.kernels = 0
         self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8
 
@@ -105,21 +111,32 @@ class _Emitter:
         """The int8 GEMM call on (m, K) rows ``a2`` of ``a_dtype`` (``residual``: (m, N)):
         (m, N) fp32."""
         k, n = w_q.shape
-        sch, plan = gemm_schedule(m, n, k, self.isa, dtype="int8", dequantize=True,
+        sch, plan = gemm_schedule(m, n, k, self.isa, dtype=self.dtype, dequantize=True,
                                   threads=self.threads, **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
         self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(gemm_schedule(
-            m, n, k, self.isa, dtype="int8", dequantize=True, threads=self.threads,
+            m, n, k, self.isa, dtype=self.dtype, dequantize=True, threads=self.threads,
             out_dtype=dtype, **epi.schedule_args())[0].mod["main"])
         a2, zp = _as_uint8(a2, a_zp, a_dtype)
-        packed = relax.const(pack_b_numpy(w_q.astype(np.int8), plan.nr, "kn", plan.kp, 4))
+        packed = relax.const(pack_b_numpy(self._weights(w_q), plan.nr, "kn", plan.kp,
+                                          self.prec.vnni))
         colsum = w_q.astype(np.int64).sum(axis=0)
-        args = [a2, packed, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
+        args = [self._activations(a2), packed,
+                *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [residual] if residual is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
-        self.report.lowered[precision_label(f"{name}{epi.suffix}", "int8", self.isa, "int8")] += 1
+        self.report.lowered[precision_label(f"{name}{epi.suffix}", self.tag, self.isa,
+                                            self.dtype)] += 1
         return out
+
+    def _activations(self, a_u8: relax.Expr) -> relax.Expr:
+        """u8 activations in the kernels' A dtype (s16 on AVX2)."""
+        return a_u8 if self.prec.a == "uint8" else relax.op.astype(a_u8, self.prec.a)
+
+    def _weights(self, w_q: np.ndarray) -> np.ndarray:
+        """s8 weight values in the kernels' B dtype."""
+        return w_q.astype(self.prec.b)
 
     def int8_conv2d(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
                     scale: relax.Expr, attrs, name: str, epi: _Epilogue = _Epilogue()
@@ -147,22 +164,24 @@ class _Emitter:
                              np.ascontiguousarray(w_q[:, :, 0, 0].T), scale, name, epi,
                              None if res is None else relax.op.reshape(res, (rows, oc)))
             return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
-        sch, plan = conv_schedule(shape, self.isa, dtype="int8", threads=self.threads,
+        sch, plan = conv_schedule(shape, self.isa, dtype=self.dtype, threads=self.threads,
                                   **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
         self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(conv_schedule(
-            shape, self.isa, dtype="int8", threads=self.threads, out_dtype=dtype,
+            shape, self.isa, dtype=self.dtype, threads=self.threads, out_dtype=dtype,
             **epi.schedule_args())[0].mod["main"])
         x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
-        zp_u8 = relax.op.astype(relax.op.reshape(zp, (1,)), "uint8")
-        packed = relax.const(pack_filter(w_q.astype(np.int8), plan.nr, vnni=4))
+        # the padding's value: the zero point, in the kernel's A dtype
+        zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
+        packed = relax.const(pack_filter(self._weights(w_q), plan.nr, vnni=self.prec.vnni))
         colsum = w_q.astype(np.int64).sum(axis=(1, 2, 3))
-        args = [x, packed, zp_u8, *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
+        args = [self._activations(x), packed, zp_a,
+                *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [res] if res is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
-        self.report.lowered[precision_label(f"{name}{epi.suffix}", "int8", self.isa, "int8",
-                                            plan.amx)] += 1
+        self.report.lowered[precision_label(f"{name}{epi.suffix}", self.tag, self.isa,
+                                            self.dtype, plan.amx)] += 1
         return relax.op.permute_dims(out, TO_NCHW)
 
     @staticmethod
@@ -487,18 +506,19 @@ def _quantizes(mod: tvm.IRModule) -> bool:
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads: int = 1
                     ) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_contractions` to every Relax function; add the
-    kernels (AMX tile GEMMs: one task per thread of ``threads``). On an ISA without int8
-    dot products (AVX2) no int8 kernel is made: QDQ models' dequantized weights fold to
-    constants, integer matmuls/convolutions are widened to fp32 ones, and all of them run
-    on fp32 TPPs (reported)."""
-    if not has_dot_products(isa):
+    kernels (AMX tile GEMMs: one task per thread of ``threads``; on AVX2 s16 kernels). On an
+    ISA without integer dot products no int8 kernel is made: QDQ models' dequantized
+    weights fold to constants, integer matmuls/convolutions are widened to fp32 ones, and
+    all of them run on fp32 TPPs (reported)."""
+    dtype = int8_gemm_dtype(isa)
+    if dtype is None:
         mod, widened = _integer_contractions_in_fp32(mod)
         if widened or _quantizes(mod):
             report.rewrites[f"int8 layers run on fp32 TPPs (dequantized weights): the {isa} "
                             "target has no int8 dot product"] += 1
         return mod
     bb = relax.BlockBuilder(mod)
-    emitter = _Emitter(bb, isa, report, threads)
+    emitter = _Emitter(bb, isa, report, threads, dtype)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             func = drop_elementwise_fake_quantization(expose_folded_relus(func, report),

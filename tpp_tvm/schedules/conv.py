@@ -286,16 +286,17 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
     ``"float32"``, ``"bfloat16"`` (bf16 data, already padded, and filter; fp32
     accumulation and epilogue) or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in
-    the epilogue: parameters as :func:`conv_te` lists them). ``threads``: the parallel tasks of a
+    the epilogue: parameters as :func:`conv_te` lists them; ``"int16"``: the same values
+    widened to s16, for AVX2's ``vpmaddwd``). ``threads``: the parallel tasks of a
     convolution on AMX tiles (each configures the tiles once). ``out_dtype``: as
     :func:`~.gemm.gemm_schedule`'s (bf16 or u8/s8 for the next layer)."""
-    if dtype not in ("float32", "bfloat16", "int8"):
+    if dtype not in ("float32", "bfloat16", "int8", "int16"):
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32, bfloat16 (data padded to bf16 "
-            "by conv_input_schedule) or int8 (u8 data x s8 filter)")
-    if dtype == "int8" and shape.groups > 1:
-        raise UnsupportedDTypeError("grouped conv2d: dtype 'int8' unsupported; float32 or "
-                                    "bfloat16")
+            "by conv_input_schedule), int8 (u8 data x s8 filter) or int16 (both widened)")
+    if dtype in ("int8", "int16") and shape.groups > 1:
+        raise UnsupportedDTypeError(f"grouped conv2d: dtype {dtype!r} unsupported; float32 "
+                                    "or bfloat16")
     check_low_precision(isa, dtype, "conv2d")
     tiles = tile_conv_plan(shape, dtype, isa)
     isa = register_tile_isa(isa)

@@ -39,6 +39,8 @@ PRECISIONS: dict[str, Precision] = {
     "float32": Precision("float32", "float32", "float32", 1),
     "bfloat16": Precision("bfloat16", "bfloat16", "float32", 2),
     "int8": Precision("uint8", "int8", "int32", 4),
+    # int8 models on AVX2 (vpmaddwd): u8 activations and s8 weights widened to s16, exact
+    "int16": Precision("int16", "int16", "int32", 2),
 }
 
 
@@ -216,12 +218,15 @@ def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> No
 
 
 def check_low_precision(isa: str, dtype: str, what: str = "GEMM") -> None:
-    """Refuse a bf16/int8 contraction on an ISA without dot-product TPPs (AVX2: fp32
-    only), naming what has them, before any kernel is built."""
-    if PRECISIONS[dtype].vnni > 1 and not has_dot_products(isa):
+    """Refuse a low-precision contraction on an ISA without its dot-product TPP (AVX2:
+    s16 pairs only), naming what has them, before any kernel is built."""
+    if not has_dot_product(isa, dtype):
+        has = [d for d in PRECISIONS if PRECISIONS[d].vnni > 1 and has_dot_product(isa, d)]
         raise UnsupportedDTypeError(
-            f"{what}: dtype {dtype!r} needs bf16/int8 dot-product TPPs, which exist for "
-            f"AVX-512 (BF16, VNNI) and AMX targets; the {isa} target has fp32 TPPs only")
+            f"{what}: dtype {dtype!r} needs a {dtype} dot-product TPP; bf16 and int8 ones exist "
+            f"for AVX-512 (BF16, VNNI) and AMX targets; the {isa} target has fp32 TPPs"
+            + (f" and {', '.join(has)} dot products (int8 models run on them)" if has else
+               " only"))
 
 
 def vector_unit(isa: str) -> VectorISA:
@@ -230,9 +235,17 @@ def vector_unit(isa: str) -> VectorISA:
     return vector_isa(register_tile_isa(isa))
 
 
-def has_dot_products(isa: str) -> bool:
-    """Whether ``isa`` has bf16/int8 dot-product TPPs (AVX2 has none)."""
-    return vector_unit(isa).dot_brgemm is not None
+def has_dot_product(isa: str, dtype: str) -> bool:
+    """Whether ``isa`` runs GEMMs of ``dtype`` (fp32 everywhere; AVX2 has no bf16 and no
+    u8 x s8 dot product, only s16 pairs)."""
+    prec = PRECISIONS[dtype]
+    return prec.vnni == 1 or (prec.a, prec.b) in vector_unit(isa).dot_dtypes
+
+
+def int8_gemm_dtype(isa: str) -> str | None:
+    """The GEMM precision int8 layers run in on ``isa``: ``int8`` (u8 x s8 dot products),
+    ``int16`` (the operands widened, AVX2), or None (no integer dot product: fp32)."""
+    return next((d for d in ("int8", "int16") if has_dot_product(isa, d)), None)
 
 
 def register_tile_isa(isa: str) -> str:
