@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tpp_tvm.errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
 from tpp_tvm.kernels import build_gemm, pack_b_numpy
 from tpp_tvm.schedules.gemm_plan import plan_gemm
-from tpp_tvm.target import host_isa
+from tpp_tvm.target import host_isa, target
 
 ACT_REF = {
     None: lambda x: x,
@@ -240,8 +240,11 @@ def test_low_precision_errors():
         with pytest.raises(UnsupportedDTypeError, match="pass dequantize=True"):
             build_gemm(8, 16, 8, dtype="int8", bias=True)
     else:
-        with pytest.raises(UnsupportedDTypeError, match="'int8' needs bf16/int8 dot-product"):
+        with pytest.raises(UnsupportedDTypeError, match="no int8 dot-product TPP on the avx2"):
             build_gemm(8, 16, 8, dtype="int8", bias=True)
+    # AVX2's s16 dot product is AVX2's own: an AVX-512 target refuses it, naming who has it
+    with pytest.raises(UnsupportedDTypeError, match="int16 ones for AVX2"):
+        build_gemm(8, 16, 8, dtype="int16", target=target("avx512"))
     kernel_plan = plan_gemm(8, 16, 8, "int8")
     assert kernel_plan.kp % 4 == 0 and kernel_plan.b_packed_shape()[-1] == 4
     if host_isa().avx512_vnni:

@@ -223,8 +223,9 @@ def check_low_precision(isa: str, dtype: str, what: str = "GEMM") -> None:
     if not has_dot_product(isa, dtype):
         has = [d for d in PRECISIONS if PRECISIONS[d].vnni > 1 and has_dot_product(isa, d)]
         raise UnsupportedDTypeError(
-            f"{what}: dtype {dtype!r} needs a {dtype} dot-product TPP; bf16 and int8 ones exist "
-            f"for AVX-512 (BF16, VNNI) and AMX targets; the {isa} target has fp32 TPPs"
+            f"{what}: no {dtype} dot-product TPP on the {isa} target; bf16 and int8 ones exist "
+            f"for AVX-512 (BF16, VNNI) and AMX targets, int16 ones for AVX2; the {isa} target "
+            "has fp32 TPPs"
             + (f" and {', '.join(has)} dot products (int8 models run on them)" if has else
                " only"))
 
