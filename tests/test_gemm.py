@@ -5,13 +5,14 @@ from __future__ import annotations
 import checks
 import numpy as np
 import pytest
+import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpp_tvm.errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
 from tpp_tvm.kernels import build_gemm, pack_b_numpy
-from tpp_tvm.schedules.gemm_plan import plan_gemm
-from tpp_tvm.target import host_isa, target
+from tpp_tvm.schedules.gemm_plan import check_low_precision, plan_gemm
+from tpp_tvm.target import host_isa
 
 ACT_REF = {
     None: lambda x: x,
@@ -242,9 +243,9 @@ def test_low_precision_errors():
     else:
         with pytest.raises(UnsupportedDTypeError, match="no int8 dot-product TPP on the avx2"):
             build_gemm(8, 16, 8, dtype="int8", bias=True)
-    # AVX2's s16 dot product is AVX2's own: an AVX-512 target refuses it, naming who has it
-    with pytest.raises(UnsupportedDTypeError, match="int16 ones for AVX2"):
-        build_gemm(8, 16, 8, dtype="int16", target=target("avx512"))
+    # SVE has no integer dot-product TPP: refused, naming the ISAs that have one
+    with pytest.raises(UnsupportedDTypeError, match="int16 ones for AVX2; the sve target"):
+        check_low_precision("sve", "int16")
     kernel_plan = plan_gemm(8, 16, 8, "int8")
     assert kernel_plan.kp % 4 == 0 and kernel_plan.b_packed_shape()[-1] == 4
     if host_isa().avx512_vnni:
@@ -396,3 +397,20 @@ def test_output_tiles_prefetch_the_next_weight_panel() -> None:
     v = tirx.Var("v", "int32")
     assert panel_step(tirx.floordiv(v, 32) * 49152 + 7, v) == (32, 49152)
     assert panel_step(tirx.floormod(v, 4) * 64, v) is None  # rows, not panels
+
+
+def test_int16_gemm_on_avx512_without_vnni():
+    """AVX-512 CPUs before Cascade Lake (Skylake-SP) have no VNNI: their int8 layers run on
+    s16 pairs (AVX512BW ``vpmaddwd`` on zmm), exact; run where the host has AVX512BW."""
+    skylake = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512",
+                                 "keys": ["tpp", "cpu"], "num-cores": 1})
+    kernel = build_gemm(13, 70, 30, dtype="int16", target=skylake)
+    asm = kernel.module.inspect_source("asm")
+    assert "vpmaddwd" in asm and "%zmm" in asm and "vpdpbusd" not in asm
+    if not (host_isa().avx512f and host_isa().avx512bw):
+        return  # compiled and checked above; running it needs AVX512BW
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (13, 30)).astype(np.int16)
+    b = rng.integers(-128, 128, (30, 70)).astype(np.int16)
+    got = kernel.run_packed(a, kernel.pack_b(b))
+    np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))

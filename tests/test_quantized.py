@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 import tpp_harness as h
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from tpp_tvm import models
@@ -234,3 +235,20 @@ def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
     compiled = compile_onnx(model)
     np.testing.assert_array_equal(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
     assert compiled.report_data["fallbacks"] == {"tpp.int8_conv2d (groups=8)": 1}
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "qdq_u8"])
+def test_quantized_models_on_avx512_without_vnni(tmp_path, kind: str) -> None:
+    """A Skylake-SP target (AVX-512, no VNNI) once refused every quantized model ("needs the
+    CPU features avx512vnni"): its int8 layers now run on s16 kernels (``vpmaddwd`` zmm),
+    compiled everywhere, run where the host has AVX512BW."""
+    skylake = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512",
+                                 "keys": ["tpp", "cpu"], "num-cores": 1})
+    fp32, path = _fp32_mlp(tmp_path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"))
+    if not (host_isa().avx512f and host_isa().avx512bw):
+        data = compile_onnx(model, target=skylake).report_data
+    else:
+        data = _compiled_like_onnxruntime(fp32, model, kind, skylake)[0].report_data
+    ours = [k for k in data["lowered"] if k.endswith("[int8 via int16]")]
+    assert len(ours) == 2 and not data["fallbacks"], data

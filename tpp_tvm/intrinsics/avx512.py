@@ -1,5 +1,6 @@
 """AVX-512 implementations of the TPP set: 16 lanes, 32 zmm registers, k-masks for tails;
-bf16 (AVX512_BF16) and u8 x s8 (AVX512_VNNI) dot products for low-precision contractions.
+bf16 (AVX512_BF16) and u8 x s8 (AVX512_VNNI) dot products for low-precision contractions,
+and s16 x s16 ones (AVX512BW ``vpmaddwd``) for int8 models on CPUs without VNNI.
 
 Nothing here is op-specific: the templates generate every primitive from its spec; this
 module only says what AVX-512 is.
@@ -16,7 +17,8 @@ from .vector_isa import VectorISA
 from .vector_math import avx512_forms
 
 AVX512 = VectorISA("avx512", vector_bits=512, num_vregs=32, dot_brgemm=dot_brgemm,
-                   dot_dtypes=(("bfloat16", "bfloat16"), ("uint8", "int8")))
+                   dot_dtypes=(("bfloat16", "bfloat16"), ("uint8", "int8"),
+                               ("int16", "int16")))
 #: The vector unit the registry reports for this ISA.
 VECTOR_ISA = AVX512
 

@@ -43,14 +43,25 @@ class DotOp:
 
 
 #: x86 dot products by (A dtype, B dtype, accumulator lanes): 512-bit AVX-512 (16 lanes)
-#: and 256-bit AVX2 (8 lanes: s16 x s16 pairs into s32, exact for widened u8 x s8).
+#: and 256-bit AVX2 (8 lanes). s16 x s16 pairs into s32 (``vpmaddwd``) are exact for u8 x
+#: s8 values widened to s16: the int8 kernels of CPUs without VNNI (AVX2, and AVX-512
+#: before Cascade Lake).
 X86_DOT: dict[tuple[str, str, int], DotOp] = {
     ("bfloat16", "bfloat16", 16): DotOp("llvm.x86.avx512bf16.dpbf16ps.512", "float32", 2,
                                         "+avx512f,+avx512bf16"),
     ("uint8", "int8", 16): DotOp("llvm.x86.avx512.vpdpbusd.512", "int32", 4,
                                  "+avx512f,+avx512vnni"),
+    ("int16", "int16", 16): DotOp("llvm.x86.avx512.pmaddw.d.512", "int32", 2,
+                                  "+avx512f,+avx512bw", False),
     ("int16", "int16", 8): DotOp("llvm.x86.avx2.pmadd.wd", "int32", 2, "+avx2", False),
 }
+
+
+def dot_features(a_dtype: str, b_dtype: str, lanes: int) -> tuple[str, ...]:
+    """The CPU features (``+avx512vnni``...) the dot-product BRGEMM of these operands at
+    ``lanes`` needs; empty where there is none (the caller refuses such dtypes)."""
+    op = X86_DOT.get((a_dtype, b_dtype, lanes))
+    return tuple(op.features.split(",")) if op else ()
 
 
 @dataclass(frozen=True)

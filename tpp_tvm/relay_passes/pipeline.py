@@ -59,11 +59,13 @@ log = logging.getLogger(__name__)
 
 def quantized_pass(isa: str, report: LoweringReport, threads: int = 1
                    ) -> tvm.transform.Pass:
-    """Quantized matmuls (dynamic and QDQ forms) onto int8 TPP GEMMs."""
+    """Quantized matmuls (dynamic and QDQ forms) onto int8 TPP GEMMs (s16 ones where the
+    enclosing target's CPU has no u8 x s8 dot product)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.LowerQuantizedMatmuls")
     def _quantized(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lower_quantized(mod, isa, report, threads)
+        return lower_quantized(mod, isa, report, threads,
+                               tvm.target.Target.current(allow_none=True))
 
     return _quantized
 

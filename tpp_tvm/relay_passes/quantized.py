@@ -503,14 +503,15 @@ def _quantizes(mod: tvm.IRModule) -> bool:
     return bool(found)
 
 
-def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads: int = 1
-                    ) -> tvm.IRModule:
+def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads: int = 1,
+                    target: tvm.target.Target | None = None) -> tvm.IRModule:
     """Apply :func:`rewrite_quantized_contractions` to every Relax function; add the
-    kernels (AMX tile GEMMs: one task per thread of ``threads``; on AVX2 s16 kernels). On an
-    ISA without integer dot products no int8 kernel is made: QDQ models' dequantized
+    kernels (AMX tile GEMMs: one task per thread of ``threads``; s16 kernels on AVX2 and on
+    ``target`` CPUs without VNNI). On an ISA without integer dot products no int8 kernel is
+    made: QDQ models' dequantized
     weights fold to constants, integer matmuls/convolutions are widened to fp32 ones, and
     all of them run on fp32 TPPs (reported)."""
-    dtype = int8_gemm_dtype(isa)
+    dtype = int8_gemm_dtype(isa, target)
     if dtype is None:
         mod, widened = _integer_contractions_in_fp32(mod)
         if widened or _quantizes(mod):

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm.target import Target
+
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS
+from ..intrinsics.llvm_ir import dot_features
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.vector_isa import VectorISA
-from ..target import host_isa
+from ..target import host_isa, missing_features
 
 #: Rows and columns of an AMX GEMM's output block (2 x 2 tiles of 16 x 16).
 AMX_BLOCK = 32
@@ -243,10 +246,20 @@ def has_dot_product(isa: str, dtype: str) -> bool:
     return prec.vnni == 1 or (prec.a, prec.b) in vector_unit(isa).dot_dtypes
 
 
-def int8_gemm_dtype(isa: str) -> str | None:
-    """The GEMM precision int8 layers run in on ``isa``: ``int8`` (u8 x s8 dot products),
-    ``int16`` (the operands widened, AVX2), or None (no integer dot product: fp32)."""
-    return next((d for d in ("int8", "int16") if has_dot_product(isa, d)), None)
+def int8_gemm_dtype(isa: str, target: Target | None = None) -> str | None:
+    """The GEMM precision int8 layers run in on ``isa`` (and ``target``'s CPU features):
+    ``int8`` (u8 x s8 dot products: AVX512_VNNI, AMX), ``int16`` (the operands widened to
+    s16 for ``vpmaddwd``: AVX2, and AVX-512 CPUs without VNNI such as Skylake-SP), or None
+    (no integer dot product: fp32)."""
+    unit = vector_unit(isa)
+    for dtype in ("int8", "int16"):
+        prec = PRECISIONS[dtype]
+        if not has_dot_product(isa, dtype):
+            continue
+        needs = [f.lstrip("+") for f in dot_features(prec.a, prec.b, unit.static_lanes("int32"))]
+        if target is None or isa == "amx" or not missing_features(target, needs):
+            return dtype
+    return None
 
 
 def register_tile_isa(isa: str) -> str:
