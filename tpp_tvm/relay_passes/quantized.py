@@ -118,11 +118,11 @@ class _Emitter:
         self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(gemm_schedule(
             m, n, k, self.isa, dtype=self.dtype, dequantize=True, threads=self.threads,
             out_dtype=dtype, **epi.schedule_args())[0].mod["main"])
-        a2, zp = _as_uint8(a2, a_zp, a_dtype)
+        a2, zp = self._activations(a2, a_zp, a_dtype)
         packed = relax.const(pack_b_numpy(self._weights(w_q), plan.nr, "kn", plan.kp,
                                           self.prec.vnni))
         colsum = w_q.astype(np.int64).sum(axis=0)
-        args = [self._activations(a2), packed,
+        args = [a2, packed,
                 *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [residual] if residual is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
@@ -130,9 +130,14 @@ class _Emitter:
                                             self.dtype)] += 1
         return out
 
-    def _activations(self, a_u8: relax.Expr) -> relax.Expr:
-        """u8 activations in the kernels' A dtype (s16 on AVX2)."""
-        return a_u8 if self.prec.a == "uint8" else relax.op.astype(a_u8, self.prec.a)
+    def _activations(self, a: relax.Expr, a_zp: relax.Expr, dtype: str
+                     ) -> tuple[relax.Expr, relax.Expr]:
+        """Activations ``a`` (u8 or s8) in the kernels' A dtype and their zero point as
+        fp32: u8 for the u8 x s8 dot products (s8 shifted by 128), or widened to s16 as
+        they are."""
+        if self.prec.a == "uint8":
+            return _as_uint8(a, a_zp, dtype)
+        return relax.op.astype(a, self.prec.a), relax.op.astype(a_zp, "float32")
 
     def _weights(self, w_q: np.ndarray) -> np.ndarray:
         """s8 weight values in the kernels' B dtype."""
@@ -171,12 +176,12 @@ class _Emitter:
         self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(conv_schedule(
             shape, self.isa, dtype=self.dtype, threads=self.threads, out_dtype=dtype,
             **epi.schedule_args())[0].mod["main"])
-        x, zp = _as_uint8(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
+        x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
         # the padding's value: the zero point, in the kernel's A dtype
         zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
         packed = relax.const(pack_filter(self._weights(w_q), plan.nr, vnni=self.prec.vnni))
         colsum = w_q.astype(np.int64).sum(axis=(1, 2, 3))
-        args = [self._activations(x), packed, zp_a,
+        args = [x, packed, zp_a,
                 *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
         args += [res] if res is not None else []
         out = relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
