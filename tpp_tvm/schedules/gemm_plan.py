@@ -16,7 +16,7 @@ from tvm.target import Target
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import OPS
-from ..intrinsics.llvm_ir import dot_features
+from ..intrinsics.llvm_ir import AMX_DOT, dot_features
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.vector_isa import VectorISA
 from ..target import host_isa, missing_features
@@ -271,8 +271,10 @@ def register_tile_isa(isa: str) -> str:
 
 def runs_on_tiles(isa: str, dtype: str) -> bool:
     """Whether an ``isa`` GEMM of ``dtype`` runs on AMX tiles: bf16 and int8 on an AMX
-    target, with any epilogue (fp32 stays on the FMA unit)."""
-    return isa == "amx" and PRECISIONS[dtype].vnni > 1
+    target, with any epilogue (fp32, and the s16 kernels of CPUs without VNNI, stay on the
+    vector unit)."""
+    prec = PRECISIONS[dtype]
+    return isa == "amx" and (prec.a, prec.b) in AMX_DOT
 
 
 def weights_outer(a_elems: int, b_elems: int) -> bool:
