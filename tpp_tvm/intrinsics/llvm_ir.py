@@ -144,7 +144,6 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
     nv, full = -(-n // lanes), n // lanes
     widths = [lanes] * full + ([n - full * lanes] if n % lanes else [])
-    steps = kgroups * batch
     name = (f"tpp_brgemm_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}"
             f"_beta{beta}")
     operands = f"{acc}, {at}, {bt}" if op.accumulates else f"{at}, {bt}"
@@ -169,26 +168,34 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
             body.append(f"  %pc{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
                         f"i32 %coff{i}_{v}")
             emit(_masked_load(f"%init{i}_{v}", lanes, acc_dt, f"%pc{i}_{v}", w))
-    body += ["  br label %loop", "loop:", "  %t = phi i32 [ 0, %entry ], [ %tn, %loop ]"]
-    body += [f"  %acc{i}_{v} = phi {acc} [ {init[i, v]}, %entry ], [ %new{i}_{v}, %loop ]"
+    # Two loops, filter rows (batch) outer and VNNI groups inner, on 64-bit pointers: the
+    # inner loop then only steps one pointer per row and B's (one flat loop with div/mod
+    # and 32-bit offsets spent 14 integer instructions a step on address arithmetic, and
+    # an AVX2 s16 3x3 convolution ran 15-35% below the same tile with fewer rows).
+    body += ["  %lda64 = sext i32 %lda to i64", "  %a_batch64 = sext i32 %a_batch to i64",
+             "  %b_group64 = sext i32 %b_group to i64", "  %b_batch64 = sext i32 %b_batch to i64",
+             "  br label %rows", "rows:", "  %r = phi i64 [ 0, %entry ], [ %rn, %next ]"]
+    body += [f"  %accr{i}_{v} = phi {acc} [ {init[i, v]}, %entry ], [ %new{i}_{v}, %next ]"
              for i in range(m) for v in range(nv)]
-    body += [f"  %r = udiv i32 %t, {kgroups}", f"  %g = urem i32 %t, {kgroups}",
-             "  %ra = mul i32 %r, %a_batch", f"  %ga = mul i32 %g, {V}",
-             "  %abase = add i32 %ra, %ga",
-             "  %rb = mul i32 %r, %b_batch", "  %gb = mul i32 %g, %b_group",
-             "  %bbase = add i32 %rb, %gb"]
+    body += ["  %ra = mul i64 %r, %a_batch64", "  %rb = mul i64 %r, %b_batch64",
+             f"  %pbr = getelementptr inbounds {eb}, ptr %b, i64 %rb"]
     for i in range(m):
-        body += [f"  %arow{i} = mul i32 {i}, %lda",
-                 f"  %aoff{i} = add i32 %abase, %arow{i}",
-                 f"  %pa{i} = getelementptr {ea}, ptr %a, i32 %aoff{i}",
+        body += [f"  %arow{i} = mul i64 {i}, %lda64", f"  %aoff{i} = add i64 %ra, %arow{i}",
+                 f"  %par{i} = getelementptr inbounds {ea}, ptr %a, i64 %aoff{i}"]
+    body += ["  br label %loop", "loop:", "  %g = phi i64 [ 0, %rows ], [ %gn, %loop ]"]
+    body += [f"  %acc{i}_{v} = phi {acc} [ %accr{i}_{v}, %rows ], [ %new{i}_{v}, %loop ]"
+             for i in range(m) for v in range(nv)]
+    body += [f"  %ga = mul i64 %g, {V}", "  %gb = mul i64 %g, %b_group64",
+             f"  %pbg = getelementptr inbounds {eb}, ptr %pbr, i64 %gb"]
+    for i in range(m):
+        body += [f"  %pa{i} = getelementptr inbounds {ea}, ptr %par{i}, i64 %ga",
                  f"  %a32_{i} = load i32, ptr %pa{i}, align 1",
                  f"  %a1_{i} = insertelement <{lanes} x i32> poison, i32 %a32_{i}, i64 0",
                  f"  %as{i} = shufflevector <{lanes} x i32> %a1_{i}, <{lanes} x i32> poison, "
                  f"<{lanes} x i32> zeroinitializer",
                  f"  %av{i} = bitcast <{lanes} x i32> %as{i} to {at}"]
     for v, w in enumerate(widths):
-        body += [f"  %boff{v} = add i32 %bbase, {v * lanes * V}",
-                 f"  %pb{v} = getelementptr {eb}, ptr %b, i32 %boff{v}"]
+        body.append(f"  %pb{v} = getelementptr inbounds {eb}, ptr %pbg, i64 {v * lanes * V}")
         emit(_masked_load(f"%bv{v}", lanes * V, b_dtype, f"%pb{v}", w * V))
     for i in range(m):
         for v in range(nv):
@@ -198,8 +205,10 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
                 continue
             body += [f"  %dot{i}_{v} = call {acc} @{op.intrinsic}({at} %av{i}, {bt} %bv{v})",
                      f"  %new{i}_{v} = add {acc} %acc{i}_{v}, %dot{i}_{v}"]
-    body += ["  %tn = add i32 %t, 1", f"  %done = icmp eq i32 %tn, {steps}",
-             "  br i1 %done, label %exit, label %loop", "exit:"]
+    body += ["  %gn = add i64 %g, 1", f"  %gdone = icmp eq i64 %gn, {kgroups}",
+             "  br i1 %gdone, label %next, label %loop", "next:",
+             "  %rn = add i64 %r, 1", f"  %rdone = icmp eq i64 %rn, {batch}",
+             "  br i1 %rdone, label %exit, label %rows", "exit:"]
     for i in range(m):
         for v, w in enumerate(widths):
             body += [f"  %soff{i}_{v} = add i32 %crow{i}, {v * lanes}",
