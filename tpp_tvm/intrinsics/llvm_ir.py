@@ -178,9 +178,12 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     # Two loops, filter rows (batch) outer and VNNI groups inner, on 64-bit pointers: the
     # inner loop then only steps one pointer per row and B's (one flat loop with div/mod
     # and 32-bit offsets spent 14 integer instructions a step on address arithmetic: AVX2
-    # s16 3x3 convolutions ran at 87-92 GOP/s, now 139-145 on Zen 3). Not unrolled: two
-    # steps of a 4 x 16 s16 tile need more than AVX2's 16 registers (spills in the loop;
-    # 14x14 and 7x7 convolutions 4-6% slower unrolled).
+    # s16 3x3 convolutions ran at 87-92 GOP/s, now 139-145 on Zen 3). A batch-reduce
+    # (a convolution's filter rows) is not unrolled: two steps of a 4 x 16 s16 tile need
+    # more than AVX2's 16 registers (spills; 14x14 and 7x7 convolutions 4-6% slower
+    # unrolled). A plain GEMM keeps LLVM's unrolling: without it the dynamic-int8 MLP's
+    # 64x4096x4096 s16 GEMM took 33 ms instead of 18-21 in the model.
+    no_unroll = f", {NO_UNROLL_LOOP}" if batch > 1 else ""
     body += ["  %lda64 = sext i32 %lda to i64", "  %a_batch64 = sext i32 %a_batch to i64",
              "  %b_group64 = sext i32 %b_group to i64", "  %b_batch64 = sext i32 %b_batch to i64",
              "  br label %rows", "rows:", "  %r = phi i64 [ 0, %entry ], [ %rn, %next ]"]
@@ -215,7 +218,7 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
             body += [f"  %dot{i}_{v} = call {acc} @{op.intrinsic}({at} %av{i}, {bt} %bv{v})",
                      f"  %new{i}_{v} = add {acc} %acc{i}_{v}, %dot{i}_{v}"]
     body += ["  %gn = add i64 %g, 1", f"  %gdone = icmp eq i64 %gn, {kgroups}",
-             f"  br i1 %gdone, label %next, label %loop, {NO_UNROLL_LOOP}", "next:",
+             f"  br i1 %gdone, label %next, label %loop{no_unroll}", "next:",
              "  %rn = add i64 %r, 1", f"  %rdone = icmp eq i64 %rn, {batch}",
              "  br i1 %rdone, label %exit, label %rows", "exit:"]
     for i in range(m):
@@ -225,7 +228,8 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
                      f"i32 %soff{i}_{v}"]
             emit(_masked_store(f"%new{i}_{v}", lanes, acc_dt, f"%ps{i}_{v}", w))
     body += ["  ret void", "}"]
-    declares.update(NO_UNROLL_METADATA)
+    if batch > 1:
+        declares.update(NO_UNROLL_METADATA)
     return IRFunction(name, "\n".join(body), tuple(sorted(declares)), op.features)
 
 
