@@ -176,3 +176,30 @@ def test_names_say_both_dtypes() -> None:
     assert spec.name("avx512") == "tpp.gemm.u8i8.avx512.m4n64k64.beta0"
     assert TPPSpec("brgemm", "bfloat16", m=4, n=32, k=8, batch=2).name(
         "avx512") == "tpp.brgemm.bf16.avx512.m4n32k8b2"
+
+
+def test_dot_microkernel_reduction_loop_steps_pointers():
+    """The dot-product microkernel walks filter rows outer and VNNI groups inner on 64-bit
+    offsets: no division per step (a flat loop with udiv/urem cost AVX2 s16 convolutions a
+    third of their rate), and only a batch-reduce is kept from unrolling (a GEMM keeps it)."""
+    from tpp_tvm.intrinsics.llvm_ir import NO_UNROLL_LOOP, dot_brgemm
+
+    conv = dot_brgemm("int16", "int16", 4, 16, 96, 3, 0, lanes=8)
+    gemm = dot_brgemm("int16", "int16", 4, 16, 512, 1, 0, lanes=8)
+    for fn in (conv, gemm):
+        assert "udiv" not in fn.definition and "urem" not in fn.definition
+        assert "getelementptr inbounds i16, ptr %par0, i64 %ga" in fn.definition
+    assert NO_UNROLL_LOOP in conv.definition and any("unroll.disable" in d for d in conv.declares)
+    assert NO_UNROLL_LOOP not in gemm.definition
+
+
+def test_avx2_int16_gemms_rank_their_own_tiles():
+    """AVX2's s16 GEMMs choose from their own tile table (3x24, fine in fp32, is the slowest
+    s16 tile); fp32 keeps the fp32 one."""
+    from tpp_tvm.schedules.gemm_plan import AVX2_INT16_TILES, core_table, plan_gemm
+
+    table = core_table("avx2")
+    assert table.tiles("int16") is AVX2_INT16_TILES
+    assert table.tiles("float32") is table.tile_efficiency
+    assert (plan_gemm(196, 1024, 256, "int16", "avx2").mr,
+            plan_gemm(196, 1024, 256, "int16", "avx2").nr) == (4, 16)
