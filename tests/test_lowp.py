@@ -181,16 +181,19 @@ def test_names_say_both_dtypes() -> None:
 def test_dot_microkernel_reduction_loop_steps_pointers():
     """The dot-product microkernel walks filter rows outer and VNNI groups inner on 64-bit
     offsets: no division per step (a flat loop with udiv/urem cost AVX2 s16 convolutions a
-    third of their rate), and only a batch-reduce is kept from unrolling (a GEMM keeps it)."""
+    third of their rate); on AVX2 only a batch-reduce is kept from unrolling."""
+    from tpp_tvm.intrinsics.avx2 import AVX2
     from tpp_tvm.intrinsics.llvm_ir import NO_UNROLL_LOOP, dot_brgemm
 
-    conv = dot_brgemm("int16", "int16", 4, 16, 96, 3, 0, lanes=8)
-    gemm = dot_brgemm("int16", "int16", 4, 16, 512, 1, 0, lanes=8)
+    conv = AVX2.dot_brgemm("int16", "int16", 4, 16, 96, 3, 0)
+    gemm = AVX2.dot_brgemm("int16", "int16", 4, 16, 512, 1, 0)
     for fn in (conv, gemm):
         assert "udiv" not in fn.definition and "urem" not in fn.definition
         assert "getelementptr inbounds i16, ptr %par0, i64 %ga" in fn.definition
     assert NO_UNROLL_LOOP in conv.definition and any("unroll.disable" in d for d in conv.declares)
     assert NO_UNROLL_LOOP not in gemm.definition
+    # the AVX-512 kernels (32 registers, not measured) keep LLVM's unrolling
+    assert NO_UNROLL_LOOP not in dot_brgemm("uint8", "int8", 4, 64, 96, 3, 0).definition
 
 
 def test_avx2_int16_gemms_rank_their_own_tiles():

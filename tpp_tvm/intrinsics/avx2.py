@@ -24,7 +24,7 @@ from .spec import TPPSpec
 from .vector_isa import VectorISA
 
 AVX2 = VectorISA("avx2", vector_bits=256, num_vregs=16,
-                 dot_brgemm=functools.partial(dot_brgemm, lanes=8),
+                 dot_brgemm=functools.partial(dot_brgemm, lanes=8, unroll_batch_reduce=False),
                  dot_dtypes=(("int16", "int16"),))
 #: The vector unit the registry reports for this ISA.
 VECTOR_ISA = AVX2

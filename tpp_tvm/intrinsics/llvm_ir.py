@@ -129,7 +129,7 @@ NO_UNROLL_METADATA = ("!9001 = distinct !{!9001, !9002}",
 
 
 def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
-               beta: int, lanes: int = 16) -> IRFunction:
+               beta: int, lanes: int = 16, unroll_batch_reduce: bool = True) -> IRFunction:
     """A whole register-blocked low-precision BRGEMM microkernel as one LLVM function.
 
     ``void name(ptr a, ptr b, ptr c, i32 lda, i32 a_batch, i32 b_group, i32 b_batch,
@@ -178,12 +178,13 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     # Two loops, filter rows (batch) outer and VNNI groups inner, on 64-bit pointers: the
     # inner loop then only steps one pointer per row and B's (one flat loop with div/mod
     # and 32-bit offsets spent 14 integer instructions a step on address arithmetic: AVX2
-    # s16 3x3 convolutions ran at 87-92 GOP/s, now 139-145 on Zen 3). A batch-reduce
-    # (a convolution's filter rows) is not unrolled: two steps of a 4 x 16 s16 tile need
-    # more than AVX2's 16 registers (spills; 14x14 and 7x7 convolutions 4-6% slower
-    # unrolled). A plain GEMM keeps LLVM's unrolling: without it the dynamic-int8 MLP's
-    # 64x4096x4096 s16 GEMM took 33 ms instead of 18-21 in the model.
-    no_unroll = f", {NO_UNROLL_LOOP}" if batch > 1 else ""
+    # s16 3x3 convolutions ran at 87-92 GOP/s, now 139-145 on Zen 3). With
+    # ``unroll_batch_reduce=False`` (AVX2) a batch-reduce (a convolution's filter rows) is
+    # not unrolled: two steps of a 4 x 16 s16 tile need more than AVX2's 16 registers
+    # (spills; 14x14 and 7x7 convolutions 4-6% slower unrolled). A plain GEMM keeps LLVM's
+    # unrolling everywhere: without it the dynamic-int8 MLP's 64x4096x4096 s16 GEMM took
+    # 33 ms instead of 18-21 in the model. (AVX-512's 32 registers: not measured, unchanged.)
+    no_unroll = f", {NO_UNROLL_LOOP}" if batch > 1 and not unroll_batch_reduce else ""
     body += ["  %lda64 = sext i32 %lda to i64", "  %a_batch64 = sext i32 %a_batch to i64",
              "  %b_group64 = sext i32 %b_group to i64", "  %b_batch64 = sext i32 %b_batch to i64",
              "  br label %rows", "rows:", "  %r = phi i64 [ 0, %entry ], [ %rn, %next ]"]
@@ -228,7 +229,7 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
                      f"i32 %soff{i}_{v}"]
             emit(_masked_store(f"%new{i}_{v}", lanes, acc_dt, f"%ps{i}_{v}", w))
     body += ["  ret void", "}"]
-    if batch > 1:
+    if no_unroll:
         declares.update(NO_UNROLL_METADATA)
     return IRFunction(name, "\n".join(body), tuple(sorted(declares)), op.features)
 
