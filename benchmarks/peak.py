@@ -17,10 +17,11 @@ data-dependent throughput (power) no real GEMM sees::
     python benchmarks/peak.py --instr bf16_dp   # vdpbf16ps
     python benchmarks/peak.py --instr amx_bf16  # tdpbf16ps tiles (AMX hosts)
 
-The memory side has its own measurement: ``--stream read`` (an AVX-512 sum over a buffer
-several times the L3, each thread its own slice) is the bandwidth a memory-bound kernel such
-as a decoder's matrix-vector products can reach when streaming weights; ``--stream triad``
-is STREAM's ``a = b + s c`` (bytes counted as STREAM does: two reads and one write)::
+The memory side has its own measurement: ``--stream read`` (a vector sum, AVX-512 or AVX2,
+over a buffer several times the L3, each thread its own slice) is the bandwidth a
+memory-bound kernel such as a decoder's matrix-vector products can reach when streaming
+weights; ``--stream triad`` is STREAM's ``a = b + s c`` (bytes counted as STREAM does:
+two reads and one write)::
 
     python benchmarks/peak.py --stream read --threads 1,2
 """
@@ -261,26 +262,43 @@ def _compiled(stem: str, source: str, flags: list[str]) -> Path:
     return exe
 
 
-#: Memory-stream kernels: name -> (C loop over one thread's slice, bytes counted per float).
+#: Memory-stream kernels: name -> (C loop over one thread's slice, bytes counted per float),
+#: written on the vector macros of :data:`STREAM_VECTORS` (V, L lanes, VLOAD, VADD, ...).
 STREAMS: dict[str, tuple[str, int]] = {
     "read": ("""
   /* four streams through the slice at once (one stream leaves the prefetchers idle) */
-  __m512 acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
-  long q = n / 4 / 32 * 32;
-  for (long i = 0; i < q; i += 32)
+  V acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = VZERO();
+  long q = n / 4 / (2 * L) * (2 * L);
+  for (long i = 0; i < q; i += 2 * L)
     for (int j = 0; j < 4; ++j) {
-      acc[2 * j] = _mm512_add_ps(acc[2 * j], _mm512_load_ps(b + j * q + i));
-      acc[2 * j + 1] = _mm512_add_ps(acc[2 * j + 1], _mm512_load_ps(b + j * q + i + 16));
+      acc[2 * j] = VADD(acc[2 * j], VLOAD(b + j * q + i));
+      acc[2 * j + 1] = VADD(acc[2 * j + 1], VLOAD(b + j * q + i + L));
     }
-  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  sink[id * 16] = _mm512_reduce_add_ps(acc[0]);
+  for (int j = 1; j < 8; ++j) acc[0] = VADD(acc[0], acc[j]);
+  float lanes[L];
+  VSTOREU(lanes, acc[0]);
+  float sum = 0.0f;
+  for (int j = 0; j < L; ++j) sum += lanes[j];
+  sink[id * 16] = sum;
 """, 4),
     "triad": ("""
-  __m512 s = _mm512_set1_ps(3.0f);
-  for (long i = 0; i < n; i += 16)
-    _mm512_stream_ps(a + i, _mm512_fmadd_ps(s, _mm512_load_ps(c + i), _mm512_load_ps(b + i)));
+  V s = VSET1(3.0f);
+  for (long i = 0; i < n; i += L)
+    VSTREAM(a + i, VFMADD(s, VLOAD(c + i), VLOAD(b + i)));
 """, 12),
+}
+
+#: The stream kernels' vector macros per register width: zmm where the CPU has AVX-512,
+#: ymm (AVX2 + FMA) elsewhere, so the bandwidth runs on every x86 CPU we support.
+STREAM_VECTORS: dict[int, tuple[list[str], str]] = {
+    512: ([], "V __m512|L 16|VZERO _mm512_setzero_ps|VLOAD _mm512_load_ps|VADD _mm512_add_ps|"
+              "VSTOREU _mm512_storeu_ps|VSET1 _mm512_set1_ps|VSTREAM _mm512_stream_ps|"
+              "VFMADD _mm512_fmadd_ps"),
+    256: (["-mno-avx512f", "-mavx2", "-mfma"],
+          "V __m256|L 8|VZERO _mm256_setzero_ps|VLOAD _mm256_load_ps|VADD _mm256_add_ps|"
+          "VSTOREU _mm256_storeu_ps|VSET1 _mm256_set1_ps|VSTREAM _mm256_stream_ps|"
+          "VFMADD _mm256_fmadd_ps"),
 }
 
 #: ``measure`` for the streams: each thread touches its own buffers first (so they sit in its
@@ -330,9 +348,11 @@ def measure_bandwidth(kind: str = "read", threads: int = 1, megabytes: int | Non
     l3 = host_isa().l3_bytes or 32 << 20
     total = (megabytes << 20) if megabytes else max(4 * l3, 256 << 20)
     floats = total // 4 // threads // 128 * 128
-    source = (f"#define MAIN_SETUP\n#define REPEATS {int(repeats)}\n"
+    flags, macros = STREAM_VECTORS[512 if _has_flag("avx512f") else 256]
+    defines = "".join(f"#define {m}\n" for m in macros.split("|"))
+    source = (f"#define MAIN_SETUP\n#define REPEATS {int(repeats)}\n{defines}"
               + _C_TEMPLATE.replace("KERNEL\n", _STREAM_KERNEL.replace("STREAM_BODY", body)))
-    seconds = _run(_compiled(f"stream_{kind}", source, []), threads, floats)
+    seconds = _run(_compiled(f"stream_{kind}", source, flags), threads, floats)
     return threads * floats * bytes_per_float / seconds / 1e9
 
 
