@@ -57,18 +57,6 @@ def test_gemm_bias_activation_epilogue(activation):
     _check(48, 96, 40, bias=True, activation=activation)
 
 
-def test_row_blocked_gemm_matches_numpy():
-    """A larger than half of any host's L2 under B panels outer: row blocks of A outer,
-    every panel over each block (A is not re-streamed from L3 per panel)."""
-    from tpp_tvm.schedules.gemm_plan import row_block, weights_outer
-
-    m, n, k = 480, 256, 2048  # 480 rows: whole tiles for every mr in the tables
-    plan = plan_gemm(m, n, k, "float32", checks.VECTOR_ISA)
-    assert weights_outer(plan.mp * k, k * plan.np_)
-    assert row_block(plan.mp, 4 * k, plan.mr) is not None
-    _check(m, n, k, bias=True, activation="relu")
-
-
 def test_gemm_epilogue_with_tails():
     _check(13, 70, 9, bias=True, activation="relu")
 

@@ -125,8 +125,8 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
                                    [b] if batched else [], io, ii, jo, ji, red[0])
     elem = 4 // prec.vnni
     if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
-        mc = row_block(plan.mp, k * elem, mr)
-        if mc is not None:  # a row block of A stays in L2 while all panels pass
+        mc = row_block(plan.mp, k * elem, mr) if threads is not None else None
+        if mc is not None:  # tiles: a row block of A stays in L2 while all panels pass
             ioo, io = sch.split(io, [None, mc // mr])
             outer = [ioo, jo, io]
         else:

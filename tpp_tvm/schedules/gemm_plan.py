@@ -309,9 +309,7 @@ def row_block(rows: int, row_bytes: int, mr: int) -> int | None:
     of A fits there already or no such block exists.
 
     With B panels outer, A is re-read once per panel: an A larger than the L2 then streams
-    from L3 per panel (measured bf16 1024^3 on AMX: 304 GFLOP/s against torch's 1063; fp32
-    on a Zen 3 with 512 KiB L2, interleaved: 196x256x1024 and 196x512x1024 7-8% faster on
-    2 threads, 0-4% on 1)."""
+    from L3 per panel (measured bf16 1024^3 on AMX: 304 GFLOP/s against torch's 1063)."""
     budget = (host_isa().l2_bytes or 1024 * 1024) // 2
     if rows * row_bytes <= budget:
         return None
