@@ -234,13 +234,17 @@ def _tile_source(instr: PeakInstruction) -> str:
             + _C_TEMPLATE.replace("KERNEL\n", _TILE_KERNEL + _TIMED_LOOP))
 
 
+#: gcc flags for code that must run on a CPU without AVX-512 (the harness included).
+AVX2_FLAGS = ["-mno-avx512f", "-mavx2", "-mfma"]
+
+
 @functools.cache
 def _binary(name: str) -> Path:
     """Compile the peak loop for ``name`` once per source text (cached in the temp dir)."""
     instr = INSTRUCTIONS[name]
     isa_flags = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"] if instr.tile else []
     if instr.vector_bits == 256:  # the harness itself must run on a CPU without AVX-512
-        isa_flags = ["-mno-avx512f", "-mavx2", "-mfma"]
+        isa_flags = AVX2_FLAGS
     return _compiled(f"peak_{name}", _c_source(instr), isa_flags)
 
 
@@ -263,12 +267,12 @@ def _compiled(stem: str, source: str, flags: list[str]) -> Path:
 
 
 #: Memory-stream kernels: name -> (C loop over one thread's slice, bytes counted per float),
-#: written on the vector macros of :data:`STREAM_VECTORS` (V, L lanes, VLOAD, VADD, ...).
+#: written on the vector macros of :func:`_stream_vectors` (V, L lanes, VLOAD, VADD, ...).
 STREAMS: dict[str, tuple[str, int]] = {
     "read": ("""
   /* four streams through the slice at once (one stream leaves the prefetchers idle) */
   V acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = VZERO();
+  for (int j = 0; j < 8; ++j) acc[j] = VSETZERO();
   long q = n / 4 / (2 * L) * (2 * L);
   for (long i = 0; i < q; i += 2 * L)
     for (int j = 0; j < 4; ++j) {
@@ -289,17 +293,17 @@ STREAMS: dict[str, tuple[str, int]] = {
 """, 12),
 }
 
-#: The stream kernels' vector macros per register width: zmm where the CPU has AVX-512,
-#: ymm (AVX2 + FMA) elsewhere, so the bandwidth runs on every x86 CPU we support.
-STREAM_VECTORS: dict[int, tuple[list[str], str]] = {
-    512: ([], "V __m512|L 16|VZERO _mm512_setzero_ps|VLOAD _mm512_load_ps|VADD _mm512_add_ps|"
-              "VSTOREU _mm512_storeu_ps|VSET1 _mm512_set1_ps|VSTREAM _mm512_stream_ps|"
-              "VFMADD _mm512_fmadd_ps"),
-    256: (["-mno-avx512f", "-mavx2", "-mfma"],
-          "V __m256|L 8|VZERO _mm256_setzero_ps|VLOAD _mm256_load_ps|VADD _mm256_add_ps|"
-          "VSTOREU _mm256_storeu_ps|VSET1 _mm256_set1_ps|VSTREAM _mm256_stream_ps|"
-          "VFMADD _mm256_fmadd_ps"),
-}
+#: The stream kernels' vector operations, ``_mm{bits}_{op}_ps`` at either width.
+STREAM_OPS = ("setzero", "load", "add", "storeu", "set1", "stream", "fmadd")
+
+
+def _stream_vectors(bits: int) -> tuple[list[str], str]:
+    """(gcc flags, ``#define``s) of :data:`STREAMS`' vector macros on ``bits``-wide registers:
+    zmm where the CPU has AVX-512, ymm (AVX2 + FMA) elsewhere."""
+    defines = [f"#define V __m{bits}", f"#define L {bits // 32}"]
+    defines += [f"#define V{op.upper()} _mm{bits}_{op}_ps" for op in STREAM_OPS]
+    return ([] if bits == 512 else AVX2_FLAGS), "".join(d + "\n" for d in defines)
+
 
 #: ``measure`` for the streams: each thread touches its own buffers first (so they sit in its
 #: memory), streams once to warm up, then keeps the best of ``REPEATS`` synchronized passes.
@@ -348,8 +352,7 @@ def measure_bandwidth(kind: str = "read", threads: int = 1, megabytes: int | Non
     l3 = host_isa().l3_bytes or 32 << 20
     total = (megabytes << 20) if megabytes else max(4 * l3, 256 << 20)
     floats = total // 4 // threads // 128 * 128
-    flags, macros = STREAM_VECTORS[512 if _has_flag("avx512f") else 256]
-    defines = "".join(f"#define {m}\n" for m in macros.split("|"))
+    flags, defines = _stream_vectors(512 if _has_flag("avx512f") else 256)
     source = (f"#define MAIN_SETUP\n#define REPEATS {int(repeats)}\n{defines}"
               + _C_TEMPLATE.replace("KERNEL\n", _STREAM_KERNEL.replace("STREAM_BODY", body)))
     seconds = _run(_compiled(f"stream_{kind}", source, flags), threads, floats)
