@@ -6,6 +6,7 @@ whole bf16 models on tiles against ONNX Runtime."""
 from __future__ import annotations
 
 import ctypes
+import re
 
 import ml_dtypes
 import numpy as np
@@ -20,8 +21,8 @@ from tpp_tvm.target import host_isa, target, tiles_emulated
 
 HOST = host_isa()
 pytestmark = pytest.mark.skipif(
-    not (HOST.avx512f and HOST.avx512_bf16),
-    reason=f"the tile model runs beside AVX-512 BF16 kernels ({HOST.summary()})")
+    not (HOST.avx2 and HOST.fma),
+    reason=f"the tile model runs beside AVX-512 or AVX2 kernels ({HOST.summary()})")
 
 
 def _config(m: int, n: int) -> ctypes.Array:
@@ -92,6 +93,48 @@ def test_tile_instructions_are_renamed_and_nothing_else() -> None:
     renamed = [line for line in emulated.splitlines()
                if line.startswith("declare") and "tpp_amx_emu_" in line]
     assert len(renamed) == 6 and not any("immarg" in line for line in renamed)  # no tdpbusd
+
+
+def test_avx512_dot_products_become_generic_code_for_hosts_without_avx512() -> None:
+    """On an AVX2 host the kernels around the tiles lose their AVX-512 instructions: the dot
+    products become calls of generic-IR definitions in the text, the functions' features
+    lose AVX-512 and AMX, and an AVX-512 intrinsic without a generic form is refused by
+    name (LLVM would abort the process on it)."""
+    from tpp_tvm.intrinsics.llvm_ir import dot_brgemm
+
+    for a, b, name in (("bfloat16", "bfloat16", "dpbf16ps"), ("uint8", "int8", "vpdpbusd")):
+        text = module_text(dot_brgemm(a, b, 2, 32, 4, 1, 0), amx_brgemm(a, b, 32, 32, 32, 1, 0))
+        kept = amx_emulator.emulate_tile_instructions(text)
+        assert "@llvm.x86.avx512" in kept and "+avx512f" in kept  # AVX-512 hosts run them
+        generic = amx_emulator.emulate_tile_instructions(text, vector_instructions=True)
+        features = ",".join(re.findall(r'"target-features"="([^"]*)"', generic))
+        assert "@llvm.x86." not in generic and "avx512" not in features and "amx" not in features
+        assert generic.count("define linkonce_odr <16 x ") == 1  # defined once, called 2x2
+        assert generic.count(f"call <16 x float> @tpp_amx_emu_{name}(") + generic.count(
+            f"call <16 x i32> @tpp_amx_emu_{name}(") == 4
+    int16 = module_text(dot_brgemm("int16", "int16", 2, 16, 4, 1, 0))
+    with pytest.raises(UnsupportedISAError, match=r"llvm\.x86\.avx512\.pmaddw\.d\.512"):
+        amx_emulator.emulate_tile_instructions(int16, vector_instructions=True)
+
+
+def test_bf16_rounding_routine_rounds_to_nearest_even() -> None:
+    """``__truncsfbf2``, which LLVM calls for fp32 -> bf16 without AVX512_BF16: ties to
+    even, overflow to inf, NaN quiet, as ``ml_dtypes`` (and ``vcvtneps2bf16``) round."""
+    fn = amx_emulator.library().__truncsfbf2
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x00000001, 0x80008000,
+                     0x7F800000, 0xFF800000, 0x7F800001, 0xFFC00000], np.uint32)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([bits.view(np.float32),
+                             rng.standard_normal(200).astype(np.float32) * 1e3])
+    got = np.array([np.float32(fn(float(v))).view(np.uint32) & 0xFFFF for v in values],
+                   np.uint16)
+    with np.errstate(invalid="ignore"):  # numpy warns casting NaN
+        want = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    finite = ~np.isnan(values)
+    np.testing.assert_array_equal(got[finite], want[finite])
+    assert np.isnan(got[~finite].view(ml_dtypes.bfloat16).astype(np.float32)).all()
+    assert (got[~finite] & 0x40).all()  # quiet
 
 
 def test_emulated_tiles_need_the_amx_target() -> None:

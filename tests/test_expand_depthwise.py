@@ -235,26 +235,40 @@ def test_fused_kernel_compiles_for_the_sve_target() -> None:
     assert re.search(r"\n\s+fmla\s+[vz]\d+\.[4s]", text)
 
 
-@pytest.mark.requires_onnxruntime
-@pytest.mark.requires_avx512_bf16
-def test_bf16_keeps_the_fused_fp32_kernel_off_tiles() -> None:
-    """precision='bf16' on the AVX-512 unit keeps the fused fp32 kernel (faster than a bf16
-    GEMM writing the expanded tensor out) and reports no bf16 for it; on AMX tiles the
-    expansion runs as a bf16 tile GEMM before the depthwise kernel."""
-    import tpp_harness as h
-
-    from tpp_tvm.compiled import compile_onnx
+def _bf16_block() -> tuple:
+    """An inverted residual block, its input and ONNX Runtime's fp32 result."""
     from tpp_tvm.onnxruntime_ref import run_onnxruntime
-    from tpp_tvm.target import target
 
     side = _fused_side(96)
     model = _inverted_residual(side, 16, 96, 1, "relu6")
     x = np.random.default_rng(4).standard_normal((1, 16, side, side)).astype("float32")
-    want = run_onnxruntime(model, {"x": x})[0]
+    return model, x, run_onnxruntime(model, {"x": x})[0]
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.requires_avx512_bf16
+def test_bf16_keeps_the_fused_fp32_kernel_off_tiles() -> None:
+    """precision='bf16' on the AVX-512 unit keeps the fused fp32 kernel (faster than a bf16
+    GEMM writing the expanded tensor out) and reports no bf16 for it."""
+    from tpp_tvm.compiled import compile_onnx
+    from tpp_tvm.target import target
+
+    model, x, want = _bf16_block()
     fused = compile_onnx(model, target=target("avx512", num_cores=2), precision="bf16")
     assert dict(fused.report_data["lowered"]) == {
         "tpp.expand_depthwise_conv2d_bias_act": 1}, fused.report_data["lowered"]
     np.testing.assert_allclose(fused(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.requires_onnxruntime
+def test_bf16_expansion_runs_on_tiles() -> None:
+    """On AMX tiles (the tile model where the host has none) the expansion runs as a bf16
+    tile GEMM before the depthwise kernel."""
+    import tpp_harness as h
+
+    from tpp_tvm.compiled import compile_onnx
+
+    model, x, want = _bf16_block()
     tiles = compile_onnx(model, target=h.tile_target(2), precision="bf16")
     lowered = tiles.report_data["lowered"]  # the composite, its expansion on tiles
     assert lowered == {"tpp.expand_depthwise_conv2d_bias_act [bf16, amx]": 1}, lowered

@@ -29,13 +29,14 @@ from tpp_tvm.schedules.gemm import gemm_schedule
 from tpp_tvm.target import isa_of, target, tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
-pytestmark = pytest.mark.requires_avx512_bf16  # and VNNI, which every such CPU has
-
 REWRITE = "bf16 activations: layers writing bf16 for the next bf16 layer"
 
 
 def _targets() -> list:
-    return [pytest.param(lambda: target("avx512", num_cores=2), id="avx512"),
+    """The AVX-512 kernels (on AVX512_BF16 hosts, which all have VNNI too) and the tiles
+    (AMX, else the tile model, which :func:`tile_target` runs on any AVX2 or AVX-512 host)."""
+    return [pytest.param(lambda: target("avx512", num_cores=2), id="avx512",
+                         marks=pytest.mark.requires_avx512_bf16),
             pytest.param(lambda: tile_target(num_cores=2), id="tiles")]
 
 

@@ -436,8 +436,9 @@ def target(isa: str | None = None, num_cores: int | None = None, *,
     MetaSchedule and the parallel schedules size their thread work by. Cross-compiling is
     fine: ``target("sve")`` works on an x86 host.
 
-    ``emulate_tiles`` (``amx`` only): the AMX kernels, compiled for this host's AVX-512 CPU,
-    with every tile instruction a call of the software tile model, so tile kernels and
+    ``emulate_tiles`` (``amx`` only): the AMX kernels, compiled for this host's CPU, with
+    every tile instruction a call of the software tile model (on a CPU without AVX-512, the
+    AVX-512 instructions around the tiles in generic vector code too), so tile kernels and
     models run (slowly) where the CPU has no AMX: for tests, never for speed.
     """
     isa = _check_isa(isa) if isa is not None else best_isa()
@@ -455,10 +456,10 @@ def _emulated_tiles_config(isa: str) -> dict[str, Any]:
     """``keys``, ``mcpu`` and ``mattr`` of an AMX target with emulated tiles on this host."""
     host = host_isa()
     mcpu = _host_mcpu()
-    if isa != "amx" or not (host.avx512f and host.avx512_bf16) or mcpu is None:
+    if isa != "amx" or not (host.avx2 and host.fma) or mcpu is None:
         raise UnsupportedISAError(
-            f"emulated AMX tiles need target 'amx' (got {isa!r}) on a host with AVX-512 F and "
-            f"BF16 for the kernels around the tiles; this host: {host.summary()}")
+            f"emulated AMX tiles need target 'amx' (got {isa!r}) on an x86 host with AVX2 and "
+            f"FMA (or AVX-512) for the kernels around the tiles; this host: {host.summary()}")
     tiles = {"-" + f: "+" + f for f in ("amx-tile", "amx-bf16", "amx-int8")}
     return {"keys": ["tpp", "cpu", EMULATED_TILES_KEY], "mcpu": mcpu,
             "mattr": [tiles.get(f, f) for f in host.llvm_mattr()]}

@@ -34,7 +34,8 @@ process inside LLVM): :func:`required_features` reads them off the imported func
 
 For a target with emulated AMX tiles (``target("amx", emulate_tiles=True)``), the last pass
 renames the tile instructions in every imported IR text to the software tile model's
-functions (:mod:`tpp_tvm.intrinsics.amx_emulator`).
+functions (:mod:`tpp_tvm.intrinsics.amx_emulator`), and on a host without AVX-512 also puts
+the AVX-512 instructions of the kernels around the tiles in generic form.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from tpp_tvm.intrinsics.amx import (
     configure_tiles_per_task,
     interleave_tile_epilogues,
 )
-from tpp_tvm.intrinsics.amx_emulator import emulate_tile_instructions
+from tpp_tvm.intrinsics.amx_emulator import EMULATED_FEATURES, emulate_tile_instructions
 from tpp_tvm.intrinsics.llvm_ir import IRFunction, denormal_flushing, module_text
 from tpp_tvm.intrinsics.prefetch import prefetch_next_panels
 from tpp_tvm.runtime import target_threads
@@ -133,6 +134,8 @@ def check_target_features(mod: tvm.IRModule) -> None:
         if target is None or target.kind.name != "llvm":
             continue
         features = required_features(func)
+        if tiles_emulated(target):
+            features = [f for f in features if f not in EMULATED_FEATURES]
         if features:
             require_features(target, features, f"TPP kernel {gvar.name_hint!r}")
 
@@ -225,13 +228,29 @@ def emulate_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     if not tiles_emulated(target or tvm.target.Target.current(allow_none=True)):
         return func
 
+    vectors = not _has_avx512(target)
+
     def rename(stmt: tirx.AttrStmt) -> tirx.AttrStmt:
         if stmt.attr_key != "pragma_import_llvm":
             return stmt
-        text = emulate_tile_instructions(str(stmt.value.value))
+        text = emulate_tile_instructions(str(stmt.value.value), vectors)
         return tirx.AttrStmt(stmt.node, stmt.attr_key, tvm.ir.StringImm(text), stmt.body)
 
-    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, rename)]))
+    body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, rename)])
+    if vectors:  # the AVX-512 forms the TPP bodies were built with, in generic vector math
+        body = tvm_ffi.structural_map(body, [(tvm.ir.Call, _generic_call)])
+    return func.with_body(body)
+
+
+def _generic_call(call: tvm.ir.Call) -> tvm.ir.Call | tirx.Expr:
+    generic = vector_math.generic_form(call)
+    return call if generic is None else generic
+
+
+def _has_avx512(target: tvm.target.Target | None) -> bool:
+    target = target or tvm.target.Target.current(allow_none=True)
+    return target is not None and bool(
+        tvm.target.codegen.llvm_cpu_has_features(["avx512f"], target))
 
 
 #: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.

@@ -156,3 +156,16 @@ void tpp_amx_emu_tdpbusd(int8_t c, int8_t a, int8_t b) {
         memcpy(state.data[c][m], acc, 4 * n);
     }
 }
+
+/* fp32 -> bf16, rounded to nearest even (NaN stays a quiet NaN), as vcvtneps2bf16: the
+ * routine LLVM calls for a conversion to bfloat on CPUs without AVX512_BF16 (the AMX kernels
+ * compiled for an AVX2 host). libgcc has it from GCC 13 only; without a definition the JIT
+ * would bind the call to nothing. The bf16 result is returned in the low 16 bits of xmm0,
+ * where a float return value lies. */
+float __truncsfbf2(float x) {
+    union { float f; uint32_t u; } in = {x}, out = {0};
+    uint32_t bits = in.u;
+    if ((bits & 0x7fffffffu) > 0x7f800000u) out.u = (bits >> 16) | 0x40u;
+    else out.u = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return out.f;
+}

@@ -62,6 +62,7 @@ of their own, so the k slices do not copy the argument's tree.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -254,7 +255,7 @@ def _reciprocal(d: Expr) -> Expr:
         return const(d, 1.0) / d
     zero = tirx.Broadcast(tirx.const(0.0, "float32"), 16)
     r = per_zmm(lambda v: tirx.call_llvm_pure_intrin(
-        "float32x16", "llvm.x86.avx512.rcp14.ps.512", v, zero, _all_lanes()), d)
+        "float32x16", _RCP14, v, zero, _all_lanes()), d)
     return r * (const(d, 2.0) - d * r)
 
 
@@ -344,13 +345,41 @@ def _exp_parts(hi: Expr, lo: Expr | None = None, nonpositive: bool = False) -> E
     p = _poly(r, _EXP_POLY) * r * r + r + const(r, 1.0)
     if _avx512(p):  # p * 2^nf, rounded once (denormal, normal or inf)
         return per_zmm(lambda v, e: tirx.call_llvm_pure_intrin(
-            "float32x16", "llvm.x86.avx512.mask.scalef.ps.512", v, e, v, _all_lanes(),
-            tirx.const(4, "int32")), p, nf)
-    n = tirx.Cast(_int_type(s), nf)
-    # n is in [-150, 128]: two factors 2^(n//2) and 2^(n - n//2) are both normal, and the
-    # final product rounds once, to a denormal, a normal or inf.
+            "float32x16", _SCALEF, v, e, v, _all_lanes(), tirx.const(4, "int32")), p, nf)
+    return _times_pow2(p, nf)
+
+
+def _times_pow2(p: Expr, nf: Expr) -> Expr:
+    """``p * 2^nf`` for integral ``nf`` in [-150, 128]: two factors 2^(n//2) and
+    2^(n - n//2) are both normal, and the final product rounds once, to a denormal, a
+    normal or inf."""
+    n = tirx.Cast(_int_type(p), nf)
     n1 = tirx.shift_right(n, tirx.const(1, "int32"))
-    return p * _pow2(n1, s) * _pow2(n - n1, s)
+    return p * _pow2(n1, p) * _pow2(n - n1, p)
+
+
+_SCALEF = "llvm.x86.avx512.mask.scalef.ps.512"
+_RCP14 = "llvm.x86.avx512.rcp14.ps.512"
+
+
+def generic_form(call: tirx.Call) -> Expr | None:
+    """The any-CPU form of an AVX-512 instruction :func:`avx512_forms` put in ``call``
+    (``vrcp14ps``: a division; ``vscalefps``: two exponent-field factors), None for other
+    calls: kernels built with AVX-512 forms then compile for a host without AVX-512 (the
+    AMX kernels beside emulated tiles on an AVX2 CPU)."""
+    if call.op.name != "tirx.call_llvm_pure_intrin":
+        return None
+    intrinsic = int(call.args[0].value)
+    if intrinsic == _llvm_id(_RCP14):
+        return const(call.args[1], 1.0) / call.args[1]
+    if intrinsic == _llvm_id(_SCALEF):
+        return _times_pow2(call.args[1], call.args[2])
+    return None
+
+
+@functools.cache
+def _llvm_id(name: str) -> int:
+    return int(tvm.target.codegen.llvm_lookup_intrinsic_id(name))
 
 
 def exp(x: Expr) -> Expr:
