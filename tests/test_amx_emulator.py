@@ -193,14 +193,17 @@ def test_int8_epilogue_slices_stay_in_step() -> None:
 @pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize(("name", "args", "rtol"), [
     ("bert", {"layers": 1, "hidden": 96, "heads": 2, "intermediate": 192, "seq": 40}, 1e-2),
+    # head size 64: the attention's two products on tiles too (40 queries as 64, keys 64)
+    ("bert", {"layers": 1, "hidden": 128, "heads": 2, "intermediate": 256, "seq": 40}, 1e-2),
     ("mlp", {"batch": 40, "dims": (96, 130, 64)}, 1e-2),
     # 1x1 convolutions (with residual epilogues) as tile GEMMs; eleven layers of bf16
     # activations: 8e-3 measured, as much as OpenVINO's bf16 ResNet-50 (1e-2)
     ("resnet50", {"image": 32, "width": 16, "blocks": (1, 1, 1, 1), "classes": 10}, 2e-2),
-], ids=["bert", "mlp", "resnet"])
+], ids=["bert", "bert-attention", "mlp", "resnet"])
 def test_bf16_models_on_tiles_match_onnxruntime(name: str, args: dict, rtol: float) -> None:
-    """Whole bf16 models with every dense layer on tiles (K = 96 and 192: 3 and 6 steps)
-    within bf16's error of ONNX Runtime's fp32 result."""
+    """Whole bf16 models with every dense layer on tiles (K = 96 and 192: 3 and 6 steps),
+    and attention where the head size is whole 32s, within bf16's error of ONNX Runtime's
+    fp32 result."""
     from tpp_tvm import models
     from tpp_tvm.compiled import compile_onnx
     from tpp_tvm.onnxruntime_ref import run_onnxruntime
@@ -210,6 +213,9 @@ def test_bf16_models_on_tiles_match_onnxruntime(name: str, args: dict, rtol: flo
     compiled = compile_onnx(model, target=h.tile_target(2), precision="bf16")
     lowered = compiled.report_data["lowered"]
     assert any(key.endswith("[bf16, amx]") for key in lowered), lowered
+    attention = [key for key in lowered if key.startswith("tpp.attention")]
+    assert all(key.endswith("[bf16, amx]") == (args.get("hidden", 0) // args.get("heads", 1)
+                                                % 32 == 0) for key in attention), lowered
     before = amx_emulator.products() if compiled.report_data.get("tiles_emulated") else 0
     got = compiled(*inputs.values())[0]
     want = run_onnxruntime(model, inputs)[0]

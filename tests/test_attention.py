@@ -208,3 +208,92 @@ def test_query_blocks_fit_the_register_file() -> None:
     sch = attention_schedule(AttentionShape(bh=2, seq_q=56, seq=64, dim=32, heads=2,
                                             scale=0.5, mask=False), "avx2")
     assert "tpp.gemm.f32.avx2.m4n16" in str(sch.trace)  # 4-row blocks of 56 on AVX2
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    import ml_dtypes
+
+    return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _tile_reference(q, kt, mask, v, shape: AttentionShape) -> np.ndarray:
+    """The tile kernel's math: bf16 products with fp32 (here fp64) accumulation, the
+    softmax in full precision, the probabilities rounded to bf16 for the second product."""
+    kt, v = np.repeat(kt, shape.group, 0), np.repeat(v, shape.group, 0)
+    z = _bf16(q) @ _bf16(kt) * shape.scale
+    if mask is not None:
+        z = z + np.repeat(mask, shape.heads, 0)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return _bf16(p) @ _bf16(v)
+
+
+@pytest.mark.parametrize("shape", [
+    AttentionShape(bh=4, seq_q=64, seq=96, dim=64, heads=2, scale=0.125, mask=True),
+    AttentionShape(bh=8, seq_q=32, seq=64, dim=128, heads=4, scale=0.09, mask=True, group=4,
+                   mask_per_query=True),  # grouped-query, causal-style mask, 128 head size
+    AttentionShape(bh=3, seq_q=32, seq=32, dim=32, heads=3, scale=1.0, mask=False),
+], ids=["masked", "gqa-per-query-d128", "one-block"])
+def test_attention_on_tiles_matches_bf16_math(shape: AttentionShape) -> None:
+    """Both products on AMX tiles (the tile model where the host has none): Kᵀ and V
+    packed into bf16 VNNI panels, 32-row query blocks, two threads; every tile product
+    runs (2 x 2 tiles per 32 x 32 block and 32 of K)."""
+    import tpp_harness as h
+
+    from tpp_tvm.intrinsics import amx_emulator
+    from tpp_tvm.schedules.attention import attention_tile_schedule
+    from tpp_tvm.target import tiles_emulated
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    tgt = h.tile_target(2)
+    lib = compile_kernels(attention_tile_schedule(shape, threads=2).mod, tgt).jit()
+    rng = np.random.default_rng(shape.dim)
+    q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
+    kt = rng.standard_normal((shape.bh // shape.group, shape.dim, shape.seq), dtype="float32")
+    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
+    mask = None
+    if shape.mask:
+        mq = shape.seq_q if shape.mask_per_query else 1
+        mask = np.where(rng.random((shape.bh // shape.heads, mq, shape.seq)) < 0.25, -1e4, 0)
+        mask = mask.astype("float32")
+    args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v)]
+    out = tvm.runtime.empty((shape.bh, shape.seq_q, shape.dim), "float32")
+    before = amx_emulator.products() if tiles_emulated(tgt) else 0
+    lib["main"](*args, out)
+    if tiles_emulated(tgt):
+        amx_emulator.check("attention on tiles")
+        blocks = shape.bh * shape.seq_q // 32
+        assert amx_emulator.products() - before == blocks * 4 * 2 * (
+            shape.seq // 32 * shape.dim // 32)
+    # a probability on a bf16 rounding boundary may round either way: 1e-3, not 1e-5
+    np.testing.assert_allclose(out.numpy(), _tile_reference(q, kt, mask, v, shape),
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_attention_on_tiles_assembly() -> None:
+    """For an AMX CPU: tdpbf16ps products, the tiles configured once per thread's task
+    (not per block), Q and the probabilities converted by vcvtneps2bf16."""
+    import re
+
+    from tpp_tvm.schedules.attention import attention_tile_schedule
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    shape = AttentionShape(bh=4, seq_q=64, seq=64, dim=64, heads=2, scale=0.125, mask=True)
+    asm = compile_kernels(attention_tile_schedule(shape, threads=2).mod,
+                          target("amx", num_cores=2)).mod.inspect_source("asm")
+
+    def count(mnemonic: str) -> int:
+        return len(re.findall(rf"^\s*{mnemonic}\b", asm, re.M))
+
+    assert count("ldtilecfg") == 1 and count("tilerelease") == 1
+    assert count("tdpbf16ps") >= 8 and count("tilestored") >= 4
+    assert re.search(r"tdpbf16ps\s+%tmm\d, %tmm\d, %tmm\d", asm)
+    assert count("vcvtneps2bf16") >= 2
+
+
+def test_attention_on_tiles_needs_whole_blocks() -> None:
+    from tpp_tvm.schedules.attention import attention_tile_schedule
+
+    with pytest.raises(UnsupportedShapeError, match="multiples of 32"):
+        attention_tile_schedule(AttentionShape(bh=2, seq_q=32, seq=64, dim=48, heads=2,
+                                               scale=0.1, mask=False), threads=1)

@@ -116,6 +116,9 @@ def _schedule_items() -> Iterator[Item]:
         rowwise.softmax_schedule(49, 77, isa_of(tgt)).mod, tgt)
     yield "attention 4x64x64 masked", lambda tgt: _compile_tir(attention.attention_schedule(
         attention.AttentionShape(4, 64, 64, 64, 2, 0.125, True), isa_of(tgt)).mod, tgt)
+    yield "attention bf16 tiles 4x64x96 masked", lambda tgt: _compile_tir(
+        attention.attention_tile_schedule(attention.AttentionShape(4, 64, 96, 64, 2, 0.125, True),
+                                          target_threads(tgt)).mod, tgt)
     yield "max_pool 3x3/2", lambda tgt: _compile_tir(pool.max_pool_schedule(
         pool.PoolShape(1, 15, 15, 32, 3, 3, 2, (1, 1, 1, 1)), isa_of(tgt)).mod, tgt)
 

@@ -221,6 +221,42 @@ def prefetch_panels(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     return prefetch_next_panels(func)
 
 
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.KeepBF16Storage")
+def keep_bf16_storage(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """bf16 buffers a kernel allocates itself stay bf16 in memory where a TPP takes them by
+    address (AMX tiles loading bf16 rows, the conversion TPP writing them).
+
+    TVM's ``BF16ComputeLegalize`` widens every constant-size bf16 buffer a kernel allocates
+    to fp32 (its loads and stores then convert) unless the buffer's data pointer is used as
+    a raw value; an imported-IR kernel handed ``&buf[i]`` would then read and write it with
+    the wrong element size. Each tensorized block that calls imported IR names its bf16
+    operands' buffers by pointer in an attribute around its body (scheduled TIR, before
+    lowering): that is the raw use, inside the block that accesses the buffers, and
+    generates nothing."""
+
+    def mark(block: s_tir.SBlock) -> s_tir.SBlock:
+        sources = [m.source.source for m in block.match_buffers
+                   if m.source.source.dtype == "bfloat16"]
+        if not sources or not _imports_llvm(block.body):
+            return block
+        body = tirx.SeqStmt([*(tirx.Evaluate(b.data) for b in sources),
+                             block.body])
+        return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
+                            block.init, block.alloc_buffers, block.match_buffers,
+                            block.annotations)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlock, mark)]))
+
+
+def _imports_llvm(stmt: tirx.Stmt) -> bool:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(tirx.AttrStmt, lambda a: found.append(
+        a.attr_key == "pragma_import_llvm"))])
+    return any(found)
+
+
+
+
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.EmulateTiles")
 def emulate_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     """Kernels for a target with emulated tiles call the tile model instead of AMX."""
@@ -388,7 +424,7 @@ def _tpp_pipeline():
     @tvm.transform.module_pass(opt_level=0, name="tpp.TIRPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         check_target_features(mod)
-        lowered = base(flush_denormals(configure_tiles(mod)))
+        lowered = base(keep_bf16_storage(flush_denormals(configure_tiles(mod))))
         return emulate_tiles(stack_allocate_small_buffers(
             prefetch_panels(interleave_epilogues(lowered))))
 

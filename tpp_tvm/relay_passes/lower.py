@@ -22,8 +22,10 @@ from tvm.relax.analysis import get_var2val
 from ..errors import UnsupportedDTypeError
 from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import (
+    TILE_BLOCK,
     AttentionShape,
     attention_schedule,
+    attention_tile_schedule,
     padded_keys,
     padded_query_rows,
     query_block_rows,
@@ -503,10 +505,15 @@ def _lower_softmax(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
 
 
 def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
-                     isa: str) -> relax.Expr:
-    """One fused attention kernel over the flattened (batch·head) dimension."""
+                     isa: str, precision: str = "float32", threads: int = 1) -> relax.Expr:
+    """One fused attention kernel over the flattened (batch·head) dimension. In bf16 on an
+    AMX target its two products run on tiles (queries padded to blocks of 32) where the
+    head size is whole 32s and there are 16 queries or more; elsewhere it stays fp32."""
     q, kt, v = matched["q"], matched["k_t"], matched["v"]
     qs, ks = _shape(q), _shape(kt)
+    tiles = (precision != "float32" and runs_on_tiles(isa, precision)
+             and qs[-1] % TILE_BLOCK == 0 and qs[-2] >= TILE_BLOCK // 2)
+    matched[KEPT_FP32] = precision != "float32" and not tiles
     bh = int(np.prod(qs[:-2]))
     group = 1
     if "k_grouped" in matched:  # shared K/V heads read in place, not repeated
@@ -516,7 +523,8 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
         v = matched["v_grouped"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched["scale_multiplies"] else 1.0 / c
-    rows = padded_query_rows(qs[-2], query_block_rows(isa))
+    rows = (-(-qs[-2] // TILE_BLOCK) * TILE_BLOCK if tiles
+            else padded_query_rows(qs[-2], query_block_rows(isa)))
     keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
@@ -556,7 +564,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
                            zero_masked_rows="nan_guard" in matched, group=group,
                            mask_per_query=per_query)
-    sch = attention_schedule(shape, isa)
+    sch = attention_tile_schedule(shape, threads) if tiles else attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))
     if rows != qs[-2]:
@@ -663,9 +671,11 @@ THREADED_LOWERINGS = frozenset({"expand_depthwise_conv2d"})
 
 
 def _lowered_precision(lowering: str, matched: dict[str, relax.Expr], precision: str) -> str:
-    """The precision a composite runs in: ``precision`` for dense layers and convolutions
-    with constant weights, fp32 for everything else."""
-    if precision == "float32" or lowering in ("dense", "expand_depthwise_conv2d"):
+    """The precision a composite runs in: ``precision`` for dense layers, attention (whose
+    lowering keeps fp32 off tiles) and convolutions with constant weights, fp32 for
+    everything else."""
+    if precision == "float32" or lowering in ("dense", "expand_depthwise_conv2d",
+                                              "attention"):
         return precision
     weight = matched.get("weight")
     if lowering == "conv2d" and isinstance(weight, tvm.ir.GenericConst):

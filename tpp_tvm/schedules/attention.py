@@ -9,13 +9,15 @@ ever reaches memory, and the blocks are the parallel unit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from .gemm_plan import vector_unit
+from ..intrinsics.amx import TILE_CONFIG_ATTR
+from .gemm import split_tasks
+from .gemm_plan import AMX_BLOCK, vector_unit
 from .tensorize import tensorize_row_block, try_tensorize
 
 
@@ -39,6 +41,11 @@ class AttentionShape:
     zero_masked_rows: bool = False
     group: int = 1
     mask_per_query: bool = False
+
+
+#: Query rows, keys and value columns of one tile product: 2 x 2 tiles of 16 x 16 fp32,
+#: the 32 x 32 configuration of the AMX GEMMs, for both products.
+TILE_BLOCK = AMX_BLOCK
 
 
 def _row_block(rows: int, max_rows: int = 8) -> int:
@@ -82,25 +89,47 @@ def _col_block(cols: int, lanes: int = 16) -> int:
     return cols
 
 
-def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
-    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
-    (bh/heads, sq or 1, s)], V (bh/group, s, d); output (bh, sq, d)."""
-    sh = shape
-    unit = vector_unit(isa)
-    lanes = unit.static_lanes("float32")
-    mr = _row_block(sh.seq_q, query_block_rows(isa))
-    nr = _col_block(sh.seq, lanes)
-    nd = _col_block(sh.dim, lanes)
-    Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
+def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
+    """The kernel's TE stages as a PrimFunc: fp32 products, or on ``tiles`` bf16 products
+    with fp32 accumulation: Q and the probabilities converted per query block, Kᵀ and V
+    packed once into :data:`TILE_BLOCK`-column bf16 VNNI panels (``k_t_packed`` (bh/g,
+    seq/32, dim/2, 32, 2), ``v_packed`` (bh/g, dim/32, seq/2, 32, 2): the tile GEMMs' B
+    layout). The softmax between the products is fp32 either way."""
     g = sh.group
+    Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
     KT = te.placeholder((sh.bh // g, sh.dim, sh.seq), "float32", name="k_t")
     V = te.placeholder((sh.bh // g, sh.seq, sh.dim), "float32", name="v")
     inputs = [Q, KT]
-    kd = te.reduce_axis((0, sh.dim), "kd")
-    scores = te.compute(
-        (sh.bh, sh.seq_q, sh.seq),
-        lambda b, i, j: te.sum(Q[b, i, kd] * KT[b // g, kd, j], axis=kd), name="scores",
-    )
+    nb, bf16 = TILE_BLOCK, "bfloat16"
+
+    def tile_product(a: te.Tensor, b_packed: te.Tensor, k: int, name: str) -> te.Tensor:
+        ko, kv = te.reduce_axis((0, k // 2), "ko"), te.reduce_axis((0, 2), "kv")
+        return te.compute(
+            (sh.bh, sh.seq_q, int(b_packed.shape[1]) * nb),
+            lambda b, i, j: te.sum(
+                a[b, i, ko * 2 + kv].astype("float32")
+                * b_packed[b // g, j // nb, ko, j % nb, kv].astype("float32"),
+                axis=[ko, kv]), name=name)
+
+    def vnni_panels(x: te.Tensor, name: str) -> te.Tensor:
+        """``x`` (bh/g, rows, cols) as bf16 panels of ``nb`` columns in VNNI pairs of rows:
+        (bh/g, cols/nb, rows/2, nb, 2)."""
+        _, rows, cols = (int(d) for d in x.shape)
+        return te.compute(
+            (sh.bh // g, cols // nb, rows // 2, nb, 2),
+            lambda b, o, r, c, v: x[b, r * 2 + v, o * nb + c].astype(bf16), name=name)
+
+    if tiles:
+        q_in = te.compute(Q.shape, lambda b, i, c: Q[b, i, c].astype(bf16), name="q_bf16")
+        kt_in = vnni_panels(KT, "k_t_packed")
+        v_in = vnni_panels(V, "v_packed")
+        scores = tile_product(q_in, kt_in, sh.dim, "scores")
+    else:
+        kd = te.reduce_axis((0, sh.dim), "kd")
+        scores = te.compute(
+            (sh.bh, sh.seq_q, sh.seq),
+            lambda b, i, j: te.sum(Q[b, i, kd] * KT[b // g, kd, j], axis=kd), name="scores",
+        )
     scale = tirx.const(sh.scale, "float32")
     if sh.mask:
         mq = sh.seq_q if sh.mask_per_query else 1
@@ -131,23 +160,58 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     else:
         inv = te.compute((sh.bh, sh.seq_q), lambda b, i: one / total[b, i], name="inv_sum")
     p = te.compute(z.shape, lambda b, i, j: e[b, i, j] * inv[b, i], name="probs")
-    kv = te.reduce_axis((0, sh.seq), "kv")
-    out = te.compute(
-        (sh.bh, sh.seq_q, sh.dim),
-        lambda b, i, c: te.sum(p[b, i, kv] * V[b // g, kv, c], axis=kv), name="attention",
-    )
-    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
+    if tiles:
+        p_in = te.compute(p.shape, lambda b, i, j: p[b, i, j].astype(bf16), name="probs_bf16")
+        out = tile_product(p_in, v_in, sh.seq, "attention")
+    else:
+        kv = te.reduce_axis((0, sh.seq), "kv")
+        out = te.compute(
+            (sh.bh, sh.seq_q, sh.dim),
+            lambda b, i, c: te.sum(p[b, i, kv] * V[b // g, kv, c], axis=kv), name="attention",
+        )
+    return te.create_prim_func([*inputs, out])
+
+
+#: Softmax stages of a query block after the scores, in computing order, with their TPPs.
+def _softmax_stages(mr: int, seq: int) -> tuple[tuple[str, TPPSpec], ...]:
+    return (("row_max", TPPSpec("reduce_max_cols", m=mr, n=seq)),
+            ("shifted", TPPSpec("sub", m=mr, n=seq, bcast="col")),
+            ("exp", TPPSpec("exp", m=mr, n=seq)),
+            ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=seq)),
+            ("probs", TPPSpec("mul", m=mr, n=seq, bcast="col")))
+
+
+def _block_stages(sh: AttentionShape) -> tuple[str, ...]:
+    """The stages computed per query block, consumers first (the order compute_at needs)."""
+    return ("probs", "inv_sum", "row_sum", "exp", "shifted",
+            *(("row_shift",) if sh.zero_masked_rows else ()), "row_max", "logits", "scores")
+
+
+def _query_blocks(sch: s_tir.Schedule, mr: int) -> tuple:
+    """The output's loops split into (batch·head x query block) fused, the block's rows,
+    its columns and the reduction loops (one, or a VNNI pair's two)."""
+    ob = sch.get_sblock("attention")
+    b, i, c, *red = sch.get_loops(ob)
+    io, ii = sch.split(i, [None, mr])
+    sch.reorder(b, io, ii, c, *red)
+    return sch.fuse(b, io), ii, c, red
+
+
+def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
+    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
+    (bh/heads, sq or 1, s)], V (bh/group, s, d); output (bh, sq, d)."""
+    sh = shape
+    unit = vector_unit(isa)
+    lanes = unit.static_lanes("float32")
+    mr = _row_block(sh.seq_q, query_block_rows(isa))
+    nr = _col_block(sh.seq, lanes)
+    nd = _col_block(sh.dim, lanes)
+    sch = s_tir.Schedule(_attention_te(sh, tiles=False))
 
     # Output rows: one parallel loop over (batch·head, query block); PV is a GEMM TPP.
-    ob = sch.get_sblock("attention")
-    b, i, c, kvl = sch.get_loops(ob)
-    io, ii = sch.split(i, [None, mr])
-    sch.reorder(b, io, ii, c, kvl)
-    block_loop = sch.fuse(b, io)
+    block_loop, ii, c, (kvl,) = _query_blocks(sch, mr)
     sch.parallel(block_loop)
-    for name in ("probs", "inv_sum", "row_sum", "exp", "shifted",
-                 *(("row_shift",) if sh.zero_masked_rows else ()), "row_max", "logits",
-                 "scores"):
+    for name in _block_stages(sh):
         sch.compute_at(sch.get_sblock(name), block_loop)
 
     # Scores: Q rows x Kᵀ column blocks, each a GEMM TPP (beta 0: no init pass).
@@ -160,17 +224,59 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
         raise RuntimeError("attention score tile did not tensorize")  # a bug
     lb = sch.get_sblock("logits")
     sch.vectorize(sch.get_loops(lb)[-1])
-    for name, spec in (
-        ("row_max", TPPSpec("reduce_max_cols", m=mr, n=sh.seq)),
-        ("shifted", TPPSpec("sub", m=mr, n=sh.seq, bcast="col")),
-        ("exp", TPPSpec("exp", m=mr, n=sh.seq)),
-        ("row_sum", TPPSpec("reduce_add_cols", m=mr, n=sh.seq)),
-        ("probs", TPPSpec("mul", m=mr, n=sh.seq, bcast="col")),
-    ):
+    for name, spec in _softmax_stages(mr, sh.seq):
         tensorize_row_block(sch, name, spec, isa)
     co, ci = sch.split(c, [None, nd])
     sch.reorder(co, ii, ci, kvl)
     if not try_tensorize(sch, ii, TPPSpec("gemm", m=mr, n=nd, k=sh.seq, beta=0), isa,
                          "attention output"):
         raise RuntimeError("attention output tile did not tensorize")  # a bug
+    return sch
+
+
+def _fits_tiles(shape: AttentionShape) -> bool:
+    """Whether :func:`attention_tile_schedule` takes ``shape``: queries, keys and head size
+    multiples of :data:`TILE_BLOCK` (keys are padded to 32 anyway, queries by the caller)."""
+    return all(x % TILE_BLOCK == 0 for x in (shape.seq_q, shape.seq, shape.dim))
+
+
+def attention_tile_schedule(shape: AttentionShape, threads: int) -> s_tir.Schedule:
+    """:func:`attention_schedule` with both products on AMX tiles: bf16 operands, fp32
+    accumulation, the softmax in fp32 on the vector unit between them (as OpenVINO's bf16
+    attention). Blocks of 32 query rows; Kᵀ and V are packed into bf16 VNNI panels once
+    per (batch·head) before them; the blocks are split into one task per thread of
+    ``threads``, each configuring the tiles once (``TILE_CONFIG_ATTR``)."""
+    sh = shape
+    if not _fits_tiles(sh):
+        raise UnsupportedShapeError(
+            f"attention on tiles needs queries, keys and head size in multiples of "
+            f"{TILE_BLOCK}; got {sh.seq_q} x {sh.seq} keys x {sh.dim}")
+    nb = TILE_BLOCK
+    func = _attention_te(sh, tiles=True).with_attr(TILE_CONFIG_ATTR, [nb, nb])
+    sch = s_tir.Schedule(func)
+    for name in ("k_t_packed", "v_packed"):
+        b, panel, *_ = sch.get_loops(sch.get_sblock(name))
+        sch.parallel(sch.fuse(b, panel))
+
+    block_loop, ii, c, red = _query_blocks(sch, nb)
+    for name in ("probs_bf16", *_block_stages(sh), "q_bf16"):
+        sch.compute_at(sch.get_sblock(name), block_loop)
+    bf16_gemm = TPPSpec("gemm", "bfloat16", m=nb, n=nb, k=sh.dim, beta=0)
+
+    si, sj, *sred = sch.get_loops(sch.get_sblock("scores"))[1:]
+    sjo, sji = sch.split(sj, [None, nb])
+    sch.reorder(sjo, si, sji, *sred)
+    if not try_tensorize(sch, si, bf16_gemm, "amx", "attention scores on tiles"):
+        raise RuntimeError("attention score tiles did not tensorize")  # a bug
+    sch.vectorize(sch.get_loops(sch.get_sblock("logits"))[-1])
+    to_bf16 = TPPSpec("copy", m=nb, n=sh.seq, out_dtype="bfloat16")
+    for name, spec in (("q_bf16", replace(to_bf16, n=sh.dim)), *_softmax_stages(nb, sh.seq),
+                       ("probs_bf16", to_bf16)):
+        tensorize_row_block(sch, name, spec, "amx")
+    co, ci = sch.split(c, [None, nb])
+    sch.reorder(co, ii, ci, *red)
+    if not try_tensorize(sch, ii, replace(bf16_gemm, k=sh.seq), "amx",
+                         "attention output on tiles"):
+        raise RuntimeError("attention output tiles did not tensorize")  # a bug
+    split_tasks(sch, block_loop, sh.bh * sh.seq_q // nb, threads)
     return sch
