@@ -272,7 +272,8 @@ def test_attention_on_tiles_matches_bf16_math(shape: AttentionShape) -> None:
 
 def test_attention_on_tiles_assembly() -> None:
     """For an AMX CPU: tdpbf16ps products, the tiles configured once per thread's task
-    (not per block), Q and the probabilities converted by vcvtneps2bf16."""
+    (not per block), Q and the probabilities converted by vcvtneps2bf16, no prefetching
+    of the kernel's own panels."""
     import re
 
     from tpp_tvm.schedules.attention import attention_tile_schedule
@@ -289,6 +290,7 @@ def test_attention_on_tiles_assembly() -> None:
     assert count("tdpbf16ps") >= 8 and count("tilestored") >= 4
     assert re.search(r"tdpbf16ps\s+%tmm\d, %tmm\d, %tmm\d", asm)
     assert count("vcvtneps2bf16") >= 2
+    assert count("prefetcht1") == 0  # the packed panels are in cache (PREFETCH_PANELS_ATTR)
 
 
 def test_attention_on_tiles_needs_whole_blocks() -> None:

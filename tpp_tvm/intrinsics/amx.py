@@ -47,6 +47,9 @@ VECTOR_ISA = AMX
 #: PrimFunc attribute ``[m, n]``: the C block of the kernel's tile microkernels, whose
 #: configuration the TIR pipeline loads once per parallel task.
 TILE_CONFIG_ATTR = "tpp.amx_tile_config"
+#: Function attribute: False where a tile kernel's B panels are its own, just written and
+#: cache-resident (attention's packed Kᵀ and V), so its tile steps prefetch no next panel.
+PREFETCH_PANELS_ATTR = "tpp.amx_prefetch_panels"
 #: Prefix of the tile microkernels' symbols (``llvm_ir.amx_brgemm``).
 TILE_KERNEL_PREFIX = "tpp_amx_"
 
@@ -214,7 +217,7 @@ def _epilogue_slicing(epilogue: list[tirx.Stmt], steps: int) -> tuple[int, int, 
     return max(1, min(EPILOGUE_SLICES, steps, unit)), unit, loops[-1]
 
 
-def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
+def _pipelined(loop: tirx.For, prefetch_panels: bool = True) -> tirx.Stmt | None:
     """``loop`` (one tile block per iteration: microkernel into C, then the epilogue that
     reads C, if any) rewritten so that each iteration's tile steps are interleaved with the
     previous block's epilogue and prefetch the next B panel, and the last block's epilogue
@@ -281,7 +284,7 @@ def _pipelined(loop: tirx.For) -> tirx.Stmt | None:
     def extern(fn, *args) -> tirx.Stmt:
         return tirx.Evaluate(tirx.call_extern("void", fn.name, *args))
 
-    prefetch = _next_panel(b, v, parts.steps) or (b, 0)
+    prefetch = (_next_panel(b, v, parts.steps) if prefetch_panels else None) or (b, 0)
     body = [*(fresh_copy(p) for p in kept), extern(parts.begin, c, ldc)]
     for s in range(slices):
         t0, t1 = s * parts.steps // slices, (s + 1) * parts.steps // slices
@@ -316,13 +319,15 @@ def interleave_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:
     loop's iterations into consecutive ranges keeps their order, and the tile steps touch
     only A, B and the tiles, so the result is the same. One C block buffer suffices: the
     previous block's epilogue reads it before, in program order, this block's tiles are
-    stored into it."""
+    stored into it. Steps prefetch the next B panel unless the function's
+    :data:`PREFETCH_PANELS_ATTR` is False."""
     changed = []
+    prefetch_panels = bool(func.attrs.get(PREFETCH_PANELS_ATTR, True)) if func.attrs else True
 
     def visit(loop: tirx.For) -> tirx.Stmt:
         if loop.kind != tirx.ForKind.SERIAL:
             return loop
-        new = _pipelined(loop)
+        new = _pipelined(loop, prefetch_panels)
         if new is None:
             return loop
         changed.append(loop)

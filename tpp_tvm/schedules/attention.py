@@ -15,7 +15,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
-from ..intrinsics.amx import TILE_CONFIG_ATTR
+from ..intrinsics.amx import PREFETCH_PANELS_ATTR, TILE_CONFIG_ATTR
 from .gemm import split_tasks
 from .gemm_plan import AMX_BLOCK, vector_unit
 from .tensorize import tensorize_row_block, try_tensorize
@@ -245,14 +245,18 @@ def attention_tile_schedule(shape: AttentionShape, threads: int) -> s_tir.Schedu
     accumulation, the softmax in fp32 on the vector unit between them (as OpenVINO's bf16
     attention). Blocks of 32 query rows; Kᵀ and V are packed into bf16 VNNI panels once
     per (batch·head) before them; the blocks are split into one task per thread of
-    ``threads``, each configuring the tiles once (``TILE_CONFIG_ATTR``)."""
+    ``threads``, each configuring the tiles once (``TILE_CONFIG_ATTR``). The packed panels
+    (a head's Kᵀ and V: 32 KiB at 128 keys and head size 64) stay in L2 across its query
+    blocks, so the tile steps prefetch no next panel (a GEMM's weights come from memory and
+    do)."""
     sh = shape
     if not _fits_tiles(sh):
         raise UnsupportedShapeError(
             f"attention on tiles needs queries, keys and head size in multiples of "
             f"{TILE_BLOCK}; got {sh.seq_q} x {sh.seq} keys x {sh.dim}")
     nb = TILE_BLOCK
-    func = _attention_te(sh, tiles=True).with_attr(TILE_CONFIG_ATTR, [nb, nb])
+    func = _attention_te(sh, tiles=True).with_attrs({TILE_CONFIG_ATTR: [nb, nb],
+                                                    PREFETCH_PANELS_ATTR: False})
     sch = s_tir.Schedule(func)
     for name in ("k_t_packed", "v_packed"):
         b, panel, *_ = sch.get_loops(sch.get_sblock(name))
