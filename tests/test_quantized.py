@@ -252,3 +252,39 @@ def test_quantized_models_on_avx512_without_vnni(tmp_path, kind: str) -> None:
         data = _compiled_like_onnxruntime(fp32, model, kind, skylake)[0].report_data
     ours = [k for k in data["lowered"] if k.endswith("[int8 via int16]")]
     assert len(ours) == 2 and not data["fallbacks"], data
+
+
+class _Feeds(quantization.CalibrationDataReader):
+    """Calibration batches: the model's example inputs with seeded normal activations."""
+
+    def __init__(self, model: onnx.ModelProto, batches: int = 4) -> None:
+        example = models.example_inputs(model)
+        self.batches = iter([
+            {k: (np.random.default_rng(i).standard_normal(v.shape).astype(v.dtype)
+                 if k != "attention_mask" else v) for k, v in example.items()}
+            for i in range(batches)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def test_qdq_transformer_attention_stays_one_kernel(tmp_path) -> None:
+    """A static-QDQ BERT layer: the u8 quantization of the softmax output clips at 0, which
+    would otherwise be exposed as a ReLU (softmax is never negative, so none is) between
+    the softmax and the second matmul and split the fused attention into two batched
+    matmuls and a softmax."""
+    fp32 = models.GENERATORS["bert"](layers=1, hidden=64, heads=2, intermediate=128, seq=32)
+    src, dst = str(tmp_path / "bert.onnx"), str(tmp_path / "bert_qdq.onnx")
+    onnx.save(fp32, src)
+    quantization.quantize_static(src, dst, _Feeds(fp32), quant_format=quantization.QuantFormat.QDQ,
+                                 activation_type=quantization.QuantType.QUInt8,
+                                 weight_type=quantization.QuantType.QInt8)
+    model = onnx.load(dst)
+    compiled = compile_onnx(model)
+    lowered = compiled.report_data["lowered"]
+    assert lowered.get("tpp.attention_mask") == 1, lowered
+    assert not any(k.startswith(("tpp.bmm", "tpp.softmax")) for k in lowered), lowered
+    inputs = models.example_inputs(fp32)
+    exact = run_onnxruntime(fp32, inputs)[0]
+    ort_err = np.abs(run_onnxruntime(model, inputs)[0] - exact).max()
+    assert np.abs(compiled(*inputs.values())[0] - exact).max() <= 1.05 * ort_err

@@ -33,7 +33,8 @@ def _fake_quantized(x):
 
 
 #: Ops whose result is never negative, and ops bounded to [-1, 1].
-_NON_NEGATIVE = frozenset({"relax.nn.relu", "relax.sigmoid", "relax.exp", "relax.sqrt"})
+_NON_NEGATIVE = frozenset({"relax.nn.relu", "relax.sigmoid", "relax.exp", "relax.sqrt",
+                           "relax.nn.softmax"})
 _UNIT_BOUNDED = frozenset({"relax.erf", "relax.tanh"})
 
 
