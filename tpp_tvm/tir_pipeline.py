@@ -32,6 +32,10 @@ features the target lacks (a bf16 dot product for a CPU without AVX512_BF16 abor
 process inside LLVM): :func:`required_features` reads them off the imported functions'
 ``"target-features"``, :func:`tpp_tvm.target.require_features` raises the error.
 
+bf16 buffers a kernel allocates itself (attention's bf16 Q block and probabilities on AMX
+tiles) stay 16-bit where a TPP takes them by address: :func:`keep_bf16_storage`, before
+TVM's ``BF16ComputeLegalize`` would widen them to fp32.
+
 For a target with emulated AMX tiles (``target("amx", emulate_tiles=True)``), the last pass
 renames the tile instructions in every imported IR text to the software tile model's
 functions (:mod:`tpp_tvm.intrinsics.amx_emulator`), and on a host without AVX-512 also puts
@@ -229,10 +233,10 @@ def keep_bf16_storage(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     TVM's ``BF16ComputeLegalize`` widens every constant-size bf16 buffer a kernel allocates
     to fp32 (its loads and stores then convert) unless the buffer's data pointer is used as
     a raw value; an imported-IR kernel handed ``&buf[i]`` would then read and write it with
-    the wrong element size. Each tensorized block that calls imported IR names its bf16
-    operands' buffers by pointer in an attribute around its body (scheduled TIR, before
-    lowering): that is the raw use, inside the block that accesses the buffers, and
-    generates nothing."""
+    the wrong element size. Each tensorized block that calls imported IR with bf16
+    operands first evaluates their buffers' data pointers (scheduled TIR, before lowering):
+    that is the raw use, inside the block that accesses the buffers (where StorageRewrite
+    accepts it), and LLVM drops the unused values."""
 
     def mark(block: s_tir.SBlock) -> s_tir.SBlock:
         sources = [m.source.source for m in block.match_buffers
@@ -253,8 +257,6 @@ def _imports_llvm(stmt: tirx.Stmt) -> bool:
     tvm_ffi.structural_walk(stmt, [(tirx.AttrStmt, lambda a: found.append(
         a.attr_key == "pragma_import_llvm"))])
     return any(found)
-
-
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.EmulateTiles")

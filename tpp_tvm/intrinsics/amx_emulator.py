@@ -107,7 +107,7 @@ def _dot_definition(name: str, operand: str, widen: tuple[str, str], wide: str,
 
 
 def _dot_function(intrinsic: str) -> str:
-    return SYMBOL_PREFIX + intrinsic.rsplit(".", 2)[-2].replace(".", "_")
+    return SYMBOL_PREFIX + intrinsic.rsplit(".", 2)[-2]
 
 
 #: The AVX-512 dot products of the kernels around the tiles (``llvm_ir.X86_DOT``), by LLVM

@@ -5,6 +5,9 @@ rows at a time, everything for the block staying in L1: the scores tile comes fr
 TPPs (one per column block of Kᵀ), the row-wise softmax from reduction/broadcast/exp TPPs,
 and the output rows from one more GEMM TPP against V. Nothing of the (S x S) score matrix
 ever reaches memory, and the blocks are the parallel unit.
+
+On AMX (:func:`attention_tile_schedule`, bf16 models) both products are bf16 tile GEMMs
+with fp32 accumulation on 32-row query blocks, the softmax between them fp32 as above.
 """
 
 from __future__ import annotations
@@ -172,8 +175,9 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
     return te.create_prim_func([*inputs, out])
 
 
-#: Softmax stages of a query block after the scores, in computing order, with their TPPs.
 def _softmax_stages(mr: int, seq: int) -> tuple[tuple[str, TPPSpec], ...]:
+    """Softmax stages of a query block after the scores, in computing order, with their
+    TPPs."""
     return (("row_max", TPPSpec("reduce_max_cols", m=mr, n=seq)),
             ("shifted", TPPSpec("sub", m=mr, n=seq, bcast="col")),
             ("exp", TPPSpec("exp", m=mr, n=seq)),
