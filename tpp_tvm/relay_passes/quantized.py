@@ -282,6 +282,10 @@ def _bias_value(expr: relax.Expr, n: int, conv: bool = False,
     expr = bound.get(expr, expr)
     if conv and isinstance(expr, relax.Call) and expr.op.name == "relax.reshape":
         expr = bound.get(expr.args[0], expr.args[0])  # QDQ: reshape(dequantize(b_q), 4-D)
+    if isinstance(expr, relax.Call) and expr.op.name == "relax.nn.relu":
+        # a static-QDQ bias whose quantization clips at 0 (``expose_folded_relus``)
+        inner = _bias_value(expr.args[0], n, conv, bound)
+        return None if inner is None else np.maximum(inner, 0)
     value = const_value(expr)
     if value is None and isinstance(expr, relax.Call) and expr.op.name == "relax.dequantize":
         q, sc, zp = (const_value(a) for a in expr.args)
