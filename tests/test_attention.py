@@ -22,6 +22,20 @@ def _reference(q, kt, mask, v, shape: AttentionShape):
     return p @ v
 
 
+def _inputs(shape: AttentionShape, seed: int) -> tuple:
+    """Q, Kᵀ, V and (masked shapes) a mask of -1e4 at a quarter of the keys."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
+    kt = rng.standard_normal((shape.bh // shape.group, shape.dim, shape.seq), dtype="float32")
+    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
+    mask = None
+    if shape.mask:
+        mq = shape.seq_q if shape.mask_per_query else 1
+        mask = np.where(rng.random((shape.bh // shape.heads, mq, shape.seq)) < 0.25, -1e4, 0)
+        mask = mask.astype("float32")
+    return q, kt, v, mask
+
+
 @pytest.mark.parametrize(
     "shape",
     [
@@ -37,15 +51,7 @@ def _reference(q, kt, mask, v, shape: AttentionShape):
 def test_attention_matches_numpy(shape):
     sch = attention_schedule(shape, checks.VECTOR_ISA)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
-    rng = np.random.default_rng(shape.seq)
-    q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
-    kt = rng.standard_normal((shape.bh // shape.group, shape.dim, shape.seq), dtype="float32")
-    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
-    mask = None
-    if shape.mask:
-        mq = shape.seq_q if shape.mask_per_query else 1
-        mask = np.where(rng.random((shape.bh // shape.heads, mq, shape.seq)) < 0.25, -1e4, 0)
-        mask = mask.astype("float32")
+    q, kt, v, mask = _inputs(shape, shape.seq)
     out = np.zeros((shape.bh, shape.seq_q, shape.dim), "float32")
     args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v, out)]
     lib(*args)
@@ -247,15 +253,7 @@ def test_attention_on_tiles_matches_bf16_math(shape: AttentionShape) -> None:
 
     tgt = h.tile_target(2)
     lib = compile_kernels(attention_tile_schedule(shape, threads=2).mod, tgt).jit()
-    rng = np.random.default_rng(shape.dim)
-    q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
-    kt = rng.standard_normal((shape.bh // shape.group, shape.dim, shape.seq), dtype="float32")
-    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
-    mask = None
-    if shape.mask:
-        mq = shape.seq_q if shape.mask_per_query else 1
-        mask = np.where(rng.random((shape.bh // shape.heads, mq, shape.seq)) < 0.25, -1e4, 0)
-        mask = mask.astype("float32")
+    q, kt, v, mask = _inputs(shape, shape.dim)
     args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v)]
     out = tvm.runtime.empty((shape.bh, shape.seq_q, shape.dim), "float32")
     before = amx_emulator.products() if tiles_emulated(tgt) else 0

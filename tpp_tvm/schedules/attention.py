@@ -114,6 +114,12 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
                 * b_packed[b // g, j // nb, ko, j % nb, kv].astype("float32"),
                 axis=[ko, kv]), name=name)
 
+    def product(a: te.Tensor, b: te.Tensor, k: int, name: str) -> te.Tensor:
+        r = te.reduce_axis((0, k), "r")
+        return te.compute((sh.bh, sh.seq_q, int(b.shape[2])),
+                          lambda i0, i, j: te.sum(a[i0, i, r] * b[i0 // g, r, j], axis=r),
+                          name=name)
+
     def vnni_panels(x: te.Tensor, name: str) -> te.Tensor:
         """``x`` (bh/g, rows, cols) as bf16 panels of ``nb`` columns in VNNI pairs of rows:
         (bh/g, cols/nb, rows/2, nb, 2)."""
@@ -128,11 +134,7 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
         v_in = vnni_panels(V, "v_packed")
         scores = tile_product(q_in, kt_in, sh.dim, "scores")
     else:
-        kd = te.reduce_axis((0, sh.dim), "kd")
-        scores = te.compute(
-            (sh.bh, sh.seq_q, sh.seq),
-            lambda b, i, j: te.sum(Q[b, i, kd] * KT[b // g, kd, j], axis=kd), name="scores",
-        )
+        scores = product(Q, KT, sh.dim, "scores")
     scale = tirx.const(sh.scale, "float32")
     if sh.mask:
         mq = sh.seq_q if sh.mask_per_query else 1
@@ -167,11 +169,7 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
         p_in = te.compute(p.shape, lambda b, i, j: p[b, i, j].astype(bf16), name="probs_bf16")
         out = tile_product(p_in, v_in, sh.seq, "attention")
     else:
-        kv = te.reduce_axis((0, sh.seq), "kv")
-        out = te.compute(
-            (sh.bh, sh.seq_q, sh.dim),
-            lambda b, i, c: te.sum(p[b, i, kv] * V[b // g, kv, c], axis=kv), name="attention",
-        )
+        out = product(p, V, sh.seq, "attention")
     return te.create_prim_func([*inputs, out])
 
 
