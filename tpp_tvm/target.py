@@ -437,9 +437,9 @@ def target(isa: str | None = None, num_cores: int | None = None, *,
     fine: ``target("sve")`` works on an x86 host.
 
     ``emulate_tiles`` (``amx`` only): the AMX kernels, compiled for this host's CPU, with
-    every tile instruction a call of the software tile model (on a CPU without AVX-512, the
-    AVX-512 instructions around the tiles in generic vector code too), so tile kernels and
-    models run (slowly) where the CPU has no AMX: for tests, never for speed.
+    every tile instruction a call of the software tile model (on a CPU without AVX-512 BF16
+    and VNNI, the AVX-512 instructions around the tiles in generic vector code too), so tile
+    kernels and models run (slowly) where the CPU has no AMX: for tests, never for speed.
     """
     isa = _check_isa(isa) if isa is not None else best_isa()
     if num_cores is None:

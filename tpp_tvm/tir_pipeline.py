@@ -38,8 +38,8 @@ TVM's ``BF16ComputeLegalize`` would widen them to fp32.
 
 For a target with emulated AMX tiles (``target("amx", emulate_tiles=True)``), the last pass
 renames the tile instructions in every imported IR text to the software tile model's
-functions (:mod:`tpp_tvm.intrinsics.amx_emulator`), and on a host without AVX-512 also puts
-the AVX-512 instructions of the kernels around the tiles in generic form.
+functions (:mod:`tpp_tvm.intrinsics.amx_emulator`), and on a host without AVX-512 BF16 and
+VNNI also puts the AVX-512 instructions of the kernels around the tiles in generic form.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def emulate_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     if not tiles_emulated(target or tvm.target.Target.current(allow_none=True)):
         return func
 
-    vectors = not _has_avx512(target)
+    vectors = not _runs_avx512_dot_products(target)
 
     def rename(stmt: tirx.AttrStmt) -> tirx.AttrStmt:
         if stmt.attr_key != "pragma_import_llvm":
@@ -285,10 +285,13 @@ def _generic_call(call: tvm.ir.Call) -> tvm.ir.Call | tirx.Expr:
     return call if generic is None else generic
 
 
-def _has_avx512(target: tvm.target.Target | None) -> bool:
+def _runs_avx512_dot_products(target: tvm.target.Target | None) -> bool:
+    """Whether the (emulated-tile) target's CPU has the AVX-512 instructions the kernels
+    around the tiles use; else (an AVX2 CPU, or AVX-512 without BF16/VNNI like Skylake)
+    they are put in generic form."""
     target = target or tvm.target.Target.current(allow_none=True)
-    return target is not None and bool(
-        tvm.target.codegen.llvm_cpu_has_features(["avx512f"], target))
+    return target is not None and bool(tvm.target.codegen.llvm_cpu_has_features(
+        ["avx512f", "avx512bw", "avx512bf16", "avx512vnni"], target))
 
 
 #: Annotation of the parallel loops whose iterations :func:`flush_denormals` flushes.

@@ -9,11 +9,12 @@ the rest compiled for the host) compute real results that tests compare with num
 Runtime, whole bf16 and int8 models included. It is for checking, not speed: one emulated
 tile product costs about a microsecond.
 
-On a host without AVX-512 (an AVX2 CPU) the kernels around the tiles, written for AVX-512,
-are compiled for the host as well: their AVX-512 dot products become generic-IR functions
-(:data:`VECTOR_DOTS`), the TPP bodies' AVX-512 forms generic vector math
-(``vector_math.generic_form``), and fp32 -> bf16 conversions, which LLVM then lowers to a
-call of ``__truncsfbf2``, find that routine in the model's library.
+On a host without AVX-512 BF16 and VNNI (an AVX2 CPU, or a Skylake-era AVX-512 one) the
+kernels around the tiles, written for those, are compiled for the host as well: their
+AVX-512 dot products become generic-IR functions (:data:`VECTOR_DOTS`), the TPP bodies'
+AVX-512 forms generic vector math (``vector_math.generic_form``), and fp32 -> bf16
+conversions, which LLVM then lowers to a call of ``__truncsfbf2``, find that routine in
+the model's library.
 
 :func:`tpp_tvm.target.target` ``("amx", emulate_tiles=True)`` makes such a target; the
 ``tpp`` TIR pipeline rewrites its kernels' imported IR with :func:`emulate_tile_instructions`;
@@ -50,7 +51,7 @@ def emulate_tile_instructions(text: str, vector_instructions: bool = False) -> s
     """LLVM IR ``text`` with every tile instruction a call of the model's function (their
     declarations lose ``immarg``, which only intrinsics may carry).
 
-    ``vector_instructions`` (a host without AVX-512): the AVX-512 dot products as well,
+    ``vector_instructions`` (a host without AVX-512 BF16/VNNI): the AVX-512 dot products too,
     each then a call of a generic-IR function defined in the text (:data:`VECTOR_DOTS`),
     and the functions' ``target-features`` without the AVX-512 and AMX features, so LLVM
     compiles the kernels around the tiles for the host's vector unit (AVX2 splits each

@@ -127,4 +127,3 @@ def tensorize_epilogue(sch: s_tir.Schedule, epilogue: list[tuple[str, TPPSpec]],
     """Each fused epilogue stage becomes its TPP; a tail tile is vectorized instead."""
     for name, spec in epilogue:
         tensorize_rows(sch, sch.get_sblock(name), spec, isa, name)
-
