@@ -292,7 +292,12 @@ def test_attention_on_tiles_assembly() -> None:
 
 
 def test_attention_on_tiles_needs_whole_blocks() -> None:
-    from tpp_tvm.schedules.attention import attention_tile_schedule
+    """Queries padded to 32s (ViT's 197 as 224), fp32 for other head sizes and for fewer
+    than 16 queries; the schedule itself refuses what does not fit."""
+    from tpp_tvm.schedules.attention import attention_tile_schedule, tile_query_rows
+
+    assert [tile_query_rows(r, d) for r, d in ((40, 64), (197, 64), (8, 64), (128, 48))] \
+        == [64, 224, None, None]
 
     with pytest.raises(UnsupportedShapeError, match="multiples of 32"):
         attention_tile_schedule(AttentionShape(bh=2, seq_q=32, seq=64, dim=48, heads=2,

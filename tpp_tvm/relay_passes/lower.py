@@ -22,13 +22,13 @@ from tvm.relax.analysis import get_var2val
 from ..errors import UnsupportedDTypeError
 from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import (
-    TILE_BLOCK,
     AttentionShape,
     attention_schedule,
     attention_tile_schedule,
     padded_keys,
     padded_query_rows,
     query_block_rows,
+    tile_query_rows,
 )
 from ..schedules.backward import backward_schedule, col_sum_schedule
 from ..schedules.conv import (
@@ -511,8 +511,9 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     head size is whole 32s and there are 16 queries or more; elsewhere it stays fp32."""
     q, kt, v = matched["q"], matched["k_t"], matched["v"]
     qs, ks = _shape(q), _shape(kt)
-    tiles = (precision != "float32" and runs_on_tiles(isa, precision)
-             and qs[-1] % TILE_BLOCK == 0 and qs[-2] >= TILE_BLOCK // 2)
+    tile_rows = (tile_query_rows(qs[-2], qs[-1])
+                 if precision != "float32" and runs_on_tiles(isa, precision) else None)
+    tiles = tile_rows is not None
     matched[KEPT_FP32] = precision != "float32" and not tiles
     bh = int(np.prod(qs[:-2]))
     group = 1
@@ -523,8 +524,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
         v = matched["v_grouped"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched["scale_multiplies"] else 1.0 / c
-    rows = (-(-qs[-2] // TILE_BLOCK) * TILE_BLOCK if tiles
-            else padded_query_rows(qs[-2], query_block_rows(isa)))
+    rows = tile_rows or padded_query_rows(qs[-2], query_block_rows(isa))
     keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards

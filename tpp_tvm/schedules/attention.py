@@ -236,6 +236,16 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     return sch
 
 
+def tile_query_rows(rows: int, dim: int) -> int | None:
+    """Query rows :func:`attention_tile_schedule` runs ``rows`` queries of head size ``dim``
+    on (the next multiple of :data:`TILE_BLOCK`), or None where attention stays fp32: a
+    head size that is not whole tile steps, or under 16 queries (decoding steps), which
+    would be padded more than twofold."""
+    if dim % TILE_BLOCK or rows < TILE_BLOCK // 2:
+        return None
+    return -(-rows // TILE_BLOCK) * TILE_BLOCK
+
+
 def _fits_tiles(shape: AttentionShape) -> bool:
     """Whether :func:`attention_tile_schedule` takes ``shape``: queries, keys and head size
     multiples of :data:`TILE_BLOCK` (keys are padded to 32 anyway, queries by the caller)."""
