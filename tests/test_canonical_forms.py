@@ -308,3 +308,17 @@ def test_swiglu_product_is_the_up_projections_epilogue(gate_first: bool, up_bias
     assert ("tpp.dense_bias_gate: 1" if up_bias else "tpp.dense_gate: 1") in report, report
     assert "tpp.dense_silu: 1" in report, report
     assert "default schedules" not in report, report
+
+
+@pytest.mark.parametrize("c,oc,shape,kernel,stride,pads,groups", [
+    (3, 16, (4, 32, 32), (2, 16, 16), (2, 16, 16), (0,) * 6, 1),  # VideoMAE's tubelets
+    (4, 8, (5, 9, 11), (3, 3, 3), (1, 1, 1), (1,) * 6, 1),        # a C3D/I3D layer
+    (6, 6, (7, 8, 8), (3, 1, 1), (2, 1, 1), (1, 0, 0, 0, 0, 0), 3),  # grouped, strided in time
+])
+def test_conv3d_runs_as_a_conv2d_over_frames(c, oc, shape, kernel, stride, pads, groups
+                                             ) -> None:
+    w = (RNG.standard_normal((oc, c // groups, *kernel)) * 0.1).astype("float32")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=list(stride), pads=list(pads),
+                            group=groups)
+    report = _check(_model(node, [1, c, *shape], w), [1, c, *shape])
+    assert "conv3d" not in report and ("tpp.conv2d" in report or "tpp.dense" in report)

@@ -10,6 +10,10 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
   (``mean``/``max`` over the spatial axes), which the pattern table takes;
 - a 1-D convolution is a 2-D one over a single-row image (``W`` kept as the row), so it
   lands on the BRGEMM convolution TPP;
+- a 3-D convolution is a 2-D one over the frames it reads: each output frame's ``kt``
+  input frames become ``kt`` x channels input channels (im2col along time only), and the
+  output frames are images of the batch (a video transformer's tubelet embedding is a
+  reshape and one patch convolution);
 - a grouped convolution with more than one channel per group and a filter computed at run
   time is ``groups`` ordinary convolutions on channel slices, concatenated (a constant
   filter goes to the grouped convolution kernel as it is: no slice or concat copies);
@@ -115,6 +119,47 @@ def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     return relax.op.squeeze(conv, [2])
 
 
+def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
+    """conv3d(x[N,C,T,H,W], w[O,I,kt,kh,kw]) -> conv2d over N*T' images of kt*C channels."""
+    attrs = call.attrs
+    if str(attrs.data_layout) != "NCDHW" or str(attrs.kernel_layout) != "OIDHW" \
+            or str(attrs.out_layout) not in ("", "NCDHW"):
+        return None
+    x, w = call.args
+    shape, wshape, out = static_shape(x), static_shape(w), static_shape(call)
+    if shape is None or wshape is None or out is None:
+        return None
+    n, c, frames, height, width = shape
+    oc, ic, kt = wshape[:3]
+    ot = out[2]
+    st, dt = int(attrs.strides[0]), int(attrs.dilation[0])
+    pads = _ints(attrs.padding)
+    pads = pads * 2 if len(pads) == 3 else pads
+    front, back = pads[0], pads[3]
+    if front or back:
+        x = relax.op.nn.pad(x, [0, 0, 0, 0, front, back, 0, 0, 0, 0])
+        frames += front + back
+    if kt == st and dt == 1 and frames == ot * kt:  # tubelets: frames split without copies
+        windows = relax.op.reshape(x, (n, c, ot, kt, height, width))
+        windows = relax.op.permute_dims(windows, [0, 2, 1, 3, 4, 5])
+    else:  # each tap's frames, stacked next to their channel
+        taps = [relax.op.strided_slice(x, axes=[2], begin=[j * dt],
+                                       end=[j * dt + st * (ot - 1) + 1], strides=[st])
+                for j in range(kt)]
+        windows = relax.op.concat([relax.op.expand_dims(t, 2) for t in taps], axis=2)
+        windows = relax.op.permute_dims(windows, [0, 3, 1, 2, 4, 5])  # N, T', C, kt, H, W
+    images = relax.op.reshape(windows, (n * ot, c * kt, height, width))
+    w_np = const_value(w)
+    w2d = (relax.const(w_np.reshape(oc, ic * kt, *wshape[3:])) if w_np is not None
+           else relax.op.reshape(w, (oc, ic * kt, *wshape[3:])))
+    conv = relax.op.nn.conv2d(
+        images, w2d, strides=_ints(attrs.strides)[1:],
+        padding=(pads[1], pads[2], pads[4], pads[5]), dilation=_ints(attrs.dilation)[1:],
+        groups=int(attrs.groups), out_dtype=_out_dtype(attrs))
+    oh, ow = out[3], out[4]
+    return relax.op.permute_dims(relax.op.reshape(conv, (n, ot, oc, oh, ow)), [0, 2, 1, 3, 4])
+
+
 def _fold_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
     """conv2d(pad(x, zeros on H, W)) -> conv2d(x, padding + pads) for NCHW data."""
     attrs = call.attrs
@@ -170,6 +215,7 @@ _REWRITES = {
     "relax.nn.avg_pool1d": _global_pool,
     "relax.nn.max_pool1d": _global_pool,
     "relax.nn.conv1d": _conv1d_as_conv2d,
+    "relax.nn.conv3d": _conv3d_as_conv2d,
     "relax.nn.conv2d": _split_groups,
 }
 
