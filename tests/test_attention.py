@@ -27,7 +27,8 @@ def _inputs(shape: AttentionShape, seed: int) -> tuple:
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((shape.bh, shape.seq_q, shape.dim), dtype="float32")
     kt = rng.standard_normal((shape.bh // shape.group, shape.dim, shape.seq), dtype="float32")
-    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.dim), dtype="float32")
+    v = rng.standard_normal((shape.bh // shape.group, shape.seq, shape.value_dim),
+                            dtype="float32")
     mask = None
     if shape.mask:
         mq = shape.seq_q if shape.mask_per_query else 1
@@ -46,13 +47,18 @@ def _inputs(shape: AttentionShape, seed: int) -> tuple:
                        group=4),
         AttentionShape(bh=6, seq_q=14, seq=32, dim=16, heads=3, scale=0.25, mask=True,
                        mask_per_query=True),
+        # LeViT: values wider than keys, fewer queries than keys, a bias per query
+        AttentionShape(bh=4, seq_q=9, seq=64, dim=16, heads=1, scale=0.25, mask=True,
+                       mask_per_query=True, dim_v=48),
+        AttentionShape(bh=8, seq_q=8, seq=32, dim=32, heads=4, scale=0.25, mask=False,
+                       group=4, dim_v=16),
     ],
 )
 def test_attention_matches_numpy(shape):
     sch = attention_schedule(shape, checks.VECTOR_ISA)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     q, kt, v, mask = _inputs(shape, shape.seq)
-    out = np.zeros((shape.bh, shape.seq_q, shape.dim), "float32")
+    out = np.zeros((shape.bh, shape.seq_q, shape.value_dim), "float32")
     args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v, out)]
     lib(*args)
     np.testing.assert_allclose(args[-1].numpy(), _reference(q, kt, mask, v, shape),
@@ -169,6 +175,32 @@ def test_masks_per_query_row_are_one_kernel(batch: int, mask_shape: tuple) -> No
     assert "tpp.attention_mask_mulscale: 1" in compiled.report(), compiled.report()
 
 
+@pytest.mark.requires_onnxruntime
+def test_values_wider_than_keys_and_fewer_queries_than_keys_are_one_kernel() -> None:
+    """LeViT's subsampling attention: 9 queries (a strided 3 x 3 grid) over 36 keys, Q and K
+    of head size 16 but V of 48, a learned bias per head and query added to the scores: one
+    attention kernel (no fallback), its output as wide as V, against ORT."""
+    from onnx import TensorProto, helper
+
+    heads, queries, keys, dk, dv = 2, 9, 36, 16, 48
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(17)
+    bias = rng.standard_normal((heads, queries, keys)).astype("float32")
+    shapes = {"q": [1, heads, queries, dk], "k": [1, heads, keys, dk], "v": [1, heads, keys, dv]}
+    graph = helper.make_graph(
+        _attention_nodes("Mul", masked=True), "g",
+        [helper.make_tensor_value_info(n, f, s) for n, s in shapes.items()],
+        [helper.make_tensor_value_info("y", f, None)],
+        [helper.make_tensor("c", f, [], [0.25]),
+         helper.make_tensor("m", f, bias.shape, bias.ravel())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    assert compiled(**feeds)[0].shape == (1, heads, queries, dv)
+    assert compiled.report_data["lowered"] == {"tpp.attention_mask_mulscale": 1}
+    assert not compiled.report_data.get("fallbacks"), compiled.report()
+
+
 @pytest.mark.requires_torch
 @pytest.mark.requires_onnxruntime
 def test_sdpa_export_is_one_kernel_and_zeroes_fully_masked_rows(tmp_path):
@@ -239,7 +271,9 @@ def _tile_reference(q, kt, mask, v, shape: AttentionShape) -> np.ndarray:
     AttentionShape(bh=8, seq_q=32, seq=64, dim=128, heads=4, scale=0.09, mask=True, group=4,
                    mask_per_query=True),  # grouped-query, causal-style mask, 128 head size
     AttentionShape(bh=3, seq_q=32, seq=32, dim=32, heads=3, scale=1.0, mask=False),
-], ids=["masked", "gqa-per-query-d128", "one-block"])
+    AttentionShape(bh=2, seq_q=32, seq=64, dim=32, heads=2, scale=0.25, mask=True,
+                   dim_v=64),  # LeViT: V's head size twice K's
+], ids=["masked", "gqa-per-query-d128", "one-block", "dv-wider"])
 def test_attention_on_tiles_matches_bf16_math(shape: AttentionShape) -> None:
     """Both products on AMX tiles (the tile model where the host has none): Kᵀ and V
     packed into bf16 VNNI panels, 32-row query blocks, two threads; every tile product
@@ -255,14 +289,14 @@ def test_attention_on_tiles_matches_bf16_math(shape: AttentionShape) -> None:
     lib = compile_kernels(attention_tile_schedule(shape, threads=2).mod, tgt).jit()
     q, kt, v, mask = _inputs(shape, shape.dim)
     args = [tvm.runtime.tensor(x) for x in (q, kt, *([mask] if shape.mask else []), v)]
-    out = tvm.runtime.empty((shape.bh, shape.seq_q, shape.dim), "float32")
+    out = tvm.runtime.empty((shape.bh, shape.seq_q, shape.value_dim), "float32")
     before = amx_emulator.products() if tiles_emulated(tgt) else 0
     lib["main"](*args, out)
     if tiles_emulated(tgt):
         amx_emulator.check("attention on tiles")
         blocks = shape.bh * shape.seq_q // 32
-        assert amx_emulator.products() - before == blocks * 4 * 2 * (
-            shape.seq // 32 * shape.dim // 32)
+        assert amx_emulator.products() - before == blocks * 4 * (
+            shape.seq // 32 * (shape.dim + shape.value_dim) // 32)
     # a probability on a bf16 rounding boundary may round either way: 1e-3, not 1e-5
     np.testing.assert_allclose(out.numpy(), _tile_reference(q, kt, mask, v, shape),
                                rtol=1e-3, atol=1e-3)
@@ -298,6 +332,8 @@ def test_attention_on_tiles_needs_whole_blocks() -> None:
 
     assert [tile_query_rows(r, d) for r, d in ((40, 64), (197, 64), (8, 64), (128, 48))] \
         == [64, 224, None, None]
+    assert tile_query_rows(49, 32, 64) == 64 and tile_query_rows(49, 16, 64) is None
+    assert tile_query_rows(49, 32, 48) is None
 
     with pytest.raises(UnsupportedShapeError, match="multiples of 32"):
         attention_tile_schedule(AttentionShape(bh=2, seq_q=32, seq=64, dim=48, heads=2,

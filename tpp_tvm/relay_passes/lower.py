@@ -508,10 +508,13 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
                      isa: str, precision: str = "float32", threads: int = 1) -> relax.Expr:
     """One fused attention kernel over the flattened (batch·head) dimension. In bf16 on an
     AMX target its two products run on tiles (queries padded to blocks of 32) where the
-    head size is whole 32s and there are 16 queries or more; elsewhere it stays fp32."""
+    head size is whole 32s and there are 16 queries or more; elsewhere it stays fp32.
+    Queries and keys may differ in number, and V's head size (the output's) from Q's and
+    K's (LeViT's subsampling attention: 49 queries over 196 keys, values 4x wider)."""
     q, kt, v = matched["q"], matched["k_t"], matched["v"]
     qs, ks = _shape(q), _shape(kt)
-    tile_rows = (tile_query_rows(qs[-2], qs[-1])
+    dv = _shape(v)[-1]
+    tile_rows = (tile_query_rows(qs[-2], qs[-1], dv)
                  if precision != "float32" and runs_on_tiles(isa, precision) else None)
     tiles = tile_rows is not None
     matched[KEPT_FP32] = precision != "float32" and not tiles
@@ -530,7 +533,7 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
         q3 = bb.emit(relax.op.nn.pad(q3, [0, 0, 0, rows - qs[-2], 0, 0]))
     kt3 = bb.emit(relax.op.reshape(kt, (bh // group, ks[-2], ks[-1])))
-    v3 = bb.emit(relax.op.reshape(v, (bh // group, ks[-1], qs[-1])))
+    v3 = bb.emit(relax.op.reshape(v, (bh // group, ks[-1], dv)))
     if keys != ks[-1]:  # zero keys and values, masked out below
         kt3 = bb.emit(relax.op.nn.pad(kt3, [0, 0, 0, 0, 0, keys - ks[-1]]))
         v3 = bb.emit(relax.op.nn.pad(v3, [0, 0, 0, keys - ks[-1], 0, 0]))
@@ -563,13 +566,13 @@ def _lower_attention(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     args.append(v3)
     shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
                            zero_masked_rows="nan_guard" in matched, group=group,
-                           mask_per_query=per_query)
+                           mask_per_query=per_query, dim_v=dv)
     sch = attention_tile_schedule(shape, threads) if tiles else attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
-    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, qs[-1]), "float32")))
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, dv), "float32")))
     if rows != qs[-2]:
         out = bb.emit(relax.op.strided_slice(out, axes=[1], begin=[0], end=[qs[-2]]))
-    return relax.op.reshape(out, qs)
+    return relax.op.reshape(out, (*qs[:-1], dv))
 
 
 def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,

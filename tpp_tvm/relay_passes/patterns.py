@@ -572,9 +572,11 @@ def pool_patterns() -> list[TPPPattern]:
 
 def _grouped_check(a: dict, qs: tuple[int, ...], keys: int) -> bool:
     """K and V repeat each of their heads ``group`` times in a row (query head h reads K/V
-    head h // group), only their heads, and Kᵀ swaps K's last two axes."""
+    head h // group), only their heads, and Kᵀ swaps K's last two axes; K's head size is
+    Q's, V's may differ. K and V have as many heads (the kernel reads both by one group)."""
     if [int(x) for x in a["k_permute"].attrs.axes] != [0, 1, 3, 2]:
         return False
+    kv_heads = set()
     for key in ("k_grouped", "v_grouped"):
         src = a[key]
         if not _static_f32(src) or len(src.ty.shape.values) != 4:
@@ -582,9 +584,10 @@ def _grouped_check(a: dict, qs: tuple[int, ...], keys: int) -> bool:
         b, kvh, s, d = (int(x) for x in src.ty.shape.values)
         if [int(x) for x in a[key + "_expand"].attrs.axis] != [2]:
             return False
-        if b != qs[0] or s != keys or d != qs[-1] or qs[1] % kvh:
+        if b != qs[0] or s != keys or (key == "k_grouped" and d != qs[-1]) or qs[1] % kvh:
             return False
-    return True
+        kv_heads.add(kvh)
+    return len(kv_heads) == 1
 
 
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:

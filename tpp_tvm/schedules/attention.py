@@ -26,7 +26,9 @@ from .tensorize import tensorize_row_block, try_tensorize
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """``bh`` (batch x heads) attention over ``seq`` keys with head size ``dim``;
+    """``bh`` (batch x heads) attention of ``seq_q`` queries over ``seq`` keys with head
+    size ``dim`` for Q and K and ``dim_v`` for V (``None``: ``dim``; LeViT's values are 2-4x
+    wider than its keys);
     ``heads`` maps a (batch x head) index to its mask row (mask has ``bh // heads`` rows),
     ``mask`` says whether an additive (rows, 1 or seq_q, seq) mask is applied, per query
     (a causal mask) when ``mask_per_query``; ``zero_masked_rows``
@@ -44,6 +46,12 @@ class AttentionShape:
     zero_masked_rows: bool = False
     group: int = 1
     mask_per_query: bool = False
+    dim_v: int | None = None
+
+    @property
+    def value_dim(self) -> int:
+        """V's head size, which is the output's."""
+        return self.dim if self.dim_v is None else self.dim_v
 
 
 #: Query rows, keys and value columns of one tile product: 2 x 2 tiles of 16 x 16 fp32,
@@ -96,12 +104,12 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
     """The kernel's TE stages as a PrimFunc: fp32 products, or on ``tiles`` bf16 products
     with fp32 accumulation: Q and the probabilities converted per query block, Kᵀ and V
     packed once into :data:`TILE_BLOCK`-column bf16 VNNI panels (``k_t_packed`` (bh/g,
-    seq/32, dim/2, 32, 2), ``v_packed`` (bh/g, dim/32, seq/2, 32, 2): the tile GEMMs' B
+    seq/32, dim/2, 32, 2), ``v_packed`` (bh/g, dim_v/32, seq/2, 32, 2): the tile GEMMs' B
     layout). The softmax between the products is fp32 either way."""
     g = sh.group
     Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
     KT = te.placeholder((sh.bh // g, sh.dim, sh.seq), "float32", name="k_t")
-    V = te.placeholder((sh.bh // g, sh.seq, sh.dim), "float32", name="v")
+    V = te.placeholder((sh.bh // g, sh.seq, sh.value_dim), "float32", name="v")
     inputs = [Q, KT]
     nb, bf16 = TILE_BLOCK, "bfloat16"
 
@@ -201,13 +209,13 @@ def _query_blocks(sch: s_tir.Schedule, mr: int) -> tuple:
 
 def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
-    (bh/heads, sq or 1, s)], V (bh/group, s, d); output (bh, sq, d)."""
+    (bh/heads, sq or 1, s)], V (bh/group, s, dv); output (bh, sq, dv)."""
     sh = shape
     unit = vector_unit(isa)
     lanes = unit.static_lanes("float32")
     mr = _row_block(sh.seq_q, query_block_rows(isa))
     nr = _col_block(sh.seq, lanes)
-    nd = _col_block(sh.dim, lanes)
+    nd = _col_block(sh.value_dim, lanes)
     sch = s_tir.Schedule(_attention_te(sh, tiles=False))
 
     # Output rows: one parallel loop over (batch·head, query block); PV is a GEMM TPP.
@@ -236,20 +244,21 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     return sch
 
 
-def tile_query_rows(rows: int, dim: int) -> int | None:
+def tile_query_rows(rows: int, dim: int, dim_v: int | None = None) -> int | None:
     """Query rows :func:`attention_tile_schedule` runs ``rows`` queries of head size ``dim``
-    on (the next multiple of :data:`TILE_BLOCK`), or None where attention stays fp32: a
-    head size that is not whole tile steps, or under 16 queries (decoding steps), which
-    would be padded more than twofold."""
-    if dim % TILE_BLOCK or rows < TILE_BLOCK // 2:
+    (``dim_v`` for V, if it differs) on (the next multiple of :data:`TILE_BLOCK`), or None
+    where attention stays fp32: a head size that is not whole tile steps, or under 16
+    queries (decoding steps), which would be padded more than twofold."""
+    if dim % TILE_BLOCK or (dim_v or dim) % TILE_BLOCK or rows < TILE_BLOCK // 2:
         return None
     return -(-rows // TILE_BLOCK) * TILE_BLOCK
 
 
 def _fits_tiles(shape: AttentionShape) -> bool:
-    """Whether :func:`attention_tile_schedule` takes ``shape``: queries, keys and head size
+    """Whether :func:`attention_tile_schedule` takes ``shape``: queries, keys and head sizes
     multiples of :data:`TILE_BLOCK` (keys are padded to 32 anyway, queries by the caller)."""
-    return all(x % TILE_BLOCK == 0 for x in (shape.seq_q, shape.seq, shape.dim))
+    return all(x % TILE_BLOCK == 0
+               for x in (shape.seq_q, shape.seq, shape.dim, shape.value_dim))
 
 
 def attention_tile_schedule(shape: AttentionShape, threads: int) -> s_tir.Schedule:
@@ -264,8 +273,9 @@ def attention_tile_schedule(shape: AttentionShape, threads: int) -> s_tir.Schedu
     sh = shape
     if not _fits_tiles(sh):
         raise UnsupportedShapeError(
-            f"attention on tiles needs queries, keys and head size in multiples of "
-            f"{TILE_BLOCK}; got {sh.seq_q} x {sh.seq} keys x {sh.dim}")
+            f"attention on tiles needs queries, keys and head sizes in multiples of "
+            f"{TILE_BLOCK}; got {sh.seq_q} x {sh.seq} keys, head size {sh.dim} "
+            f"(V: {sh.value_dim})")
     nb = TILE_BLOCK
     func = _attention_te(sh, tiles=True).with_attrs({TILE_CONFIG_ATTR: [nb, nb],
                                                     PREFETCH_PANELS_ATTR: False})
