@@ -229,3 +229,53 @@ def test_a_constant_output_scale_folds_into_the_weights(scale_shape, folds) -> N
         vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
         runs.append(vm["main"](tvm.runtime.tensor(xs)).numpy())
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_scaled_product_read_elsewhere_too_is_not_folded() -> None:
+    """``h * c`` where ``h = x @ W + b`` is also read unscaled: folding ``c`` into a copy of
+    the weights would run the GEMM twice (CLIP's ``h * sigmoid(1.702 h)`` did)."""
+    from tvm import relax
+
+    from tpp_tvm.relay_passes.canonicalize import fold_output_scales
+
+    rng = np.random.default_rng(5)
+    w, b = rng.standard_normal((16, 8)).astype("float32"), rng.standard_normal(8)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(w)),
+                                     relax.const(b.astype("float32"))))
+            s = bb.emit(relax.op.sigmoid(relax.op.multiply(h, relax.const(np.float32(1.5)))))
+            out = bb.emit_output(relax.op.multiply(h, s))
+        bb.emit_func_output(out)
+    text = str(fold_output_scales(bb.get()["main"]))
+    assert text.count("R.matmul(") == 1, text
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("order", ["xs", "sx"])
+def test_quick_gelu_fuses_into_the_gemm(order: str) -> None:
+    """CLIP's ``h * sigmoid(1.702 h)`` after a MatMul + bias is one GEMM epilogue
+    (``dense_bias_quick_gelu``), either operand order; another scale is not quick GELU."""
+    rng = np.random.default_rng(6)
+    consts = {"w": (rng.standard_normal((40, 24)) * 0.3).astype("float32"),
+              "b": rng.standard_normal(24).astype("float32"), "c": np.float32(1.702)}
+    for scale, fused in ((1.702, True), (1.5, False)):
+        consts["c"] = np.float32(scale)
+        pair = ["h", "s"] if order == "xs" else ["s", "h"]
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]),
+                 helper.make_node("Add", ["p", "b"], ["h"]),
+                 helper.make_node("Mul", ["c", "h"] if order == "xs" else ["h", "c"], ["hc"]),
+                 helper.make_node("Sigmoid", ["hc"], ["s"]),
+                 helper.make_node("Mul", pair, ["y"])]
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [11, 40])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        x = (rng.standard_normal((11, 40)) * 3).astype("float32")
+        report = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5,
+                                                     atol=1e-5).report()
+        assert ("tpp.dense_bias_quick_gelu: 1" in report) == fused, report
+        assert report.count("tpp.dense") == 1, report

@@ -299,7 +299,7 @@ LIBM_CALL = re.compile(r"call\w*\s+(exp|tanh|erf|log|pow|sigmoid)")
 
 @pytest.mark.parametrize(("isa", "register", "masked"),
                          [("avx512", "zmm", "{%k"), ("avx2", "ymm", "vmaskmovps")])
-@pytest.mark.parametrize("op", ["exp", "gelu", "gelu_tanh", "tanh", "sigmoid"])
+@pytest.mark.parametrize("op", ["exp", "gelu", "gelu_tanh", "tanh", "sigmoid", "quick_gelu"])
 def test_transcendentals_stay_in_vector_registers(op: str, isa: str, register: str,
                                                   masked: str) -> None:
     """No per-lane libm calls (LLVM scalarises llvm.exp/tanh/erf); the tail is a masked

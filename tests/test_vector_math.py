@@ -101,6 +101,10 @@ CASES = {
     "sigmoid": (vm.sigmoid, special.expit, 4e-7),
     # x e^x: below x = -87 the factor e^x is a denormal, its precision the error's bound.
     "silu": (vm.silu, lambda x: x * special.expit(x), 6e-6),
+    # x sigmoid(1.702 x), the scale as float32 rounds it; the product 1.702 x is rounded
+    # once more than the reference's (|1.702 x| up to ~104 on the tail: ~6e-6).
+    "quick_gelu": (vm.quick_gelu, lambda x: x * special.expit(float(np.float32(1.702)) * x),
+                   1e-5),
     # x sigmoid(2u): the rounding of u (|2u| up to ~90) sets the relative error on the
     # negative tail; the exact fp32 formula 1 + tanh(u) cancels to 0 there.
     "gelu_tanh": (vm.gelu_tanh, _gelu_tanh, 3e-5),
@@ -169,6 +173,7 @@ def test_exp_denormals_are_correctly_rounded(forms: str) -> None:
         ("erfc", [0.0, 2.0, np.nan]),
         ("sigmoid", [1.0, 0.0, np.nan]),
         ("silu", [np.inf, 0.0, np.nan]),
+        ("quick_gelu", [np.inf, 0.0, np.nan]),
         ("gelu", [np.inf, 0.0, np.nan]),
         ("gelu_tanh", [np.inf, 0.0, np.nan]),
         ("gelu_inv", [1.0, 0.0, np.nan]),

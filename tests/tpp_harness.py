@@ -67,6 +67,7 @@ UNARY = {
     "relu": lambda x: np.maximum(x, 0),
     "relu6": lambda x: np.clip(x, 0, 6),
     "silu": lambda x: x / (1 + np.exp(-x)),
+    "quick_gelu": lambda x: x / (1 + np.exp(-1.702 * x)),
     "gelu": _gelu,
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
     "tanh": np.tanh,

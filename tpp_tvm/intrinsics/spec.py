@@ -64,6 +64,8 @@ def const(x: tirx.Expr, value: float) -> tirx.Expr:
 
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
+#: The sigmoid's input scale in ``quick_gelu`` (OpenAI CLIP's activation).
+QUICK_GELU_SCALE = 1.702
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -117,6 +119,8 @@ OPS: dict[str, OpDef] = {
     "tanh": OpDef("unary", tirx.tanh, "Y = tanh(X)"),
     "sigmoid": OpDef("unary", _sigmoid, "Y = 1 / (1 + exp(-X))"),
     "silu": OpDef("unary", lambda x: x * _sigmoid(x), "Y = X / (1 + exp(-X)) (swish)"),
+    "quick_gelu": OpDef("unary", lambda x: x * _sigmoid(const(x, QUICK_GELU_SCALE) * x),
+                        "Y = X * sigmoid(1.702 X) (CLIP's GELU approximation)"),
     "exp": OpDef("unary", tirx.exp, "Y = exp(X)"),
     "reciprocal": OpDef("unary", lambda x: const(x, 1.0) / x, "Y = 1 / X"),
     "sqrt": OpDef("unary", tirx.sqrt, "Y = sqrt(X)"),

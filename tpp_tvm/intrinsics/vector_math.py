@@ -72,7 +72,7 @@ import tvm
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
 
-from .spec import OPS, const, dtype_of
+from .spec import OPS, QUICK_GELU_SCALE, const, dtype_of
 
 Expr = tirx.Expr
 
@@ -508,6 +508,13 @@ def silu(x: Expr) -> Expr:
     return tirx.Select(x < const(x, _EXP_LO), splat(x, 0.0), x) * _sigmoid(x)
 
 
+def quick_gelu(x: Expr) -> Expr:
+    """``x sigmoid(1.702 x)``: :func:`silu` of the scaled input, times the input."""
+    _check_f32(x, "quick_gelu")
+    scaled = const(x, QUICK_GELU_SCALE) * x
+    return tirx.Select(scaled < const(x, _EXP_LO), splat(x, 0.0), x) * _sigmoid(scaled)
+
+
 def _relu_inv(dy: Expr, x: Expr) -> Expr:
     # The spec's Select needs both arms of one type: splat the zero.
     return tirx.Select(x > const(x, 0.0), dy, splat(dy, 0.0))
@@ -530,6 +537,7 @@ FAST: dict[str, Callable[..., Expr]] = {
     "tanh": tanh,
     "sigmoid": sigmoid,
     "silu": silu,
+    "quick_gelu": quick_gelu,
     "gelu": gelu,
     "gelu_tanh": gelu_tanh,
     "gelu_inv": gelu_inv,
@@ -541,7 +549,8 @@ FAST: dict[str, Callable[..., Expr]] = {
 
 #: Ops whose vector math is a long dependent chain (tens of instructions): several vectors
 #: computed side by side interleave them (see ``eltwise_template.equation_impl``).
-LONG_CHAINS = frozenset({"exp", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "gelu_inv"})
+LONG_CHAINS = frozenset({"exp", "tanh", "sigmoid", "silu", "quick_gelu", "gelu", "gelu_tanh",
+                         "gelu_inv"})
 
 
 def vector_fn(op: str) -> Callable[..., Expr]:

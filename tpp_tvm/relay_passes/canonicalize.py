@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, rewrite_call, wildcard
 
-from .exprs import const_value, scalar_value, static_shape
+from .exprs import bindings, const_value, scalar_value, static_shape, use_counts
 
 
 def _erf_gelu_pattern():
@@ -170,13 +170,19 @@ def fold_output_scales(func: relax.Function) -> relax.Function:
 
     ConvNeXt's layer scale (``gamma * pwconv2(x)``) sat between the second GEMM and the
     residual add, so the add could not join the GEMM's epilogue and the product ran as a
-    kernel of TVM's default code per block; folded into the weights it costs nothing."""
+    kernel of TVM's default code per block; folded into the weights it costs nothing.
+    A product read elsewhere too stays: folding would compute the GEMM twice (CLIP's
+    ``h * sigmoid(1.702 h)`` ran its first MLP GEMM once per operand)."""
     x, w, b, c = wildcard(), is_const(), is_const(), is_const()
+    reads = use_counts(func)
+    bound_to = {value: var for var, value in bindings(func).items()}
     dense = is_op("relax.matmul")(x, w)
     dense = dense | is_op("relax.add")(dense, b) | is_op("relax.add")(b, dense)
     pattern = is_op("relax.multiply")(dense, c) | is_op("relax.multiply")(c, dense)
 
     def rewriter(orig, m):
+        if reads.get(bound_to.get(m[dense]), 1) > 1:
+            return orig
         weight, scale = const_value(m[w]), const_value(m[c])
         out = static_shape(orig)
         if weight is None or scale is None or weight.ndim != 2 or out is None or \

@@ -1,7 +1,9 @@
 """Small readers of Relax expressions shared by the graph passes: static shape, dtype,
-constant value, and what each variable of a function is bound to."""
+constant value, what each variable of a function is bound to and how often it is read."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import tvm
@@ -41,3 +43,19 @@ def bindings(func: relax.Function) -> dict[relax.Var, relax.Expr]:
     if not isinstance(func.body, relax.SeqExpr):
         return {}
     return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+
+def use_counts(func: relax.Function) -> Counter:
+    """How many times each variable of ``func`` is read (bindings and the result)."""
+    counts: Counter = Counter()
+
+    @relax.expr_functor.visitor
+    class _Reads(relax.PyExprVisitor):
+        def visit_var_(self, var: relax.Var) -> None:
+            counts[var] += 1
+
+        def visit_dataflow_var_(self, var: relax.DataflowVar) -> None:
+            counts[var] += 1
+
+    _Reads().visit_expr(func)
+    return counts

@@ -18,6 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from ..intrinsics.spec import QUICK_GELU_SCALE
 from ..schedules.expand_depthwise import fusion_pays
 from .exprs import scalar_value
 
@@ -32,7 +33,12 @@ ACTIVATIONS: dict[str, str] = {
     # ReLU6 as the importer writes a Clip (frontend._clip): minimum(maximum(x, 0), 6),
     # bounds checked by _activation_check.
     "relu6": "relu6",
+    # CLIP's x * sigmoid(1.702 x), scale checked by _activation_check.
+    "quick_gelu": "quick_gelu",
 }
+
+#: Activations written as several Relax ops (not one op with that name).
+COMPOSITE_ACTIVATIONS = ("relu6", "quick_gelu")
 
 
 def _activation(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
@@ -44,14 +50,25 @@ def _activation(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
         if ann is not None:
             ann[key + "_lo"], ann[key + "_hi"] = lo, hi
         return is_op("relax.minimum")(is_op("relax.maximum")(x, lo), hi)
+    if op == "quick_gelu":
+        scale = is_const()
+        if ann is not None:
+            ann[key + "_scale"] = scale
+        scaled = is_op("relax.multiply")(x, scale) | is_op("relax.multiply")(scale, x)
+        gate = is_op("relax.sigmoid")(scaled)
+        return is_op("relax.multiply")(x, gate) | is_op("relax.multiply")(gate, x)
     return is_op(op)(x)
 
 
 def _activation_check(a: dict) -> bool:
-    """Every ReLU6 annotated as an activation clips at exactly [0, 6]."""
+    """Every ReLU6 annotated as an activation clips at exactly [0, 6], every quick GELU
+    scales by 1.702 (as float32 writes it)."""
     for key in ("act", "post_act"):
         if key + "_lo" in a and [scalar_value(a[key + "_lo"]),
                                  scalar_value(a[key + "_hi"])] != [0.0, 6.0]:
+            return False
+        if key + "_scale" in a and scalar_value(a[key + "_scale"]) != \
+                float(np.float32(QUICK_GELU_SCALE)):
             return False
     return True
 
@@ -255,7 +272,7 @@ def _any_activation(x: DFPattern, ann: dict, key: str) -> DFPattern:
 def matched_activation(expr: relax.Expr) -> str:
     """The unary TPP an activation matched by :func:`_any_activation` computes."""
     op = expr.op.name
-    return "relu6" if op == "relax.minimum" else ACTIVATIONS[op]
+    return {"relax.minimum": "relu6", "relax.multiply": "quick_gelu"}.get(op) or ACTIVATIONS[op]
 
 
 def _expansion_check(a: dict, out_channels: int) -> bool:
@@ -466,7 +483,7 @@ def instance_norm_patterns() -> list[TPPPattern]:
     """``act(instance_norm(x, gamma, beta))`` channels-last (``relay_passes/instance_norm.py``
     writes it): column statistics and one equation TPP."""
     table = []
-    for activation in (*[a for a in ACTIVATIONS if a != "relu6"], None):
+    for activation in (*[a for a in ACTIVATIONS if a not in COMPOSITE_ACTIVATIONS], None):
         x, gamma, beta = wildcard(), is_const(), is_const()
         norm = is_op("relax.nn.instance_norm")(x, gamma, beta)
         out = is_op(activation)(norm) if activation else norm

@@ -43,7 +43,7 @@ from .fake_quant import (
 )
 from .lower import LoweringReport, as_relax_kernel, precision_label
 from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
-from .patterns import ACTIVATIONS
+from .patterns import ACTIVATIONS, COMPOSITE_ACTIVATIONS
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
 
@@ -339,7 +339,7 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
                                          residual=residual, post_activation="relu"))
         variants.append(_EpiloguePattern(added, pre_bias, residual=residual))
     variants += [_EpiloguePattern(is_op(op)(with_bias), bias, ACTIVATIONS[op])
-                 for op in ACTIVATIONS if op != "relu6"]  # relu6: a two-op form, checked
+                 for op in ACTIVATIONS if op not in COMPOSITE_ACTIVATIONS]  # several ops
     return [*variants, _EpiloguePattern(with_bias, bias), _EpiloguePattern(core)]
 
 
