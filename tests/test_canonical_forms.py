@@ -322,3 +322,19 @@ def test_conv3d_runs_as_a_conv2d_over_frames(c, oc, shape, kernel, stride, pads,
                             group=groups)
     report = _check(_model(node, [1, c, *shape], w), [1, c, *shape])
     assert "conv3d" not in report and ("tpp.conv2d" in report or "tpp.dense" in report)
+
+
+@pytest.mark.parametrize("window,stride,pads,include_pad", [
+    (3, 1, 1, 0),  # PoolFormer's token mixer
+    (3, 1, 1, 1),
+    (3, 2, 1, 0),  # Inception-style, strided
+    (2, 2, 0, 0),  # DenseNet's transitions
+])
+def test_average_pooling_runs_as_a_depthwise_convolution(window, stride, pads, include_pad
+                                                         ) -> None:
+    shape = [1, 12, 11, 9]
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[window, window],
+                            strides=[stride, stride], pads=[pads] * 4,
+                            count_include_pad=include_pad)
+    report = _check(_model(node, shape), shape)
+    assert "tpp.depthwise_conv2d" in report and "avg_pool" not in report, report

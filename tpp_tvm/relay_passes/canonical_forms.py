@@ -8,6 +8,9 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
 
 - a pooling whose one output window covers the whole input is a global reduction
   (``mean``/``max`` over the spatial axes), which the pattern table takes;
+- any other 2-D average pooling is a depthwise convolution by a constant filter of
+  1 / window (PoolFormer's 3x3 token mixer, Inception's branches), times a constant map of
+  window / cells counted where padding is not counted;
 - a 1-D convolution is a 2-D one over a single-row image (``W`` kept as the row), so it
   lands on the BRGEMM convolution TPP;
 - a 3-D convolution is a 2-D one over the frames it reads: each output frame's ``kt``
@@ -26,6 +29,7 @@ Each rewrite keeps the graph's layouts and dtypes and is exact (no rounding chan
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -71,6 +75,39 @@ def _global_pool(call: relax.Call) -> relax.Expr | None:
     if call.op.name.endswith("max_pool2d") or call.op.name.endswith("max_pool1d"):
         return relax.op.max(x, axis=spatial, keepdims=True)
     return relax.op.mean(x, axis=spatial, keepdims=True)
+
+
+def _cells(size: int, window: int, stride: int, pad: int, out: int) -> np.ndarray:
+    """How many input cells of an axis each output window covers (padding excluded)."""
+    start = np.arange(out) * stride - pad
+    return np.minimum(start + window, size) - np.maximum(start, 0)
+
+
+def _avg_pool_as_depthwise(call: relax.Call) -> relax.Expr | None:
+    attrs = call.attrs
+    x = call.args[0]
+    shape, out = static_shape(x), static_shape(call)
+    if str(attrs.layout) != "NCHW" or str(attrs.out_layout) not in ("", "NCHW") \
+            or shape is None or out is None or str(x.ty.dtype) != "float32" \
+            or any(int(d) != 1 for d in attrs.dilation):
+        return None
+    (kh, kw), (sh, sw) = _ints(attrs.pool_size), _ints(attrs.strides)
+    top, left, bottom, right = _ints(attrs.padding) * (2 if len(attrs.padding) == 2 else 1)
+    n, c, h, w = shape
+    if out[2] != (h + top + bottom - kh) // sh + 1 or out[3] != (w + left + right - kw) // sw + 1:
+        return None  # ceil mode's partial windows past the padding
+    weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), dtype="float32")
+    conv = relax.op.nn.conv2d(x, relax.const(weight), strides=(sh, sw),
+                              padding=(top, left, bottom, right), groups=c)
+    if attrs.count_include_pad or not (top or left or bottom or right):
+        return conv
+    cells = np.outer(_cells(h, kh, sh, top, out[2]), _cells(w, kw, sw, left, out[3]))
+    return relax.op.multiply(conv, relax.const((kh * kw / cells).astype("float32")[None, None]))
+
+
+def _avg_pool(call: relax.Call) -> relax.Expr | None:
+    global_pool = _global_pool(call)
+    return global_pool if global_pool is not None else _avg_pool_as_depthwise(call)
 
 
 def _conv1d_as_matmul(x: relax.Expr, w: relax.Expr, shape: list[int], wshape: list[int],
@@ -210,7 +247,7 @@ def _split_groups(call: relax.Call) -> relax.Expr | None:
 
 
 _REWRITES = {
-    "relax.nn.avg_pool2d": _global_pool,
+    "relax.nn.avg_pool2d": _avg_pool,
     "relax.nn.max_pool2d": _global_pool,
     "relax.nn.avg_pool1d": _global_pool,
     "relax.nn.max_pool1d": _global_pool,
