@@ -338,3 +338,19 @@ def test_average_pooling_runs_as_a_depthwise_convolution(window, stride, pads, i
                             count_include_pad=include_pad)
     report = _check(_model(node, shape), shape)
     assert "tpp.depthwise_conv2d" in report and "avg_pool" not in report, report
+
+
+@pytest.mark.parametrize("equation,a_shape,b_shape", [
+    ("bhlk,bhtk->bhlt", (1, 3, 5, 8), (1, 3, 7, 8)),   # CvT's scores
+    ("bhlt,bhtv->bhlv", (1, 3, 5, 7), (1, 3, 7, 4)),   # and values
+    ("ij,jk->ik", (5, 6), (6, 3)),
+    ("bij,bkj->bki", (2, 5, 6), (2, 3, 6)),           # output transposed
+    ("nchw,oc->nohw", (1, 6, 3, 5), (4, 6)),          # a 1x1 convolution
+    ("bi,bi->b", (3, 9), (3, 9)),                     # row-wise dot products
+    ("i,j->ij", (4,), (5,)),                          # outer product
+])
+def test_einsum_runs_as_a_matmul(equation, a_shape, b_shape) -> None:
+    node = helper.make_node("Einsum", ["x", "w"], ["y"], equation=equation)
+    w = RNG.standard_normal(b_shape).astype("float32")
+    report = _check(_model(node, list(a_shape), w), list(a_shape))
+    assert "einsum" not in report, report

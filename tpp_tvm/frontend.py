@@ -810,6 +810,19 @@ def _instance_norm(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
                                      relax.const(bias.value.numpy().reshape(per_channel))))
 
 
+def _einsum(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """Einsum as ``R.einsum`` (TVM's converter emits a ``call_tir`` of TOPI's einsum), so
+    ``relay_passes/canonical_forms.py`` can write a matrix product as a ``matmul``."""
+    from tvm import relax
+
+    equation = attrs.get("equation", b"")
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    args = [x for x in inputs if x is not None]
+    if not equation or not args:
+        return None
+    return bb.normalize(relax.op.einsum(relax.Tuple(args), equation))
+
+
 def _variadic(binary: str, mean: bool = False) -> Callable[..., Any]:
     """Max/Min/Sum/Mean of N inputs as a chain of broadcasting binary ops. TVM's converter
     stacks the inputs into one tensor of rank + 1 and reduces it; ConvertLayout cannot map
@@ -841,6 +854,7 @@ _EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
     "Clip": _clip,
     "Pad": _pad,
     "InstanceNormalization": _instance_norm,
+    "Einsum": _einsum,
     "Max": _variadic("maximum"),
     "Min": _variadic("minimum"),
     "Sum": _variadic("add"),

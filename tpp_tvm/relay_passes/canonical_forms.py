@@ -11,6 +11,9 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
 - any other 2-D average pooling is a depthwise convolution by a constant filter of
   1 / window (PoolFormer's 3x3 token mixer, Inception's branches), times a constant map of
   window / cells counted where padding is not counted;
+- a two-operand ``Einsum`` that is a (batched) matrix product is a ``matmul`` between
+  transposes and reshapes (CvT's attention, ``bhlk,bhtk->bhlt``), so the matmul and
+  attention patterns see it;
 - a 1-D convolution is a 2-D one over a single-row image (``W`` kept as the row), so it
   lands on the BRGEMM convolution TPP;
 - a 3-D convolution is a 2-D one over the frames it reads: each output frame's ``kt``
@@ -197,6 +200,55 @@ def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     return relax.op.permute_dims(relax.op.reshape(conv, (n, ot, oc, oh, ow)), [0, 2, 1, 3, 4])
 
 
+def _einsum_as_matmul(call: relax.Call) -> relax.Expr | None:
+    """``einsum(a, b)`` as ``matmul`` of ``a`` viewed (batch.., rows, reduced) and ``b``
+    viewed (batch.., reduced, cols), the result viewed back in the output's axis order."""
+    operands = call.args[0]
+    spec = str(call.attrs.subscripts).replace(" ", "")
+    if not isinstance(operands, relax.Tuple) or len(operands.fields) != 2 or "." in spec \
+            or "->" not in spec:
+        return None
+    ins, out = spec.split("->")
+    ia, ib = ins.split(",")
+    a, b = operands.fields
+    sa, sb = static_shape(a), static_shape(b)
+    if sa is None or sb is None or len(sa) != len(ia) or len(sb) != len(ib) \
+            or len(set(ia)) != len(ia) or len(set(ib)) != len(ib) or len(set(out)) != len(out) \
+            or str(a.ty.dtype) != str(b.ty.dtype):
+        return None
+    if any(c not in ib and c not in out for c in ia) or any(c not in ia and c not in out
+                                                            for c in ib):
+        return None  # an axis summed in one operand alone
+    size = {**dict(zip(ib, sb)), **dict(zip(ia, sa))}
+    if any(c in ib and size[c] != sb[ib.index(c)] for c in ia):
+        return None  # broadcast shared axes
+    batch = [c for c in out if c in ia and c in ib]
+    rows = [c for c in out if c in ia and c not in ib]
+    cols = [c for c in out if c in ib and c not in ia]
+    reduced = [c for c in ia if c in ib and c not in out]
+
+    def view(x: relax.Expr, axes: str, order: list[str], shape: list[int]) -> relax.Expr:
+        perm = [axes.index(c) for c in order]
+        if perm != list(range(len(perm))):
+            x = relax.op.permute_dims(x, perm)
+        if [size[c] for c in order] != shape:
+            x = relax.op.reshape(x, shape)
+        return x
+
+    def prod(axes: list[str]) -> int:
+        return int(np.prod([size[c] for c in axes], dtype=np.int64))
+
+    lead = [size[c] for c in batch]
+    lhs = view(a, ia, batch + rows + reduced, lead + [prod(rows), prod(reduced)])
+    rhs = view(b, ib, batch + reduced + cols, lead + [prod(reduced), prod(cols)])
+    product = relax.op.matmul(lhs, rhs)
+    order = batch + rows + cols
+    if [size[c] for c in order] != lead + [prod(rows), prod(cols)]:
+        product = relax.op.reshape(product, [size[c] for c in order])
+    perm = [order.index(c) for c in out]
+    return product if perm == list(range(len(perm))) else relax.op.permute_dims(product, perm)
+
+
 def _fold_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
     """conv2d(pad(x, zeros on H, W)) -> conv2d(x, padding + pads) for NCHW data."""
     attrs = call.attrs
@@ -253,6 +305,7 @@ _REWRITES = {
     "relax.nn.max_pool1d": _global_pool,
     "relax.nn.conv1d": _conv1d_as_conv2d,
     "relax.nn.conv3d": _conv3d_as_conv2d,
+    "relax.einsum": _einsum_as_matmul,
     "relax.nn.conv2d": _split_groups,
 }
 
