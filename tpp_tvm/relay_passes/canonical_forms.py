@@ -99,6 +99,8 @@ def _avg_pool_as_depthwise(call: relax.Call) -> relax.Expr | None:
     n, c, h, w = shape
     if out[2] != (h + top + bottom - kh) // sh + 1 or out[3] != (w + left + right - kw) // sw + 1:
         return None  # ceil mode's partial windows past the padding
+    if sh != sw or kh * kw < 2:
+        return None  # the depthwise TPP takes square strides and windows of 2+ taps
     weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), dtype="float32")
     conv = relax.op.nn.conv2d(x, relax.const(weight), strides=(sh, sw),
                               padding=(top, left, bottom, right), groups=c)
