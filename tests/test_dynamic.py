@@ -117,6 +117,22 @@ def test_dynamic_model_runs_every_size_within_bounds(distilbert: str, tmp_path) 
     assert len(loaded.compiled_sizes) == 2  # served by the exported build, nothing compiled
 
 
+def test_dynamic_model_over_the_protobuf_limit_exports_its_weights_beside_it(
+        distilbert: str, tmp_path, monkeypatch) -> None:
+    """A dynamic LLM export is over protobuf's 2 GiB (here: over a limit lowered to 1 kB):
+    the exported folder keeps its weights as ONNX external data (``onnx.save`` raised), and
+    the loaded model compiles a new size from them."""
+    from tpp_tvm import frontend
+
+    monkeypatch.setattr(frontend, "_PROTOBUF_LIMIT", 1000)
+    folder = tpp_tvm.compile_onnx(distilbert).export(tmp_path / "dyn")
+    assert (folder / "model.onnx.data").stat().st_size > 0
+    feeds = _feeds(1, 6)
+    np.testing.assert_allclose(tpp_tvm.load(folder)(**feeds)[0],
+                               ort_ref.run_onnxruntime(distilbert, feeds)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_shape_dict_marks_dims_dynamic_and_fixes_others(distilbert: str) -> None:
     model = tpp_tvm.compile_onnx(distilbert, shape_dict={"input_ids": (1, None),
                                                          "attention_mask": (1, None)})

@@ -213,6 +213,97 @@ def test_loads_path_and_bytes_without_touching_the_caller_model(tmp_path) -> Non
     assert model.SerializeToString() == before
 
 
+# ------------------------------------------------------------------------------- big models
+
+
+def _shared_weight_model(n: int = 96) -> onnx.ModelProto:
+    """ALBERT's export: one layer's weight read through an ``Identity`` per layer, and the
+    output reshaped to a target computed from its shape (folded only if shape inference saw
+    through the weight, by its type)."""
+    h = helper.make_node
+    nodes = [h("Identity", ["w"], [f"w{i}"]) for i in range(3)]
+    nodes += [h("MatMul", ["x" if i == 0 else f"y{i - 1}", f"w{i}"], [f"y{i}"])
+              for i in range(3)]
+    nodes += [h("Shape", ["y2"], ["s"], start=0, end=1),
+              h("Concat", ["s", "rest"], ["target"], axis=0),
+              h("Reshape", ["y2", "target"], ["out"])]
+    w = (np.random.default_rng(0).standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, n])],
+                  [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                  [numpy_helper.from_array(w, "w"), _i64("rest", [n // 8, 8])])
+
+
+def test_shared_weight_is_not_copied_per_reader() -> None:
+    """Folding an ``Identity`` of a weight copied it per layer: ALBERT-xxlarge (0.8 GB,
+    one shared layer read by 4) grew past protobuf's 2 GiB and failed to serialize."""
+    model = _shared_weight_model()
+    cleaned = frontend.clean_model(model)
+    assert sorted(tuple(t.dims) for t in cleaned.graph.initializer) == [(3,), (96, 96)]
+    assert sorted(n.op_type for n in cleaned.graph.node) == ["MatMul"] * 3 + ["Reshape"]
+    x = {"x": np.random.default_rng(1).standard_normal((2, 96)).astype(np.float32)}
+    expected = ort_ref.run_onnxruntime(model, x)[0]
+    np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x), expected,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_shape_inference_sees_weights_by_type_only(monkeypatch) -> None:
+    """Shape inference serializes the model it is given, so it gets a copy with the
+    weights as typed inputs: the shapes still fold, and no weight bytes go in."""
+    seen: list[onnx.ModelProto] = []
+    infer = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda m, *a, **k: seen.append(m) or infer(m, *a, **k))
+    cleaned = frontend.clean_model(_shared_weight_model())
+    assert "Shape" not in {n.op_type for n in cleaned.graph.node}  # the target folded
+    assert seen and all("w" not in {t.name for t in m.graph.initializer} for m in seen)
+    assert max(m.ByteSize() for m in seen) < 96 * 96 * 4 / 4
+
+
+def test_model_over_the_protobuf_limit_saves_and_runs_with_external_data(
+        tmp_path, monkeypatch) -> None:
+    """Over 2 GiB (here: over a limit lowered to 1 kB), ``save_model`` keeps the weights
+    in a file beside the model without stripping the model in memory; ONNX Runtime gets it
+    through such files, and the saved model compiles from its path."""
+    import tpp_tvm
+
+    monkeypatch.setattr(frontend, "_PROTOBUF_LIMIT", 1000)
+    model = _shared_weight_model()
+    before = model.SerializeToString()
+    assert not frontend.fits_protobuf(model)
+    path = frontend.save_model(model, tmp_path / "big.onnx")
+    assert (tmp_path / "big.onnx.data").stat().st_size == 96 * 96 * 4
+    assert path.stat().st_size < 1000 and model.SerializeToString() == before
+    x = np.random.default_rng(2).standard_normal((2, 96)).astype(np.float32)
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    expected = (x @ w @ w @ w).reshape(2, 12, 8)
+    ort = ort_ref.run_onnxruntime(model, {"x": x})[0]  # through a saved copy
+    np.testing.assert_allclose(ort, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tpp_tvm.compile_onnx(path)(x)[0], ort, rtol=1e-5, atol=1e-5)
+
+
+def test_local_functions_are_inlined_around_the_weights() -> None:
+    """onnx's inliner serializes the model too: it runs on the weightless copy, and the
+    inlined nodes come back to the model with its weights."""
+    silu = helper.make_function("custom", "Silu", ["a"], ["b"],
+                                [helper.make_node("Sigmoid", ["a"], ["s"]),
+                                 helper.make_node("Mul", ["a", "s"], ["b"])],
+                                [helper.make_opsetid("", 17)])
+    w = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                    helper.make_node("Silu", ["m"], ["y"], domain="custom")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(w, "w")])
+    model.opset_import.append(helper.make_opsetid("custom", 1))
+    model.functions.append(silu)
+    cleaned = frontend.clean_model(model)
+    assert not cleaned.functions
+    assert sorted(n.op_type for n in cleaned.graph.node) == ["MatMul", "Mul", "Sigmoid"]
+    x = {"x": np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x),
+                               ort_ref.run_onnxruntime(model, x)[0], rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------- errors
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from .errors import ModelLoadError, UnsupportedShapeError
+from .frontend import load_model, save_model
 from .inputs import bind_inputs
 
 #: Compiles one static size: (model, shape_dict, target, precision, tune_logs) -> a
@@ -286,7 +287,7 @@ class DynamicModel:
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        onnx.save(self._model, str(path / _ONNX))
+        save_model(self._model, path / _ONNX)  # an LLM's weights go past protobuf's 2 GiB
         libraries = []
         for i, (size, compiled) in enumerate(self._cache.items()):
             name = f"size{i}.so"
@@ -330,7 +331,7 @@ def load_dynamic(path: str | Path, load_static: Callable[[Path], Any],
                     for p in meta["patterns"]]
         bounds = {d: (lo, math.inf if hi is None else hi)
                   for d, (lo, hi) in meta["bounds"].items()}
-        model = onnx.load(str(path / _ONNX))
+        model = load_model(path / _ONNX)
         target = tvm.target.Target(json.loads(meta["target"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{path} is not a dynamic model export "

@@ -18,10 +18,15 @@ ONNX level (:func:`clean_model`):
    ``Shape -> Gather -> Unsqueeze -> Concat`` chains; once folded, the Relax module has static
    reshapes and no shape tensors. It also removes the ``ConstantOfShape`` with an empty
    (scalar) shape tensor found in transformers' BERT exports, which TVM's converter rejects.
-   Results that would grow a constant past a million elements are left to TVM.
+   Results that would grow a constant past a million elements are left to TVM. An
+   ``Identity`` of a constant, or a fold repeating an earlier one, renames instead of
+   copying: shared weights stay shared (ALBERT).
 3. **ONNX shape inference** (``onnx.shape_inference``, with data propagation), so every value
    has a known type and shape for the folding above; stale ``value_info`` from the exporter
-   (dynamic dims) is dropped first.
+   (dynamic dims) is dropped first. It runs on a copy whose weights are typed inputs without
+   data, as does onnx's function inliner: both serialize the model, and a protobuf message
+   cannot exceed 2 GiB (a 1B-parameter fp32 LLM is 4 GB). Such a model is read with its
+   external data and written with it (:func:`save_model`); nothing serializes it whole.
 4. **An operator check** against the converter's own op table
    (``onnx_frontend._get_convert_map()``), before any conversion: an operator TVM cannot
    convert is reported with its type and node name instead of a failure deep inside TVM.
@@ -48,6 +53,7 @@ import onnx
 import onnx.inliner
 import onnx.shape_inference
 import tvm
+from google.protobuf.message import EncodeError
 from onnx import helper, numpy_helper
 
 from tpp_tvm.errors import (
@@ -69,6 +75,9 @@ _DIRECT_OPS = frozenset({"If", "Constant"})
 # Folding never creates a constant larger than this (unless an input already is that large).
 _MAX_FOLD_ELEMENTS = 1 << 20
 _MAX_FOLD_ROUNDS = 8
+# Shape inference sees the values of initializers up to this size (shape vectors, scalars,
+# axes); larger ones, the weights, only by type and shape.
+_MAX_SHAPE_DATA = 1 << 12
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
@@ -420,11 +429,31 @@ def _used_names(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
+def _rename_inputs(node: onnx.NodeProto, alias: Mapping[str, str]) -> None:
+    """Make ``node`` (and its subgraphs) read ``alias[name]`` wherever it read ``name``."""
+    for i, name in enumerate(node.input):
+        if name in alias:
+            node.input[i] = alias[name]
+    for sub in _subgraphs(node):
+        for inner in sub.node:
+            _rename_inputs(inner, alias)
+        for output in sub.output:
+            output.name = alias.get(output.name, output.name)
+
+
 def _fold_once(graph: onnx.GraphProto) -> list[str]:
-    """Fold what can be folded in one pass; returns the op types folded."""
+    """Fold what can be folded in one pass; returns the op types folded.
+
+    A folded ``Identity`` of a constant, or a fold that repeats an earlier one (same op,
+    attributes and inputs), becomes another name for the existing constant rather than a
+    copy: ALBERT's export reads its one shared layer through an ``Identity`` per layer, and
+    copying the weights per layer took ALBERT-xxlarge from 0.8 GB past protobuf's 2 GiB."""
     protos = {t.name: t for t in graph.initializer}
     cache: dict[str, np.ndarray] = {}
     shapes = _static_shapes(graph)
+    outputs = {o.name for o in graph.output}
+    alias: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
 
     def const(name: str) -> np.ndarray | None:
         if name not in cache and name in protos:
@@ -434,28 +463,44 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
     folded: list[str] = []
     kept: list[onnx.NodeProto] = []
     for node in graph.node:
-        value = None
-        if node.domain in ("", "ai.onnx") and len(node.output) == 1:
-            value = _try_fold(node, const, shapes)
+        if alias:
+            _rename_inputs(node, alias)
+        out = node.output[0] if len(node.output) == 1 else ""
+        if node.domain not in ("", "ai.onnx") or not out:
+            kept.append(node)
+            continue
+        if (node.op_type == "Identity" and out not in outputs
+                and (node.input[0] in protos or node.input[0] in cache)):
+            alias[out] = node.input[0]
+            folded.append(node.op_type)
+            continue
+        value = _try_fold(node, const, shapes)
         if value is None:
             kept.append(node)
             continue
-        cache[node.output[0]] = value
-        shapes[node.output[0]] = value.shape
         folded.append(node.op_type)
+        key = (node.op_type, tuple(node.input),
+               tuple(a.SerializeToString() for a in node.attribute)) if node.input else None
+        if key is not None and key in seen and out not in outputs:
+            alias[out] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = out
+        cache[out] = value
+        shapes[out] = value.shape
     if not folded:
         return folded
 
     del graph.node[:]
     graph.node.extend(kept)
     used = _used_names(graph)
-    for name in [t.name for t in graph.initializer if t.name not in used]:
-        del protos[name]
+    # Edited in place: rebuilding the list would copy every weight once per round.
+    for i in reversed(range(len(graph.initializer))):
+        if graph.initializer[i].name not in used:
+            del graph.initializer[i]
     for name, value in cache.items():
         if name in used and name not in protos:
-            protos[name] = numpy_helper.from_array(np.array(value, order="C"), name)
-    del graph.initializer[:]
-    graph.initializer.extend(protos.values())
+            graph.initializer.append(numpy_helper.from_array(np.array(value, order="C"), name))
     return folded
 
 
@@ -500,21 +545,113 @@ def _try_fold(
     return np.asarray(value)
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with every value's shape inferred afresh. The previous round's
-    ``value_info`` is dropped first: inference keeps an existing entry, so a dimension it
-    could not know before a fold (``unk__0`` from an ``Add`` whose other input was a
-    computed position-id gather, in transformers' DistilBERT) would stay unknown after the
-    fold made it static, and the ``Shape`` nodes reading it would never fold."""
-    del model.graph.value_info[:]
-    if model.ByteSize() > _PROTOBUF_LIMIT:
-        logger.debug("model over 2 GB: skipping ONNX shape inference")
-        return model
+def _split_weights(
+    model: onnx.ModelProto, keep_elements: int
+) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """A copy of ``model`` without its initializers over ``keep_elements`` elements, and
+    those initializers (the model's own, not copies)."""
+    graph = model.graph
+    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                            functions=model.functions)
+    light.graph.name = graph.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(light.graph, field).extend(getattr(graph, field))
+    weights = []
+    for tensor in graph.initializer:
+        if int(np.prod(tensor.dims)) <= keep_elements:
+            light.graph.initializer.add().CopyFrom(tensor)
+        else:
+            weights.append(tensor)
+    return light, weights
+
+
+def _weightless(model: onnx.ModelProto, keep_elements: int) -> onnx.ModelProto:
+    """A copy of ``model`` for the onnx passes that serialize it (shape inference, the
+    function inliner): every initializer over ``keep_elements`` elements becomes a typed
+    graph input without data. Those passes need weights' types and shapes, never their
+    values (only shape-sized tensors are read), and a protobuf message cannot exceed 2 GiB:
+    a 1B-parameter fp32 model (4 GB) could not go through them whole, and ALBERT-xxlarge
+    went over once its shared weights had been copied per use."""
+    light, weights = _split_weights(model, keep_elements)
+    inputs = {v.name for v in light.graph.input}
+    for tensor in weights:
+        if tensor.name not in inputs:  # old exports list initializers as inputs too
+            light.graph.input.append(
+                helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return light
+
+
+def fits_protobuf(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` serializes as one protobuf message (at most 2 GiB)."""
     try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        return model.ByteSize() <= _PROTOBUF_LIMIT
+    except EncodeError:  # upb refuses to even size a message over the limit
+        return False
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Write ``model`` to ``path``; one over protobuf's 2 GiB limit keeps its larger
+    initializers in ``<name>.data`` beside it (ONNX external data, which
+    :func:`load_model`, ``onnx.load`` and ONNX Runtime read). Unlike ``onnx.save`` with
+    ``save_as_external_data``, the model in memory keeps its weights."""
+    path = Path(path)
+    if fits_protobuf(model):
+        path.write_bytes(model.SerializeToString())
+        return path
+    light, weights = _split_weights(model, _MAX_SHAPE_DATA)
+    data = path.with_name(path.name + ".data")
+    with data.open("wb") as out:
+        for tensor in weights:
+            if tensor.data_type == onnx.TensorProto.STRING:  # no fixed-size bytes to write
+                light.graph.initializer.add().CopyFrom(tensor)
+                continue
+            raw = tensor.raw_data if tensor.HasField("raw_data") else \
+                numpy_helper.to_array(tensor).tobytes()
+            ref = light.graph.initializer.add(name=tensor.name, data_type=tensor.data_type,
+                                              dims=tensor.dims)
+            ref.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data.name), ("offset", out.tell()),
+                               ("length", len(raw))):
+                ref.external_data.add(key=key, value=str(value))
+            out.write(raw)
+    path.write_bytes(light.SerializeToString())
+    return path
+
+
+def _inline_functions(model: onnx.ModelProto) -> None:
+    """Inline the model's local functions in place (TVM's converter knows no functions),
+    on a weightless copy (:func:`_weightless`): onnx's inliner serializes the model."""
+    inlined = onnx.inliner.inline_local_functions(_weightless(model, 0))
+    for field in ("node", "value_info"):
+        model.graph.ClearField(field)
+        getattr(model.graph, field).extend(getattr(inlined.graph, field))
+    for field in ("functions", "opset_import"):
+        model.ClearField(field)
+        getattr(model, field).extend(getattr(inlined, field))
+
+
+def _infer_shapes(model: onnx.ModelProto) -> None:
+    """Infer every value's shape afresh, in place, on a weightless copy
+    (:func:`_weightless`; initializers up to :data:`_MAX_SHAPE_DATA` elements keep their
+    values for data propagation). The previous round's ``value_info`` is dropped first:
+    inference keeps an existing entry, so a dimension it could not know before a fold
+    (``unk__0`` from an ``Add`` whose other input was a computed position-id gather, in
+    transformers' DistilBERT) would stay unknown after the fold made it static, and the
+    ``Shape`` nodes reading it would never fold."""
+    del model.graph.value_info[:]
+    light = _weightless(model, _MAX_SHAPE_DATA)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference is an aid to folding, not a requirement
         warnings.warn(f"ONNX shape inference failed ({exc}); folding less", stacklevel=3)
-        return model
+        return
+    graph = inferred.graph
+    model.graph.value_info.extend(graph.value_info)
+    for output, typed in zip(model.graph.output, graph.output, strict=True):
+        output.type.CopyFrom(typed.type)
+    for node, typed in zip(model.graph.node, graph.node, strict=True):
+        if any(True for _ in _subgraphs(node)):  # their value_info is inferred too
+            node.CopyFrom(typed)
 
 
 def _check_outputs(graph: onnx.GraphProto) -> None:
@@ -543,7 +680,7 @@ def clean_model(
     check_versions(model)
     _check_outputs(model.graph)
     if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
+        _inline_functions(model)
     _static_input_shapes(model, shape_dict)
     # The exporter's output shapes may carry the old dynamic dims (its value_info goes in
     # every _infer_shapes round).
@@ -556,7 +693,7 @@ def clean_model(
 
     folded: list[str] = []
     for _ in range(_MAX_FOLD_ROUNDS):
-        model = _infer_shapes(model)
+        _infer_shapes(model)
         done = _fold_once(model.graph)
         if not done:
             break

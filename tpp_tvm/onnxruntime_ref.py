@@ -7,12 +7,15 @@ and its absence is a clear error rather than an ImportError at ``import tpp_tvm`
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+
+from tpp_tvm.frontend import fits_protobuf, save_model
 
 
 def _ort() -> Any:
@@ -40,6 +43,11 @@ def onnxruntime_session(
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
+    if isinstance(model, onnx.ModelProto) and not fits_protobuf(model):
+        # Over protobuf's 2 GiB: ORT reads it from a model file and its external data.
+        with tempfile.TemporaryDirectory() as folder:
+            path = save_model(model, Path(folder) / "model.onnx")
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     if isinstance(model, onnx.ModelProto):
         source: Any = model.SerializeToString()
     elif isinstance(model, bytes):
