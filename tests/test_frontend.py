@@ -180,6 +180,39 @@ def test_shape_arithmetic_over_constants_folds_exactly() -> None:
     np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["Ceil", "Floor", "Round", "Sqrt"])
+def test_float_shape_arithmetic_folds_into_the_reshape(op: str) -> None:
+    """MobileViT unfolds patches with a target computed in floats from the static shape,
+    ``int(ceil(h / patch) * patch) // patch``; with ``Ceil`` left unfolded, TVM's converter
+    refused the Reshape ("requires the input new shape to be Shape")."""
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["s"]),
+        n("Gather", ["s", "two"], ["h"], axis=0),  # 10
+        n("Cast", ["h"], ["hf"], to=TensorProto.FLOAT),
+        n("Div", ["hf", "patch_f"], ["q"]),  # 2.5
+        n(op, ["q"], ["r"]),
+        n("Mul", ["r", "patch_f"], ["grid_f"]),
+        n("Cast", ["grid_f"], ["grid"], to=TensorProto.INT64),
+        n("Div", ["grid", "patch"], ["patches"]),
+        n("Unsqueeze", ["patches", "zero_axis"], ["patches1"]),
+        n("Concat", ["patches1", "minus_one"], ["target"], axis=0),
+        n("Reshape", ["x", "target"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 10, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [_i64("two", 2), _i64("patch", 4), _i64("zero_axis", [0]), _i64("minus_one", [-1]),
+         numpy_helper.from_array(np.array(4.0, np.float32), "patch_f")],
+    )
+    assert [n.op_type for n in frontend.clean_model(model).graph.node] == ["Reshape"]
+    x = {"x": np.random.default_rng(0).standard_normal((1, 6, 10, 4)).astype(np.float32)}
+    expected = ort_ref.run_onnxruntime(model, x)[0]
+    assert expected.shape[0] == {"Ceil": 3, "Floor": 2, "Round": 2, "Sqrt": 1}[op]
+    np.testing.assert_array_equal(_run_tvm(frontend.from_onnx(model), x), expected)
+
+
 def test_empty_shape_constant_of_shape_imports() -> None:
     # Transformers' BERT export fills a scalar this way; TVM's converter rejects it.
     shape = helper.make_node(

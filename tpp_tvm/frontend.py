@@ -13,10 +13,11 @@ ONNX level (:func:`clean_model`):
    ``Constant`` nodes become initializers; ``Shape``/``Size`` of any value whose inferred
    shape is static become constants; ``ConstantOfShape``, ``Gather``, ``Unsqueeze``,
    ``Squeeze``, ``Concat``, ``Cast``, ``Reshape``, ``Slice``, ``Transpose``, ``Expand``,
-   ``Range``, ``Identity`` and elementwise arithmetic/comparison over constants are
-   evaluated. Exports with dynamic axes compute every ``Reshape`` target from
-   ``Shape -> Gather -> Unsqueeze -> Concat`` chains; once folded, the Relax module has static
-   reshapes and no shape tensors. It also removes the ``ConstantOfShape`` with an empty
+   ``Range``, ``Identity`` and elementwise arithmetic (``Ceil``, ``Floor``, ``Sqrt``,
+   ``Pow`` too)/comparison over constants are evaluated. Exports with dynamic axes compute
+   every ``Reshape`` target from ``Shape -> Gather -> Unsqueeze -> Concat`` chains (MobileViT
+   with ``Cast``s to float and ``Ceil`` in between); once folded, the Relax module has
+   static reshapes and no shape tensors. It also removes the ``ConstantOfShape`` with an empty
    (scalar) shape tensor found in transformers' BERT exports, which TVM's converter rejects.
    Results that would grow a constant past a million elements are left to TVM. An
    ``Identity`` of a constant, or a fold repeating an earlier one, renames instead of
@@ -311,6 +312,15 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "Min": lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)),
     "Max": lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)),
     "Neg": np.negative,
+    "Abs": np.abs,
+    # Float maths in exporters' shape arithmetic: MobileViT's patch grid is
+    # int(ceil(size / patch) * patch), attention scales are 1 / sqrt(head size).
+    "Ceil": np.ceil,
+    "Floor": np.floor,
+    "Round": np.round,  # half to even, as ONNX's Round
+    "Sqrt": np.sqrt,
+    "Reciprocal": np.reciprocal,
+    "Pow": _same_type(np.power),
     "Equal": np.equal,
     "Less": np.less,
     "Greater": np.greater,
