@@ -57,8 +57,10 @@ import tvm
 from google.protobuf.message import EncodeError
 from onnx import helper, numpy_helper
 
+from tpp_tvm import onnx_recurrent
 from tpp_tvm.errors import (
     ModelLoadError,
+    TPPError,
     UnsupportedOperatorError,
     UnsupportedShapeError,
     describe_tvm_error,
@@ -1002,6 +1004,7 @@ _EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
     "Pad": _pad,
     "InstanceNormalization": _instance_norm,
     "Einsum": _einsum,
+    **onnx_recurrent.CONVERTERS,
     "Max": _variadic("maximum"),
     "Min": _variadic("minimum"),
     "Sum": _variadic("add"),
@@ -1029,7 +1032,7 @@ def _importer_class() -> type:
                     if out is not None:
                         return out
                 return super()._convert_operator(op_name, inputs, attrs, opset)
-            except ModelLoadError:
+            except TPPError:  # ours, naming the node already
                 raise
             except Exception as exc:
                 node = attrs.get("tvm_custom", {}).get("name", "?")
@@ -1066,7 +1069,7 @@ def from_onnx(
         warnings.filterwarnings("ignore", message="Renaming name")
         try:
             mod = importer.from_onnx(model.graph, _default_opset(model))
-        except ModelLoadError:
+        except TPPError:
             raise
         except Exception as exc:  # outside a converter: graph inputs, outputs, constants
             raise ModelLoadError(f"TVM's ONNX importer failed: {describe_tvm_error(exc)}"
