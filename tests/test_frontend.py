@@ -180,6 +180,38 @@ def test_shape_arithmetic_over_constants_folds_exactly() -> None:
     np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x), expected, rtol=1e-6)
 
 
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("training_mode", [1, 0])
+def test_weight_standardization_folds_into_a_constant_filter(training_mode: int) -> None:
+    """BiT's standardized convolution: its filter is a BatchNormalization (training mode:
+    the weights' own statistics, with ReduceMean-computed running-statistic inputs and
+    unread extra outputs) of the constant weights. Folded, the convolution gets a constant
+    filter (it ran as a convolution with a run-time filter, re-standardized every call)."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((6, 4, 3, 3)).astype("float32")
+    inits = {"w": w.reshape(1, 6, 36), "scale": np.ones(6, "float32"),
+             "bias": np.zeros(6, "float32"), "axes": np.array([0, 2], np.int64),
+             "shape": np.array(w.shape, np.int64)}
+    nodes = [helper.make_node("ReduceMean", ["w", "axes"], ["mean"], keepdims=0),
+             helper.make_node("ReduceMean", ["w", "axes"], ["var"], keepdims=0),
+             helper.make_node("BatchNormalization", ["w", "scale", "bias", "mean", "var"],
+                              ["std", "run_mean", "run_var"] if training_mode else ["std"],
+                              epsilon=1e-8, training_mode=training_mode),
+             helper.make_node("Reshape", ["std", "shape"], ["filter"]),
+             helper.make_node("Conv", ["x", "filter"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    cleaned = frontend.clean_model(model)
+    assert [n.op_type for n in cleaned.graph.node] == ["Conv"]
+    x = rng.standard_normal((1, 4, 9, 9)).astype("float32")
+    report = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4,
+                                                 atol=1e-4).report()
+    assert "runtime_weight" not in report, report
+
+
 @pytest.mark.parametrize("op", ["Ceil", "Floor", "Round", "Sqrt"])
 def test_float_shape_arithmetic_folds_into_the_reshape(op: str) -> None:
     """MobileViT unfolds patches with a target computed in floats from the static shape,

@@ -13,8 +13,10 @@ ONNX level (:func:`clean_model`):
    ``Constant`` nodes become initializers; ``Shape``/``Size`` of any value whose inferred
    shape is static become constants; ``ConstantOfShape``, ``Gather``, ``Unsqueeze``,
    ``Squeeze``, ``Concat``, ``Cast``, ``Reshape``, ``Slice``, ``Transpose``, ``Expand``,
-   ``Range``, ``Identity`` and elementwise arithmetic (``Ceil``, ``Floor``, ``Sqrt``,
-   ``Pow`` too)/comparison over constants are evaluated. Exports with dynamic axes compute
+   ``Range``, ``Identity``, ``ReduceMean``, ``BatchNormalization`` (BiT's weight
+   standardization: training mode over the weights, extra outputs unread) and elementwise
+   arithmetic (``Ceil``, ``Floor``, ``Sqrt``, ``Pow`` too)/comparison over constants are
+   evaluated. Exports with dynamic axes compute
    every ``Reshape`` target from ``Shape -> Gather -> Unsqueeze -> Concat`` chains (MobileViT
    with ``Cast``s to float and ``Ceil`` in between); once folded, the Relax module has
    static reshapes and no shape tensors. It also removes the ``ConstantOfShape`` with an empty
@@ -373,7 +375,30 @@ def _fold_node(
         return np.broadcast_to(x, shape).copy()
     if op == "Range":
         return np.arange(x.item(), inputs[1].item(), inputs[2].item(), dtype=x.dtype)
+    if op == "ReduceMean":
+        axes = _axes(attrs, inputs, 1)
+        if not axes and int(attrs.get("noop_with_empty_axes", 0)):
+            return x
+        mean = np.mean(x.astype(np.float64), axis=tuple(axes) if axes else None,
+                       keepdims=bool(int(attrs.get("keepdims", 1))))
+        return np.asarray(mean).astype(x.dtype)
+    if op == "BatchNormalization":
+        return _batch_norm(x, inputs[1:5], attrs)
     return None
+
+
+def _batch_norm(x: np.ndarray, params: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    """BatchNormalization over constants (in float64): with ``training_mode`` the batch's
+    own statistics, as BiT's weight standardization computes them from the weights."""
+    scale, bias, mean, var = (p.astype(np.float64) for p in params)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    data = x.astype(np.float64)
+    if int(attrs.get("training_mode", 0)):
+        mean, var = data.mean(axis=axes), data.var(axis=axes)
+    channel = (1, -1) + (1,) * (x.ndim - 2)
+    y = (data - mean.reshape(channel)) / np.sqrt(var.reshape(channel) +
+                                                 float(attrs.get("epsilon", 1e-5)))
+    return (y * scale.reshape(channel) + bias.reshape(channel)).astype(x.dtype)
 
 
 _FOLDABLE = frozenset(
@@ -391,6 +416,8 @@ _FOLDABLE = frozenset(
         "Expand",
         "Range",
         "Mod",
+        "ReduceMean",
+        "BatchNormalization",
         *_ELEMENTWISE,
     }
 )
@@ -474,10 +501,12 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
 
     folded: list[str] = []
     kept: list[onnx.NodeProto] = []
+    read = _used_names(graph)
     for node in graph.node:
         if alias:
             _rename_inputs(node, alias)
-        out = node.output[0] if len(node.output) == 1 else ""
+        # One output read (a training-mode BatchNormalization's running statistics are not)
+        out = node.output[0] if not any(o in read for o in node.output[1:]) else ""
         if node.domain not in ("", "ai.onnx") or not out:
             kept.append(node)
             continue
