@@ -16,6 +16,7 @@ Correctness is the max abs error relative to max |ORT output|::
     python benchmarks/zoo.py                         # all models, 1 and 2 threads
     python benchmarks/zoo.py --models gpt2,vit --threads 1 --rounds 10
     python benchmarks/zoo.py --precision bf16 --models bert,distilbert,gpt2,vit
+    python benchmarks/zoo.py --set more              # 14 more architectures: zoo_more.md
 
 ``--precision bf16`` compiles tpp_tvm with ``precision="bf16"`` (AMX tiles on AMX hosts) and
 runs OpenVINO with ``INFERENCE_PRECISION_HINT=bf16``; ONNX Runtime (fp32) stays as the
@@ -128,6 +129,86 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
 ]}
 
 
+def _frames(frames: int, size: int = 224):
+    def make(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        shape = (1, frames, 3, size, size)
+        return {"pixel_values": rng.standard_normal(shape).astype("float32")}
+    return make
+
+
+def _features(name: str, *shape: int):
+    def make(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {name: rng.standard_normal((1, *shape)).astype("float32")}
+    return make
+
+
+def _encoder(build: Callable[[], object]) -> Callable[[], object]:
+    """An encoder-decoder model's encoder (Whisper's)."""
+    return lambda: build().get_encoder()
+
+
+def _recurrent(kind: str) -> Callable[[], object]:
+    """Two stacked torch LSTM/GRU layers (80 features -> 256) and a linear head: a speech
+    or time-series model's recurrent core."""
+    def build():
+        import torch
+
+        torch.manual_seed(0)
+
+        class Recurrent(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = getattr(torch.nn, kind)(80, 256, num_layers=2, batch_first=True)
+                self.head = torch.nn.Linear(256, 32)
+
+            def forward(self, x):
+                return (self.head(self.rnn(x)[0]),)
+
+        return Recurrent().eval()
+    return build
+
+
+#: More architectures (``--set more``): operators and forms the first set does not have.
+MORE_MODELS: dict[str, ZooModel] = {m.name: m for m in [
+    ZooModel("clip_text", "CLIP text encoder (quick GELU, causal mask)",
+             _hf("CLIPTextConfig", "CLIPTextModel", num_hidden_layers=4, vocab_size=1000),
+             _text(77), "4 of 12"),
+    ZooModel("albert", "ALBERT-base (shared layers)",
+             _hf("AlbertConfig", "AlbertModel", hidden_size=768, num_attention_heads=12,
+                 intermediate_size=3072, num_hidden_layers=4), _text(), "4 of 12"),
+    ZooModel("funnel", "Funnel (pooled queries, einsum attention)",
+             _hf("FunnelConfig", "FunnelBaseModel", block_sizes=[1, 1, 1], vocab_size=1000),
+             _text(), "3 blocks of 1"),
+    ZooModel("levit", "LeViT-128S (attention bias, d_v != d_k)",
+             _hf("LevitConfig", "LevitModel"), _image(), "all"),
+    ZooModel("cvt", "CvT-13 (depthwise-conv projections, einsum)",
+             _hf("CvtConfig", "CvtModel"), _image(), "all"),
+    ZooModel("mobilevit", "MobileViT-S (unfold by computed reshapes)",
+             _hf("MobileViTConfig", "MobileViTModel"), _image(256), "all"),
+    ZooModel("poolformer", "PoolFormer-S12 (3x3 average-pool token mixer)",
+             _hf("PoolFormerConfig", "PoolFormerModel"), _image(), "all"),
+    ZooModel("bit", "BiT-R50 (weight standardization, group norm)",
+             _hf("BitConfig", "BitModel"), _image(), "all"),
+    ZooModel("videomae", "VideoMAE (Conv3d tubelets, 8 frames)",
+             _hf("VideoMAEConfig", "VideoMAEModel", num_hidden_layers=2, num_frames=8),
+             _frames(8), "2 of 12"),
+    ZooModel("ast", "Audio Spectrogram Transformer (overlapping patches)",
+             _hf("ASTConfig", "ASTModel", num_hidden_layers=2),
+             _features("input_values", 1024, 128), "2 of 12"),
+    ZooModel("whisper", "Whisper encoder (30 s of log-mel)",
+             _encoder(_hf("WhisperConfig", "WhisperModel", encoder_layers=2)),
+             _features("input_features", 80, 3000), "2 of 4"),
+    ZooModel("hubert", "HuBERT (1 s of 16 kHz audio)",
+             _hf("HubertConfig", "HubertModel", num_hidden_layers=4), _audio(), "4 of 12"),
+    ZooModel("lstm", "LSTM (2 layers, 80 -> 256, 100 steps)", _recurrent("LSTM"),
+             _features("x", 100, 80), "2"),
+    ZooModel("gru", "GRU (2 layers, 80 -> 256, 100 steps)", _recurrent("GRU"),
+             _features("x", 100, 80), "2"),
+]}
+SETS = {"main": MODELS, "more": MORE_MODELS}
+ALL_MODELS = {**MODELS, **MORE_MODELS}
+
+
 class _FirstOutput:
     """A torch module returning only its first output tensor (ONNX export, torch runs)."""
 
@@ -141,7 +222,9 @@ class _FirstOutput:
 
             def forward(self, *args):
                 out = self.inner(*args)
-                return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+                if isinstance(out, (tuple, list)):
+                    return out[0]
+                return out.last_hidden_state
 
         return Wrapped().eval()
 
@@ -177,9 +260,9 @@ def compile_all(names: list[str], precision: str = "float32") -> dict[str, dict]
 
     info = {}
     for name in names:
-        entry: dict = {"title": MODELS[name].title, "layers": MODELS[name].layers}
+        entry: dict = {"title": ALL_MODELS[name].title, "layers": ALL_MODELS[name].layers}
         try:
-            path = export(MODELS[name])
+            path = export(ALL_MODELS[name])
             t0 = time.perf_counter()
             compiled = tpp_tvm.compile_onnx(str(path), precision=precision)
             entry["compile_s"] = round(time.perf_counter() - t0, 1)
@@ -229,7 +312,7 @@ def _runners(name: str, threads: int, impls: list[str], precision: str = "float3
         import torch
 
         torch.set_num_threads(threads)
-        module = _FirstOutput(MODELS[name].build())
+        module = _FirstOutput(ALL_MODELS[name].build())
 
         def run_torch(feeds):
             with torch.no_grad():
@@ -243,7 +326,7 @@ def run_worker(names: list[str], threads: int, rounds: int, impls: list[str],
     """Time ``impls`` on each model in this process (round-robin if several)."""
     rows = []
     for name in names:
-        feeds = MODELS[name].inputs(np.random.default_rng(1))
+        feeds = ALL_MODELS[name].inputs(np.random.default_rng(1))
         try:
             runners = _runners(name, threads, impls, precision)
         except Exception as exc:  # noqa: BLE001
@@ -321,7 +404,10 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--set", default="main", choices=list(SETS),
+                        help="main: the twelve architectures; more: operators and forms "
+                             "beyond them (writes zoo_more.md)")
+    parser.add_argument("--models", help="comma-separated names (default: the whole set)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--passes", type=int, default=1,
@@ -334,10 +420,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="bf16: tpp_tvm precision='bf16' against OpenVINO bf16")
     args = parser.parse_args(argv)
     precision = "bfloat16" if args.precision == "bf16" else "float32"
-    names = [n for n in args.models.split(",") if n]
-    unknown = [n for n in names if n not in MODELS]
+    names = [n for n in (args.models or ",".join(SETS[args.set])).split(",") if n]
+    unknown = [n for n in names if n not in ALL_MODELS]
     if unknown:
-        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+        parser.error(f"unknown models {unknown}; known: {', '.join(ALL_MODELS)}")
     if args.worker:
         print(json.dumps(run_worker(names, args.worker, args.rounds, args.impls.split(","),
                                     precision)))
@@ -374,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "zoo" if precision == "float32" else "zoo_bf16"
+    stem = "zoo" + ("_more" if args.set == "more" else "") + \
+        ("" if precision == "float32" else "_bf16")
     (args.out / f"{stem}.json").write_text(json.dumps(
         {"cpu": cpu, "precision": precision, "rows": rows, "models": info}, indent=1))
     (args.out / f"{stem}.md").write_text(render(rows, info, threads, cpu, precision))
