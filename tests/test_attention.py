@@ -243,6 +243,9 @@ def test_query_blocks_fit_the_register_file() -> None:
     assert padded_query_rows(49, query_block_rows("avx512")) == 49
     assert padded_query_rows(49, query_block_rows("avx2")) == 56
     assert padded_query_rows(197, 6) == 200
+    # A long sequence only 2-row blocks divide (AST's 1214 = 2 x 607) runs whole blocks.
+    assert padded_query_rows(1214, 6) == 1218 and padded_query_rows(1214, 8) == 1216
+    assert padded_query_rows(1568, 6) == 1568 and padded_query_rows(10, 6) == 10
     sch = attention_schedule(AttentionShape(bh=2, seq_q=56, seq=64, dim=32, heads=2,
                                             scale=0.5, mask=False), "avx2")
     assert "tpp.gemm.f32.avx2.m4n16" in str(sch.trace)  # 4-row blocks of 56 on AVX2
