@@ -27,7 +27,8 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
   padding, MobileNet's) is the convolution's own padding: the pad no longer sits
   between layers, where it kept the layout transposes around each convolution.
 
-Each rewrite keeps the graph's layouts and dtypes and is exact (no rounding changes).
+Each rewrite keeps the graph's layouts and dtypes and is exact but for the order of sums
+(and an average pool's 1/window weights, rounded once).
 """
 
 from __future__ import annotations
