@@ -7,7 +7,7 @@ sequence, a TPP dense kernel), and each step is a small GEMM by the recurrent we
 result the step's input projection is added to (a dense kernel with a residual), then the
 gates' element-wise math, which TVM fuses into one kernel per step. Identical steps share
 their kernels. Unrolling costs compile time per step (a 2-layer LSTM over 100 steps:
-about 65 s on one Zen 3 core, as long as a 12-layer BERT), and the graph grows with the
+66-112 s on one Zen 3 core, longer than a 12-layer BERT), and the graph grows with the
 sequence.
 
 Follows the operator specification (opset 7-22): gate order ``i, o, f, c`` (LSTM) and
