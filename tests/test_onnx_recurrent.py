@@ -35,7 +35,8 @@ def _torch_export(kind: str, bidirectional: bool, batch_first: bool) -> onnx.Mod
 
 @pytest.mark.requires_torch
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
-@pytest.mark.parametrize("bidirectional,batch_first", [(False, True), (True, False)])
+@pytest.mark.parametrize("bidirectional,batch_first", [
+    pytest.param(False, True, marks=pytest.mark.slow), (True, False)])
 def test_torch_rnn_layers_match_onnxruntime(kind, bidirectional, batch_first) -> None:
     model = _torch_export(kind, bidirectional, batch_first)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
