@@ -81,6 +81,23 @@ def _global_pool(call: relax.Call) -> relax.Expr | None:
     return relax.op.mean(x, axis=spatial, keepdims=True)
 
 
+def _conv_layouts(attrs, data: str, kernel: str) -> bool:
+    """A convolution in ``data``/``kernel`` layouts whose output keeps ``data``'s."""
+    return str(attrs.data_layout) == data and str(attrs.kernel_layout) == kernel \
+        and str(attrs.out_layout) in ("", data)
+
+
+def _window_taps(x: relax.Expr, axis: int, taps: int, out: int, stride: int,
+                 dilation: int = 1) -> relax.Expr:
+    """Tap ``j`` of every window along ``axis`` (``out`` windows, ``stride`` apart) stacked
+    as a new axis after ``axis``: im2col along one axis. A concat of expand_dims, not a
+    stack: TVM's ConvertLayout has no layout rule for stack."""
+    cols = [relax.op.strided_slice(x, axes=[axis], begin=[j * dilation],
+                                   end=[j * dilation + stride * (out - 1) + 1], strides=[stride])
+            for j in range(taps)]
+    return relax.op.concat([relax.op.expand_dims(t, axis + 1) for t in cols], axis=axis + 1)
+
+
 def _cells(size: int, window: int, stride: int, pad: int, out: int) -> np.ndarray:
     """How many input cells of an axis each output window covers (padding excluded)."""
     start = np.arange(out) * stride - pad
@@ -124,10 +141,7 @@ def _conv1d_as_matmul(x: relax.Expr, w: relax.Expr, shape: list[int], wshape: li
     n, c, width = shape
     oc, _, k = wshape
     ow = (width - k) // stride + 1
-    taps = [relax.op.strided_slice(x, axes=[2], begin=[j], end=[j + stride * (ow - 1) + 1],
-                                   strides=[stride]) for j in range(k)]
-    # concat of expand_dims, not stack: TVM's ConvertLayout has no layout rule for stack.
-    stacked = relax.op.concat([relax.op.expand_dims(t, 3) for t in taps], axis=3)
+    stacked = _window_taps(x, 2, k, ow, stride)  # N, C, OW, K
     patches = relax.op.permute_dims(stacked, [0, 2, 1, 3])  # N, OW, C, K
     cols = relax.op.reshape(patches, (n, ow, c * k))
     out = relax.op.matmul(cols, relax.op.permute_dims(relax.op.reshape(w, (oc, c * k))))
@@ -141,8 +155,7 @@ IM2COL_MAX_REDUCTION = 64
 
 def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     attrs = call.attrs
-    if str(attrs.data_layout) != "NCW" or str(attrs.kernel_layout) != "OIW" \
-            or str(attrs.out_layout) not in ("", "NCW"):
+    if not _conv_layouts(attrs, "NCW", "OIW"):
         return None
     x, w = call.args
     stride, dilation = int(attrs.strides[0]), int(attrs.dilation[0])
@@ -165,8 +178,7 @@ def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr | None:
 def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     """conv3d(x[N,C,T,H,W], w[O,I,kt,kh,kw]) -> conv2d over N*T' images of kt*C channels."""
     attrs = call.attrs
-    if str(attrs.data_layout) != "NCDHW" or str(attrs.kernel_layout) != "OIDHW" \
-            or str(attrs.out_layout) not in ("", "NCDHW"):
+    if not _conv_layouts(attrs, "NCDHW", "OIDHW"):
         return None
     x, w = call.args
     shape, wshape, out = static_shape(x), static_shape(w), static_shape(call)
@@ -186,11 +198,8 @@ def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
         windows = relax.op.reshape(x, (n, c, ot, kt, height, width))
         windows = relax.op.permute_dims(windows, [0, 2, 1, 3, 4, 5])
     else:  # each tap's frames, stacked next to their channel
-        taps = [relax.op.strided_slice(x, axes=[2], begin=[j * dt],
-                                       end=[j * dt + st * (ot - 1) + 1], strides=[st])
-                for j in range(kt)]
-        windows = relax.op.concat([relax.op.expand_dims(t, 2) for t in taps], axis=2)
-        windows = relax.op.permute_dims(windows, [0, 3, 1, 2, 4, 5])  # N, T', C, kt, H, W
+        windows = _window_taps(x, 2, kt, ot, st, dt)  # N, C, T', kt, H, W
+        windows = relax.op.permute_dims(windows, [0, 2, 1, 3, 4, 5])  # N, T', C, kt, H, W
     images = relax.op.reshape(windows, (n * ot, c * kt, height, width))
     w_np = const_value(w)
     w2d = (relax.const(w_np.reshape(oc, ic * kt, *wshape[3:])) if w_np is not None
@@ -280,8 +289,7 @@ def _split_groups(call: relax.Call) -> relax.Expr | None:
     shape, wshape = static_shape(x), static_shape(w)
     if groups == 1 or groups > MAX_SPLIT_GROUPS or shape is None or wshape is None:
         return None
-    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" \
-            or str(attrs.out_layout) not in ("", "NCHW"):
+    if not _conv_layouts(attrs, "NCHW", "OIHW"):
         return None
     if wshape[1] == 1:  # depthwise-like: one channel per group
         return None
