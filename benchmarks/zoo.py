@@ -22,6 +22,15 @@ Correctness is the max abs error relative to max |ORT output|::
 runs OpenVINO with ``INFERENCE_PRECISION_HINT=bf16``; ONNX Runtime (fp32) stays as the
 reference the errors are measured against. It writes ``zoo_bf16.md``/``zoo_bf16.json``.
 
+``--precision int8`` quantizes each export as a user would, with ONNX Runtime's
+``quantize_static`` (QDQ, u8 activations, s8 weights, calibrated on the model's input), and
+runs that one file in every runtime: tpp_tvm (int8 TPPs, AMX tiles on AMX hosts), ONNX
+Runtime and OpenVINO (its default precision, which keeps the int8 parts int8).
+``--precision int8-dynamic`` does the same with ``quantize_dynamic`` (s8 weights, activations
+quantized at run time). Errors are against ONNX Runtime fp32 on the unquantized model, for
+tpp_tvm and for ONNX Runtime's own int8 run. They write ``zoo_int8.md`` /
+``zoo_int8_dynamic.md``.
+
 Writes ``results/<isa>-<cpu>/zoo.md`` and ``zoo.json`` (one folder per CPU model, named as
 ``tune_logs/`` are, e.g. ``amx-emeraldrapids``; ``--out`` for another folder), each naming
 the CPU it ran on: a result measured on one CPU says nothing about another.
@@ -47,6 +56,28 @@ from harness import keep_fastest
 HERE = Path(__file__).resolve().parent
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_zoo"
 IMPLS = ("tpp_tvm", "onnxruntime", "openvino", "torch")
+IMPL_TITLES = {"tpp_tvm": "tpp_tvm", "onnxruntime": "ONNX Runtime", "openvino": "OpenVINO",
+               "torch": "torch"}
+
+
+@dataclass(frozen=True)
+class ZooPrecision:
+    """How ``--precision`` runs the zoo: tpp_tvm's precision, OpenVINO's precision hint
+    (None: OpenVINO's default), the ONNX Runtime quantization the runtimes share (None: the
+    fp32 export) and the results' file stem suffix."""
+
+    tpp_tvm: str
+    openvino_hint: str | None
+    quantization: str | None
+    suffix: str
+
+
+PRECISIONS = {
+    "float32": ZooPrecision("float32", "f32", None, ""),
+    "bf16": ZooPrecision("bfloat16", "bf16", None, "_bf16"),
+    "int8": ZooPrecision("float32", None, "qdq", "_int8"),
+    "int8-dynamic": ZooPrecision("float32", None, "dynamic", "_int8_dynamic"),
+}
 
 
 @dataclass(frozen=True)
@@ -250,11 +281,48 @@ def export(model: ZooModel) -> Path:
     return path
 
 
-def _library(name: str, precision: str) -> Path:
-    return CACHE / (f"{name}.so" if precision == "float32" else f"{name}_{precision}.so")
+def quantized(name: str, kind: str) -> Path:
+    """The export quantized by ONNX Runtime (``qdq``: ``quantize_static``, QDQ format, u8
+    activations and s8 weights calibrated on the model's input; ``dynamic``:
+    ``quantize_dynamic``, s8 weights), made once into the cache."""
+    from onnxruntime import quantization as q
+
+    path = CACHE / f"{name}_int8_{kind}.onnx"
+    if path.exists():
+        return path
+    src = export(ALL_MODELS[name])
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
+    if kind == "dynamic":
+        q.quantize_dynamic(str(src), str(tmp), weight_type=q.QuantType.QInt8)
+    else:
+        feeds = ALL_MODELS[name].inputs(np.random.default_rng(0))
+
+        class Calibration(q.CalibrationDataReader):
+            def __init__(self) -> None:
+                self.batches = iter([feeds])
+
+            def get_next(self):
+                return next(self.batches, None)
+
+        q.quantize_static(str(src), str(tmp), Calibration(), quant_format=q.QuantFormat.QDQ,
+                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+    tmp.replace(path)
+    return path
 
 
-def compile_all(names: list[str], precision: str = "float32") -> dict[str, dict]:
+def model_file(name: str, precision: ZooPrecision) -> Path:
+    """The ONNX file every runtime runs in ``precision``."""
+    if precision.quantization:
+        return quantized(name, precision.quantization)
+    return export(ALL_MODELS[name])
+
+
+def _library(name: str, precision: ZooPrecision) -> Path:
+    return CACHE / f"{name}{precision.suffix}.so"
+
+
+def compile_all(names: list[str], precision: ZooPrecision = PRECISIONS["float32"]
+                ) -> dict[str, dict]:
     """Compile each model with tpp_tvm once (exported .so in the cache); per-model info."""
     import tpp_tvm
 
@@ -262,9 +330,9 @@ def compile_all(names: list[str], precision: str = "float32") -> dict[str, dict]
     for name in names:
         entry: dict = {"title": ALL_MODELS[name].title, "layers": ALL_MODELS[name].layers}
         try:
-            path = export(ALL_MODELS[name])
+            path = model_file(name, precision)
             t0 = time.perf_counter()
-            compiled = tpp_tvm.compile_onnx(str(path), precision=precision)
+            compiled = tpp_tvm.compile_onnx(str(path), precision=precision.tpp_tvm)
             entry["compile_s"] = round(time.perf_counter() - t0, 1)
             compiled.export(str(_library(name, precision)))
             report = compiled.report()
@@ -287,9 +355,10 @@ def _ort_session(path: str, threads: int):
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
-def _runners(name: str, threads: int, impls: list[str], precision: str = "float32"
+def _runners(name: str, threads: int, impls: list[str],
+             precision: ZooPrecision = PRECISIONS["float32"]
              ) -> dict[str, Callable[[dict], np.ndarray]]:
-    path = str(onnx_path(name))
+    path = str(model_file(name, precision))
     runners: dict[str, Callable[[dict], np.ndarray]] = {}
     so = _library(name, precision)
     if "tpp_tvm" in impls and so.exists():
@@ -303,9 +372,10 @@ def _runners(name: str, threads: int, impls: list[str], precision: str = "float3
     if "openvino" in impls:
         import openvino as ov
 
-        hint = "bf16" if precision == "bfloat16" else "f32"
-        ov_model = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": hint,
-                                                         "INFERENCE_NUM_THREADS": threads})
+        config: dict = {"INFERENCE_NUM_THREADS": threads}
+        if precision.openvino_hint:
+            config["INFERENCE_PRECISION_HINT"] = precision.openvino_hint
+        ov_model = ov.Core().compile_model(path, "CPU", config)
         request = ov_model.create_infer_request()
         runners["openvino"] = lambda feeds: np.array(request.infer(feeds)[0])
     if "torch" in impls:
@@ -321,16 +391,26 @@ def _runners(name: str, threads: int, impls: list[str], precision: str = "float3
     return runners
 
 
+def _failure_text(exc: Exception, limit: int = 300) -> str:
+    """A runtime's error in one line: its message without the "Exception from <file>"
+    lines OpenVINO stacks above it, the middle elided when long."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and not line.strip().startswith("Exception from")]
+    text = " ".join(lines) or type(exc).__name__
+    return text if len(text) <= limit else f"{text[:limit // 2]} … {text[-limit // 2:]}"
+
+
 def run_worker(names: list[str], threads: int, rounds: int, impls: list[str],
-               precision: str = "float32") -> list[dict]:
+               precision: ZooPrecision = PRECISIONS["float32"]) -> list[dict]:
     """Time ``impls`` on each model in this process (round-robin if several)."""
     rows = []
     for name in names:
         feeds = ALL_MODELS[name].inputs(np.random.default_rng(1))
         try:
             runners = _runners(name, threads, impls, precision)
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"model": name, "threads": threads, "error": str(exc)[:300]})
+        except Exception as exc:  # noqa: BLE001 - a runtime that fails is a cell saying so
+            rows += [{"model": name, "impl": impl, "threads": threads,
+                      "error": _failure_text(exc)} for impl in impls]
             continue
         outputs = {impl: run(feeds) for impl, run in runners.items()}  # warm-up
         times: dict[str, list[float]] = {impl: [] for impl in runners}
@@ -339,7 +419,7 @@ def run_worker(names: list[str], threads: int, rounds: int, impls: list[str],
                 t0 = time.perf_counter()
                 run(feeds)
                 times[impl].append(time.perf_counter() - t0)
-        ref = (outputs["onnxruntime"] if "onnxruntime" in outputs
+        ref = (outputs["onnxruntime"] if "onnxruntime" in outputs and not precision.quantization
                else _ort_session(str(onnx_path(name)), 1).run(None, feeds)[0])
         scale = float(np.abs(ref).max()) or 1.0
         for impl in runners:
@@ -357,29 +437,52 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+#: Title, tpp_tvm / ORT / OpenVINO column names and what err compares, by ``--precision``.
+_RENDERING = {
+    "float32": ("# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager",
+                ("tpp_tvm", "ORT", "OpenVINO f32"), "max |tpp_tvm - ORT| / max |ORT|"),
+    "bf16": ("# Model zoo in bf16: tpp_tvm bf16 vs OpenVINO bf16 (ONNX Runtime fp32 for "
+             "reference)", ("tpp_tvm bf16", "ORT", "OpenVINO bf16"),
+             "max |tpp_tvm - ORT| / max |ORT|"),
+    "int8": ("# Model zoo in int8 (ONNX Runtime's static QDQ quantization): tpp_tvm vs ONNX "
+             "Runtime and OpenVINO on the same quantized model",
+             ("tpp_tvm int8", "ORT int8", "OpenVINO int8"),
+             "max |x - ORT fp32| / max |ORT fp32| (ORT fp32 on the unquantized model), x "
+             "tpp_tvm's output (err) or ORT int8's (ORT err)"),
+    "int8-dynamic": ("# Model zoo in int8 (ONNX Runtime's dynamic quantization): tpp_tvm vs "
+                     "ONNX Runtime and OpenVINO on the same quantized model",
+                     ("tpp_tvm int8", "ORT int8", "OpenVINO int8"),
+                     "max |x - ORT fp32| / max |ORT fp32| (ORT fp32 on the unquantized "
+                     "model), x tpp_tvm's output (err) or ORT int8's (ORT err)"),
+}
+
+
 def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str,
            precision: str = "float32") -> str:
     by = {(r["model"], r.get("impl"), r["threads"]): r for r in rows}
-    low = precision != "float32"
-    ov_title = "OpenVINO bf16" if low else "OpenVINO f32"
-    title = ("# Model zoo in bf16: tpp_tvm bf16 vs OpenVINO bf16 (ONNX Runtime fp32 for "
-             "reference)" if low else
-             "# Model zoo: tpp_tvm vs ONNX Runtime, OpenVINO f32 and torch eager")
+    title, (tpp_title, ort_title, ov_title), err_text = _RENDERING[precision]
+    quantized = PRECISIONS[precision].quantization is not None
     lines = [title,
              "", f"CPU: {cpu}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
              "Median ms of the rounds, one process per runtime (with --passes, the fastest "
              "of the alternating passes); ratios are peer time / "
-             "tpp_tvm time (> 1: tpp_tvm faster); err is max |tpp_tvm - ORT| / max |ORT|.", ""]
+             f"tpp_tvm time (> 1: tpp_tvm faster); err is {err_text}.", ""]
+    failures = []
     for t in threads:
         lines += [f"## {t} thread{'s' if t > 1 else ''}", "",
-                  f"| model | layers | tpp_tvm{' bf16' if low else ''} | ORT | {ov_title} | "
-                  "torch | ORT/tpp | OV/tpp | err | compile s | fallbacks |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"| model | layers | {tpp_title} | {ort_title} | {ov_title} | "
+                  "torch | ORT/tpp | OV/tpp | err |" + (" ORT err |" if quantized else "")
+                  + " compile s | fallbacks |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if quantized else "")
+                  + "---:|---:|"]
         ort_ratios, ov_ratios = [], []
         for name, entry in info.items():
             cells = {impl: by.get((name, impl, t)) for impl in IMPLS}
-            ms = {impl: (c["median_ms"] if c else None) for impl, c in cells.items()}
+            ms = {impl: (c.get("median_ms") if c else None) for impl, c in cells.items()}
+            failures += [f"- {entry['title']}, {IMPL_TITLES[impl]}, {t} thread"
+                         f"{'s' if t > 1 else ''}: {c['error']}"
+                         for impl, c in cells.items() if c and "error" in c]
             tpp = ms["tpp_tvm"]
             ratio_ort = ms["onnxruntime"] / tpp if tpp and ms["onnxruntime"] else None
             ratio_ov = ms["openvino"] / tpp if tpp and ms["openvino"] else None
@@ -387,18 +490,30 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                 ort_ratios.append(ratio_ort)
             if ratio_ov:
                 ov_ratios.append(ratio_ov)
-            fmt = lambda v, d=2: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
-            err = cells["tpp_tvm"]["rel_err"] if cells["tpp_tvm"] else None
+            def fmt(impl: str) -> str:
+                if cells[impl] and "error" in cells[impl]:
+                    return "fails"
+                return "–" if ms[impl] is None else f"{ms[impl]:.2f}"
+
+            def ratio(value: float | None) -> str:
+                return "–" if value is None else f"{value:.2f}"
+
+            def err(impl: str) -> str:
+                value = (cells[impl] or {}).get("rel_err")
+                return "–" if value is None else f"{value:.1e}"
+
             title = entry["title"] + (f" — **{entry['error']}**" if "error" in entry else "")
-            lines.append(f"| {title} | {entry['layers']} | {fmt(tpp)} | "
-                         f"{fmt(ms['onnxruntime'])} | {fmt(ms['openvino'])} | {fmt(ms['torch'])} "
-                         f"| {fmt(ratio_ort)} | {fmt(ratio_ov)} | "
-                         f"{'–' if err is None else f'{err:.1e}'} | "
-                         f"{entry.get('compile_s', '–')} | {entry.get('fallbacks', '–')} |")
+            lines.append(f"| {title} | {entry['layers']} | {fmt('tpp_tvm')} | "
+                         f"{fmt('onnxruntime')} | {fmt('openvino')} | {fmt('torch')} "
+                         f"| {ratio(ratio_ort)} | {ratio(ratio_ov)} | {err('tpp_tvm')} |"
+                         + (f" {err('onnxruntime')} |" if quantized else "")
+                         + f" {entry.get('compile_s', '–')} | {entry.get('fallbacks', '–')} |")
         g_ort, g_ov = _geomean(ort_ratios), _geomean(ov_ratios)
         lines += ["", f"Geometric mean over the models that ran: ORT/tpp_tvm "
                   f"{'–' if g_ort is None else f'{g_ort:.2f}'}, OpenVINO/tpp_tvm "
                   f"{'–' if g_ov is None else f'{g_ov:.2f}'}.", ""]
+    if failures:
+        lines += ["Runtimes that failed (the cell says `fails`):", "", *failures, ""]
     return "\n".join(lines) + "\n"
 
 
@@ -416,10 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="results folder (default: results/<cpu>)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--impls", default=",".join(IMPLS), help=argparse.SUPPRESS)
-    parser.add_argument("--precision", default="float32", choices=["float32", "bf16"],
-                        help="bf16: tpp_tvm precision='bf16' against OpenVINO bf16")
+    parser.add_argument("--precision", default="float32", choices=list(PRECISIONS),
+                        help="bf16: tpp_tvm precision='bf16' against OpenVINO bf16; int8 / "
+                             "int8-dynamic: every runtime on ONNX Runtime's static QDQ / "
+                             "dynamic quantization of the export")
     args = parser.parse_args(argv)
-    precision = "bfloat16" if args.precision == "bf16" else "float32"
+    precision = PRECISIONS[args.precision]
     names = [n for n in (args.models or ",".join(SETS[args.set])).split(",") if n]
     unknown = [n for n in names if n not in ALL_MODELS]
     if unknown:
@@ -438,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         # OpenVINO's spin after each call) take cores from the next one in the same
         # process (ORT ran BERT slower at 2 threads than at 1; with OpenVINO loaded,
         # tpp_tvm and ORT ran EfficientNet 1.5x slower at 1 thread).
-        groups = [[impl] for impl in IMPLS if not (precision != "float32" and impl == "torch")]
+        groups = [[impl] for impl in IMPLS if not (args.precision != "float32" and impl == "torch")]
         for _ in range(args.passes):
             for impls in groups:
                 cmd = [sys.executable, __file__, "--models", ",".join(ok), "--rounds",
@@ -460,11 +577,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "zoo" + ("_more" if args.set == "more" else "") + \
-        ("" if precision == "float32" else "_bf16")
+    stem = "zoo" + ("_more" if args.set == "more" else "") + precision.suffix
     (args.out / f"{stem}.json").write_text(json.dumps(
-        {"cpu": cpu, "precision": precision, "rows": rows, "models": info}, indent=1))
-    (args.out / f"{stem}.md").write_text(render(rows, info, threads, cpu, precision))
+        {"cpu": cpu, "precision": args.precision, "rows": rows, "models": info}, indent=1))
+    (args.out / f"{stem}.md").write_text(render(rows, info, threads, cpu, args.precision))
     print((args.out / f"{stem}.md").read_text())
     return 0
 
