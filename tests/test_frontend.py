@@ -596,3 +596,31 @@ def test_optional_tensor_input_is_a_tensor() -> None:
     model.opset_import[0].version = 18
     x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
     np.testing.assert_array_equal(tpp_tvm.compile_onnx(model)(x)[0], np.maximum(x, 0))
+
+
+@pytest.mark.parametrize(("fill", "scale", "zero", "dtype"), [
+    (0.0, 0.02, 128, np.uint8),     # MobileNetV2's zero padding: the zero point
+    (0.5, 0.013, 3, np.int8),       # rounds to the int8 grid (38 steps: 0.494)
+    (9.0, 0.01, 100, np.uint8),     # saturates at 255
+])
+def test_quantized_scalar_constants_fold(fill: float, scale: float, zero: int, dtype) -> None:
+    """``quantize_static`` quantizes a Pad's constant fill (a DequantizeLinear of a
+    QuantizeLinear of a constant): TVM's converter needed the fill as a constant and failed
+    on MobileNetV2 and EfficientNet ('Call' object has no attribute 'value'); the pair
+    folds to the value ONNX Runtime computes, round-half-even and saturated."""
+    consts = [numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+              numpy_helper.from_array(np.array(scale, np.float32), "s"),
+              numpy_helper.from_array(np.array(zero, dtype), "z"),
+              numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64), "pads")]
+    nodes = [helper.make_node("QuantizeLinear", ["fill", "s", "z"], ["fill_q"]),
+             helper.make_node("DequantizeLinear", ["fill_q", "s", "z"], ["fill_dq"]),
+             helper.make_node("Pad", ["x", "pads", "fill_dq"], ["y"], mode="constant")]
+    graph = helper.make_graph(
+        nodes, "qpad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 7, 7])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    want = ort_ref.run_onnxruntime(model, {"x": x})[0]
+    from tpp_tvm.compiled import compile_onnx
+
+    np.testing.assert_array_equal(compile_onnx(model)(x)[0], want)

@@ -15,6 +15,7 @@ from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.relay_passes.lowp_activations import NARROWED
+from tpp_tvm.relay_passes.quantized import QDQ_IN_FP32
 from tpp_tvm.schedules.gemm_plan import int8_gemm_dtype, runs_on_tiles
 from tpp_tvm.target import host_isa, isa_of, target
 
@@ -154,11 +155,15 @@ def test_qlinear_matmul_is_exact() -> None:
     assert compiled.report_data["lowered"] == {f"tpp.qdq_matmul {INT8}": 1}
 
 
-def test_weight_zero_point_falls_back_and_stays_correct() -> None:
+def test_weight_zero_point_runs_in_fp32_and_stays_correct() -> None:
+    """A QDQ matmul whose weight has a zero point (no int8 kernel for it) runs on the fp32
+    GEMM TPP with its dequantized weight, and the report says so (not a TVM fallback)."""
     model, a = _qlinear_matmul(3)
     compiled = compile_onnx(model)
     np.testing.assert_array_equal(compiled(a)[0], _qlinear_reference(model, a))
-    assert "tpp.int8_matmul (weight zero point)" in compiled.report_data["fallbacks"]
+    data = compiled.report_data
+    assert data["lowered"] == {"tpp.dense": 1} and not data["fallbacks"]
+    assert data["rewrites"] == {f"{QDQ_IN_FP32}: tpp.int8_matmul (weight zero point)": 1}
 
 
 #: Small CNNs: 3x3 convolutions with ReLU and max pooling (``small_cnn``), and a ResNet-50
@@ -235,6 +240,35 @@ def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
     compiled = compile_onnx(model)
     np.testing.assert_array_equal(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
     assert compiled.report_data["fallbacks"] == {"tpp.int8_conv2d (groups=8)": 1}
+
+
+def test_grouped_qdq_convs_run_in_fp32_reported_once_each(tmp_path) -> None:
+    """QDQ grouped and depthwise convolutions (RegNet, MobileNetV2) have no int8 kernel:
+    each runs on the fp32 grouped/depthwise conv TPP with its dequantized filter, reported
+    once per layer (every epilogue pattern tried it: it was counted 5 times, as a TVM
+    fallback), and the model stays as close to fp32 as ONNX Runtime's int8 result."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=4), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 1)).eval()
+    path = str(tmp_path / "fp32.onnx")
+    torch.onnx.export(net, (torch.randn(1, 8, 12, 12),), path, input_names=["input"],
+                      opset_version=17, dynamo=False)
+    fp32 = onnx.load(path)
+    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8")[0]
+    data = compiled.report_data
+    assert not data["fallbacks"], data["fallbacks"]
+    in_fp32 = {k: v for k, v in data["rewrites"].items() if k.startswith(QDQ_IN_FP32)}
+    assert in_fp32 == {f"{QDQ_IN_FP32}: tpp.int8_conv2d (groups=4)": 1,
+                       f"{QDQ_IN_FP32}: tpp.int8_conv2d (groups=16)": 1}, data["rewrites"]
+    fp32_convs = sum(v for k, v in data["lowered"].items()
+                     if k.startswith(("tpp.conv2d", "tpp.depthwise_conv2d")))
+    assert fp32_convs == 2, data["lowered"]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8"])

@@ -384,7 +384,34 @@ def _fold_node(
         return np.asarray(mean).astype(x.dtype)
     if op == "BatchNormalization":
         return _batch_norm(x, inputs[1:5], attrs)
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        return _quantize_scalar(op, inputs)
     return None
+
+
+def _quantize_scalar(op: str, inputs: list[np.ndarray | None]) -> np.ndarray | None:
+    """A QuantizeLinear / DequantizeLinear of a constant scalar with a per-tensor scale, as
+    ONNX Runtime computes it; None for anything larger (a weight's ``DequantizeLinear`` is
+    the int8 kernel's input, kept for ``relay_passes/quantized.py``).
+
+    ``quantize_static`` also quantizes scalar constants: a Pad's fill value (MobileNetV2,
+    EfficientNet), attention's scale and mask constants; TVM's converter needs a Pad's fill
+    as a constant, and failed on the quantized one."""
+    x, scale = inputs[0], inputs[1]
+    zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    if x.size != 1 or scale.size != 1 or (zero is not None and zero.size != 1):
+        return None
+    if op == "DequantizeLinear":
+        shift = 0.0 if zero is None else float(zero.reshape(-1)[0])
+        value = (x.astype(np.float64) - shift) * float(scale.reshape(-1)[0])
+        return value.astype(scale.dtype)
+    dtype = np.dtype(zero.dtype) if zero is not None else np.dtype(np.uint8)
+    if dtype.kind not in "iu":  # float8 / 4-bit zero points: not modelled here
+        return None
+    info = np.iinfo(dtype)
+    q = np.rint(x.astype(np.float64) / float(scale.reshape(-1)[0]))
+    q = q + (0 if zero is None else int(zero.reshape(-1)[0]))
+    return np.clip(q, info.min, info.max).astype(dtype)
 
 
 def _batch_norm(x: np.ndarray, params: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
@@ -418,6 +445,8 @@ _FOLDABLE = frozenset(
         "Mod",
         "ReduceMean",
         "BatchNormalization",
+        "QuantizeLinear",
+        "DequantizeLinear",
         *_ELEMENTWISE,
     }
 )

@@ -17,8 +17,10 @@ from the run-time activation scale). A convolution is the same with the column s
 over the filter's (C, R, S) and the spatial padding filled with z_a, on the int8 conv
 BRGEMM (NHWC inside the kernel). s8 activations are shifted to u8 (``+128``, zero point
 too) because the VNNI/AMX dot products take u8 x s8. Anything else (weight zero points,
-non-constant weights, blocked quantization, grouped or dilated convolutions) is left to TVM
-and counted as a fallback in the report.
+non-constant weights, blocked quantization, grouped or dilated convolutions) stays as it
+is: in the QDQ form its weights dequantize to constants and it runs on the fp32 TPPs (the
+report says so among its rewrites), in the integer form it is left to TVM and counted as a
+fallback. Either is reported once per layer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
@@ -86,16 +89,28 @@ class _Emitter:
         self.tag = "int8" if dtype == "int8" else f"int8 via {dtype}"
         self.kernels = 0
         self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8
+        self.declined: dict[int, tuple[str, bool]] = {}
+
+    def decline(self, call: relax.Call, why: str, qdq: bool) -> None:
+        """Note that no int8 kernel takes the contraction ``call`` (once per layer, however
+        many epilogue patterns tried it); ``qdq``: it is in the QDQ form."""
+        label = f"{_KERNELS[call.op.name]} ({why})"
+        self.declined[tvm_ffi.structural_hash(call)] = (label, qdq)
+
+    def report_declined(self) -> None:
+        """Report the declined layers: QDQ ones run in fp32 on their dequantized weights
+        (fp32 TPPs), integer ones (MatMulInteger, ConvInteger) fall back to TVM."""
+        for label, qdq in self.declined.values():
+            if qdq:
+                self.report.rewrites[f"{QDQ_IN_FP32}: {label}"] += 1
+            else:
+                self.report.fallbacks[label] += 1
 
     def int8_matmul(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
                     scale: relax.Expr, name: str, epi: _Epilogue = _Epilogue()
                     ) -> relax.Expr | None:
         """``(a_q - a_zp) @ w_q * scale`` in fp32 with ``epi`` in the GEMM's epilogue, or
-        None (with a reported reason)."""
-        why = self._unsupported(a_q, a_zp, w_q, scale)
-        if why:
-            self.report.fallbacks[f"tpp.int8_matmul ({why})"] += 1
-            return None
+        None where the kernel cannot (:func:`_emit` checks first)."""
         xs = shape_of(a_q)
         k, n = w_q.shape
         m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
@@ -150,10 +165,6 @@ class _Emitter:
         ``epi`` in the epilogue, or None with a reported reason. The kernel runs NHWC: the
         u8 input is transposed on the way in, the output on the way out (consecutive
         convolutions' transposes cancel: :func:`~.transposes.sink_transposes`)."""
-        why = self._unsupported(a_q, a_zp, w_q, scale, ndim=4) or _conv_unsupported(attrs)
-        if why:
-            self.report.fallbacks[f"tpp.int8_conv2d ({why})"] += 1
-            return None
         n, c, h, w = shape_of(a_q)
         oc, _, r, s = w_q.shape
         pad = [int(p) for p in attrs.padding]
@@ -190,7 +201,7 @@ class _Emitter:
         return relax.op.permute_dims(out, TO_NCHW)
 
     @staticmethod
-    def _unsupported(a_q, a_zp, w_q, scale, ndim: int = 2) -> str | None:
+    def unsupported(a_q, a_zp, w_q, scale, ndim: int = 2) -> str | None:
         if dtype_of(a_q) not in ("uint8", "int8"):
             return f"activation dtype {dtype_of(a_q)}"
         if w_q.ndim != ndim or w_q.min() < -128 or w_q.max() > 127:
@@ -354,9 +365,21 @@ _CONTRACTIONS = {
 _KERNELS = {"relax.matmul": "tpp.int8_matmul", "relax.nn.conv2d": "tpp.int8_conv2d"}
 
 
+#: How the report names QDQ layers no int8 kernel takes (grouped convolutions, weight zero
+#: points...): their dequantized weights fold to constants and the fp32 TPPs run them.
+QDQ_IN_FP32 = "int8 layers run in fp32 on their dequantized weights"
+
+
 def _emit(emitter: _Emitter, call: relax.Call, a_q: relax.Expr, a_zp: relax.Expr,
-          w: np.ndarray, scale: relax.Expr, name: str, epi: _Epilogue) -> relax.Expr | None:
-    if call.op.name == "relax.matmul":
+          w: np.ndarray, scale: relax.Expr, name: str, epi: _Epilogue, qdq: bool
+          ) -> relax.Expr | None:
+    conv = call.op.name == "relax.nn.conv2d"
+    why = emitter.unsupported(a_q, a_zp, w, scale, ndim=4 if conv else 2) \
+        or (_conv_unsupported(call.attrs) if conv else None)
+    if why:
+        emitter.decline(call, why, qdq)
+        return None
+    if not conv:
         return emitter.int8_matmul(a_q, a_zp, w, scale, name, epi)
     return emitter.int8_conv2d(a_q, a_zp, w, scale, call.attrs, name, epi)
 
@@ -385,14 +408,14 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
             if dtype_of(m[w]) != "int8":
                 return orig
             if wz is not None and np.any(wz):
-                emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
+                emitter.decline(m[core], "weight zero point", qdq=False)
                 return orig
             call, weight = m[core], const_value(m[w])
             epi = variant.value(m, call, weight, bound)
             if epi is None:
                 return orig
             zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
-            out = _emit(emitter, call, m[a_q], zp, weight, m[scale], name, epi)
+            out = _emit(emitter, call, m[a_q], zp, weight, m[scale], name, epi, qdq=False)
             return orig if out is None else out
         return rewrite
 
@@ -412,7 +435,7 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
             if dtype_of(m[wq]) != "int8":
                 return orig
             if np.any(const_value(m[z_w])) or shape_of(m[s_a]) not in ([], [1]):
-                emitter.report.fallbacks[f"{_KERNELS[op]} (weight zero point)"] += 1
+                emitter.decline(m[core], "weight zero point", qdq=True)
                 return orig
             w = const_value(m[wq])
             transposed = w_t in m
@@ -422,14 +445,14 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
                 w = np.ascontiguousarray(w.T)
             axis = int(m[dq_w].attrs.axis) % w.ndim
             if const_value(m[s_w]).size > 1 and axis != (1 - out_axis if transposed else out_axis):
-                emitter.report.fallbacks[f"{_KERNELS[op]} (per-input-channel weight scales)"] += 1
+                emitter.decline(m[core], "per-input-channel weight scales", qdq=True)
                 return orig
             call = m[core]
             epi = variant.value(m, call, w, bound)
             if epi is None:
                 return orig
             s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))
-            out = _emit(emitter, call, m[xq], m[z_a], w, s, name, epi)
+            out = _emit(emitter, call, m[xq], m[z_a], w, s, name, epi, qdq=True)
             return orig if out is None else out
         return rewrite
 
@@ -538,6 +561,7 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
                 func = sink_transposes(drop_fake_quantization(func, report))
                 func = split_full_reductions(func, bb)
             bb.update_func(gv, func)
+    emitter.report_declined()
     if not emitter.kernels:
         return mod
     # An int8 layer whose readers all quantize its output alike writes the quantized u8/s8.
