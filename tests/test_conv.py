@@ -193,3 +193,67 @@ def test_bf16_conv_on_tiles_matches_numpy(sh: ConvShape) -> None:
     got, want, on_tiles = _bf16_conv(sh, h.tile_target(2))
     assert on_tiles == (sh.s * sh.cg % 32 == 0 and sh.groups == 1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def _int8_grouped_conv(sh: ConvShape, tgt) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(kernel output, exact reference, on tiles) of a grouped u8 x s8 convolution padded
+    by its zero point, dequantized per (group, channel) row, with bias and ReLU."""
+    from tpp_tvm.intrinsics import amx_emulator
+    from tpp_tvm.target import isa_of, tiles_emulated
+
+    rng = np.random.default_rng(sh.groups)
+    x = rng.integers(0, 256, (sh.n, sh.h, sh.w, sh.c)).astype(np.uint8)
+    w = rng.integers(-128, 128, (sh.oc, sh.cg, sh.r, sh.s)).astype(np.int8)
+    z = 9
+    scale = rng.uniform(0.5, 1.5, sh.oc).astype("float32") * 1e-3
+    bias = rng.standard_normal(sh.oc).astype("float32")
+    sch, plan = conv_schedule(sh, isa_of(tgt), bias=True, activation="relu", dtype="int8",
+                              threads=2)
+    colsum = w.astype(np.int64).sum(axis=(1, 2, 3))
+
+    def rows(v: np.ndarray) -> np.ndarray:
+        return np.pad(v.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og))
+                      ).astype("float32")
+
+    args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, vnni=4, groups=sh.groups),
+            np.array([z], np.uint8), rows(scale), rows(-z * colsum * scale), rows(bias)]
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros((sh.n, sh.oh, sh.ow, sh.groups, sh.og), "float32"), dev)
+    compile_kernels(sch.mod, tgt)["main"](*[tvm.runtime.tensor(a, dev) for a in args], out)
+    if tiles_emulated(tgt):
+        amx_emulator.check("int8 grouped conv")
+    one = replace(sh, c=sh.cg, oc=sh.og, groups=1)
+    xz = x.astype(np.int64) - z  # padding x with z: (x - z) = 0
+    exact = np.concatenate([_conv_ref(xz[..., g * sh.cg:(g + 1) * sh.cg],
+                                      w[g * sh.og:(g + 1) * sh.og], one, 0.0)
+                            for g in range(sh.groups)], axis=-1)
+    want = np.maximum(exact * scale + bias, 0)
+    return out.numpy().reshape(want.shape), want, plan.amx
+
+
+INT8_GROUPED_SHAPES = [
+    ConvShape(1, 10, 10, 128, 128, 3, 3, 1, (1, 1, 1, 1), groups=2),  # RegNet: 64 a group
+    ConvShape(1, 9, 11, 48, 96, 3, 3, 2, (1, 1, 1, 1), groups=3),  # 16 in, 32 out a group
+    ConvShape(1, 7, 7, 64, 64, 3, 3, 1, (1, 1, 1, 1), groups=8),  # 8 channels a group
+]
+
+
+@pytest.mark.requires_avx512_vnni
+@pytest.mark.parametrize("sh", INT8_GROUPED_SHAPES)
+def test_int8_grouped_conv_matches_numpy(sh: ConvShape) -> None:
+    """Grouped int8 convolutions (RegNet's, quantized) on the VNNI conv BRGEMM: each
+    group's image padded with the zero point and its filter panels, a dequantize row per
+    group; exact in int32."""
+    got, want, _ = _int8_grouped_conv(sh, target("avx512", num_cores=2))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("sh", INT8_GROUPED_SHAPES[:1])
+def test_int8_grouped_conv_on_tiles_matches_numpy(sh: ConvShape) -> None:
+    """64 channels a group fill the int8 tile steps (3 taps x 64): the grouped conv runs its
+    conv BRGEMM on AMX tiles (the software tile model on hosts without AMX)."""
+    import tpp_harness as h
+
+    got, want, amx = _int8_grouped_conv(sh, h.tile_target(2))
+    assert amx
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

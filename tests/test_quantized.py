@@ -239,22 +239,25 @@ def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
     x = rng.integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
     compiled = compile_onnx(model)
     np.testing.assert_array_equal(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
-    assert compiled.report_data["fallbacks"] == {"tpp.int8_conv2d (groups=8)": 1}
+    assert compiled.report_data["fallbacks"] == {
+        "tpp.int8_conv2d (groups=8, 1 input channels per group)": 1}
 
 
-def test_grouped_qdq_convs_run_in_fp32_reported_once_each(tmp_path) -> None:
-    """QDQ grouped and depthwise convolutions (RegNet, MobileNetV2) have no int8 kernel:
-    each runs on the fp32 grouped/depthwise conv TPP with its dequantized filter, reported
-    once per layer (every epilogue pattern tried it: it was counted 5 times, as a TVM
-    fallback), and the model stays as close to fp32 as ONNX Runtime's int8 result."""
+def test_grouped_qdq_convs(tmp_path) -> None:
+    """QDQ grouped convolutions (RegNet's 3x3 of 64 channels a group) run on the int8 conv
+    kernel, a dequantize row per group; depthwise and narrow groups (MobileNetV2's, 4
+    channels a group) run on the fp32 depthwise/grouped TPPs with their dequantized
+    filters, reported once per layer (every epilogue pattern tried them: they were counted
+    5 times, as TVM fallbacks). The model stays as close to fp32 as ONNX Runtime's int8."""
     import torch
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(8, 16, 1), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 16, 3, padding=1, groups=4), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 8, 1)).eval()
+        torch.nn.Conv2d(8, 32, 1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, groups=2), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, groups=8), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 8, 1)).eval()
     path = str(tmp_path / "fp32.onnx")
     torch.onnx.export(net, (torch.randn(1, 8, 12, 12),), path, input_names=["input"],
                       opset_version=17, dynamo=False)
@@ -264,11 +267,12 @@ def test_grouped_qdq_convs_run_in_fp32_reported_once_each(tmp_path) -> None:
     data = compiled.report_data
     assert not data["fallbacks"], data["fallbacks"]
     in_fp32 = {k: v for k, v in data["rewrites"].items() if k.startswith(QDQ_IN_FP32)}
-    assert in_fp32 == {f"{QDQ_IN_FP32}: tpp.int8_conv2d (groups=4)": 1,
-                       f"{QDQ_IN_FP32}: tpp.int8_conv2d (groups=16)": 1}, data["rewrites"]
+    label = f"{QDQ_IN_FP32}: tpp.int8_conv2d (groups={{}}, {{}} input channels per group)"
+    assert in_fp32 == {label.format(8, 4): 1, label.format(32, 1): 1}, data["rewrites"]
+    int8 = sum(v for k, v in data["lowered"].items() if k.startswith("tpp.qdq_"))
     fp32_convs = sum(v for k, v in data["lowered"].items()
                      if k.startswith(("tpp.conv2d", "tpp.depthwise_conv2d")))
-    assert fp32_convs == 2, data["lowered"]
+    assert (int8, fp32_convs) == (3, 2), data["lowered"]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8"])

@@ -168,12 +168,13 @@ class _Emitter:
         n, c, h, w = shape_of(a_q)
         oc, _, r, s = w_q.shape
         pad = [int(p) for p in attrs.padding]
+        groups = int(attrs.groups)
         shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]),
-                          tuple(pad * 2 if len(pad) == 2 else pad))
+                          tuple(pad * 2 if len(pad) == 2 else pad), groups)
         x = relax.op.permute_dims(a_q, TO_NHWC)
         res = epi.residual
         res = relax.op.permute_dims(res, TO_NHWC) if res is not None else None
-        if (r, s, shape.stride) == (1, 1, 1) and not any(pad):
+        if (r, s, shape.stride, groups) == (1, 1, 1, 1) and not any(pad):
             # pointwise: one GEMM over all pixels (far longer M than one output row)
             rows = n * h * w
             out = self._gemm(relax.op.reshape(x, (rows, c)), dtype_of(a_q), rows, a_zp,
@@ -190,12 +191,18 @@ class _Emitter:
         x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
         # the padding's value: the zero point, in the kernel's A dtype
         zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
-        packed = relax.const(pack_filter(self._weights(w_q), plan.nr, vnni=self.prec.vnni))
+        packed = relax.const(pack_filter(self._weights(w_q), plan.nr, vnni=self.prec.vnni,
+                                         groups=groups))
         colsum = w_q.astype(np.int64).sum(axis=(1, 2, 3))
         args = [x, packed, zp_a,
-                *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
-        args += [res] if res is not None else []
-        out = relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, oc), "float32"))
+                *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias, groups)]
+        # Grouped: the kernel writes (n, oh, ow, groups, channels per group).
+        out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
+        if res is not None:
+            args.append(relax.op.reshape(res, out_shape) if groups > 1 else res)
+        out = relax.call_tir(gv, args, relax.TensorType(out_shape, "float32"))
+        if groups > 1:
+            out = relax.op.reshape(out, (n, shape.oh, shape.ow, oc))
         self.report.lowered[precision_label(f"{name}{epi.suffix}", self.tag, self.isa,
                                             self.dtype, plan.amx)] += 1
         return relax.op.permute_dims(out, TO_NCHW)
@@ -214,12 +221,18 @@ class _Emitter:
         return None
 
 
-def _conv_unsupported(attrs) -> str | None:
+#: Input channels a group needs for the int8 conv kernel: fewer (depthwise, MobileNetV2's
+#: and EfficientNet's) make filter rows of a few bytes, which the fp32 depthwise and
+#: grouped TPPs run better.
+MIN_INT8_GROUP_CHANNELS = 16
+
+
+def _conv_unsupported(attrs, w_q: np.ndarray) -> str | None:
     """Why the int8 convolution kernel cannot run a Relax conv2d (None: it can)."""
     if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
         return f"layout {attrs.data_layout}/{attrs.kernel_layout}"
-    if int(attrs.groups) != 1:
-        return f"groups={int(attrs.groups)}"
+    if int(attrs.groups) != 1 and w_q.shape[1] < MIN_INT8_GROUP_CHANNELS:
+        return f"groups={int(attrs.groups)}, {w_q.shape[1]} input channels per group"
     if any(int(d) != 1 for d in attrs.dilation):
         return "dilation"
     if len({int(st) for st in attrs.strides}) != 1:
@@ -239,22 +252,28 @@ def _as_uint8(a: relax.Expr, a_zp: relax.Expr, dtype: str) -> tuple[relax.Expr, 
 
 
 def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, width: int,
-                     bias: np.ndarray | None) -> list[relax.Expr]:
+                     bias: np.ndarray | None, groups: int = 1) -> list[relax.Expr]:
     """The int8 kernel's per-column epilogue operands, padded to its packed ``width``:
     ``S = scale`` and ``O = -zp * colsum(W) * S`` (so ``float(A_q @ W) * S + O`` is
-    ``(A_q - zp) @ W * scale``), and the bias row if any."""
+    ``(A_q - zp) @ W * scale``), and the bias row if any; a grouped convolution's are
+    ``(groups, width)``, a row per group."""
     n = colsum.size
     s = relax.op.reshape(scale, (int(np.prod(shape_of(scale))),))
     s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
     o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum.astype("float32")), zp),
                               s_row)
-    pad = width - n
+    per_group = n // groups
+    pad = width - per_group
+    if groups > 1:
+        s_row, o_row = (relax.op.reshape(row, (groups, per_group)) for row in (s_row, o_row))
     if pad:
-        s_row = relax.op.concat([s_row, relax.const(np.zeros(pad, "float32"))])
-        o_row = relax.op.concat([o_row, relax.const(np.zeros(pad, "float32"))])
+        zeros = relax.const(np.zeros((groups, pad) if groups > 1 else pad, "float32"))
+        s_row, o_row = (relax.op.concat([row, zeros], axis=-1) for row in (s_row, o_row))
     rows = [s_row, o_row]
     if bias is not None:
-        rows.append(relax.const(np.pad(bias.reshape(-1).astype("float32"), (0, pad))))
+        b = bias.reshape(groups, per_group) if groups > 1 else bias.reshape(-1)
+        widths = ((0, 0), (0, pad)) if groups > 1 else (0, pad)
+        rows.append(relax.const(np.pad(b.astype("float32"), widths)))
     return rows
 
 
@@ -375,7 +394,7 @@ def _emit(emitter: _Emitter, call: relax.Call, a_q: relax.Expr, a_zp: relax.Expr
           ) -> relax.Expr | None:
     conv = call.op.name == "relax.nn.conv2d"
     why = emitter.unsupported(a_q, a_zp, w, scale, ndim=4 if conv else 2) \
-        or (_conv_unsupported(call.attrs) if conv else None)
+        or (_conv_unsupported(call.attrs, w) if conv else None)
     if why:
         emitter.decline(call, why, qdq)
         return None

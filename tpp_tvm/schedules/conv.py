@@ -126,9 +126,10 @@ def plan_conv(shape: ConvShape, dtype: str = "float32", isa: str = "avx512") -> 
 def tile_conv_plan(shape: ConvShape, dtype: str, isa: str) -> GemmPlan | None:
     """The AMX tile blocking of a convolution (16 or 32 output pixels of a row by 16 or 32
     output channels), or None where it stays on the vector unit: not a tile dtype on this
-    ISA, grouped, or a filter row (S x channels padded to the VNNI group) that is not whole
-    tile steps of 64 bytes (a 3-channel int8 stem: 7 x 4 = 28 bytes per filter row)."""
-    if not runs_on_tiles(isa, dtype) or shape.groups != 1:
+    ISA, or a filter row (S x channels of a group, padded to the VNNI group) that is not
+    whole tile steps of 64 bytes (a 3-channel int8 stem: 7 x 4 = 28 bytes per filter row;
+    RegNet's grouped 3 x 3 convolutions of 64 channels a group fill them)."""
+    if not runs_on_tiles(isa, dtype):
         return None
     v = PRECISIONS[dtype].vnni
     if shape.s * (-(-shape.cg // v) * v) % (AMX_GROUPS * v):
@@ -269,7 +270,7 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     C = te.compute((sh.n, sh.oh, *gdim, owp, ocp), contraction, name="C")
     quant_inputs, stages = [], []
     if int8:
-        deq_inputs, C, stages = dequantize_te(C)
+        deq_inputs, C, stages = dequantize_te(C, 2 if G > 1 else None)
         quant_inputs = [zero_point, *deq_inputs]
     extra, out, epilogue = epilogue_te(C, (sh.n, sh.oh, sh.ow, *gdim, sh.og), bias, activation,
                                        residual, post_activation,
@@ -294,9 +295,6 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32, bfloat16 (data padded to bf16 "
             "by conv_input_schedule), int8 (u8 data x s8 filter) or int16 (both widened)")
-    if dtype in ("int8", "int16") and shape.groups > 1:
-        raise UnsupportedDTypeError(f"grouped conv2d: dtype {dtype!r} unsupported; float32 "
-                                    "or bfloat16")
     check_low_precision(isa, dtype, "conv2d")
     tiles = tile_conv_plan(shape, dtype, isa)
     isa = register_tile_isa(isa)
@@ -354,7 +352,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         raise RuntimeError("conv microkernel did not tensorize")  # a bug, not user input
     tensorize_epilogue(sch, epilogue, isa)
     if tiles is not None:  # after tensorizing: a split fused loop blocks blockize
-        blocks = shape.n * shape.oh * (plan.mp // plan.mr) * (plan.np_ // plan.nr)
+        blocks = shape.n * shape.groups * shape.oh * (plan.mp // plan.mr) * (plan.np_ // plan.nr)
         split_tasks(sch, tile_loop, blocks, threads)
     return sch, plan
 

@@ -215,14 +215,21 @@ def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: s
     return inputs, out, stages
 
 
-def dequantize_te(C: te.Tensor) -> tuple[list[te.Tensor], te.Tensor, list]:
+def dequantize_te(C: te.Tensor, group_axis: int | None = None
+                  ) -> tuple[list[te.Tensor], te.Tensor, list]:
     """An int32 contraction's fp32 value, ``C * scale[j] + offset[j]`` per output column
-    (both padded to C's width): inputs, output and its epilogue stage."""
+    (both padded to C's width): inputs, output and its epilogue stage. A grouped
+    convolution's C has its group at ``group_axis``: a row of both per group."""
     width = int(C.shape[-1])
-    scale = te.placeholder((width,), "float32", name="dq_scale")
-    offset = te.placeholder((width,), "float32", name="dq_offset")
+    rows = (int(C.shape[group_axis]),) if group_axis is not None else ()
+    scale = te.placeholder((*rows, width), "float32", name="dq_scale")
+    offset = te.placeholder((*rows, width), "float32", name="dq_offset")
+
+    def at(row: te.Tensor, ix: tuple) -> tirx.PrimExpr:
+        return row[(ix[group_axis], ix[-1]) if rows else (ix[-1],)]
+
     out = te.compute(tuple(C.shape), lambda *ix: quant_expr(
-        "dequantize", C[ix], scale[ix[-1]], offset[ix[-1]], "float32"), name="dequant")
+        "dequantize", C[ix], at(scale, ix), at(offset, ix), "float32"), name="dequant")
     return [scale, offset], out, [("dequant", ("dequantize",))]
 
 
