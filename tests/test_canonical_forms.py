@@ -208,6 +208,33 @@ def test_relu6_fuses_and_explicit_pads_fold_into_the_next_convolution(lo, hi, fu
     assert "tpp.depthwise_conv2d" in report
 
 
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0, 0, 0, 1, 1], [0] * 8])
+def test_pads_before_a_relu_and_zero_pads_reach_the_convolution(pads) -> None:
+    """A static-QDQ MobileNetV2 shows its quantization's clipping at 0 as a ReLU after the
+    TF "same" Pad (and pads its 1x1 convolutions by zeros): the ReLU moves before the pad,
+    a zero-width pad goes, and the pad folds into the depthwise convolution's padding, so
+    no pad or layout transpose runs on TVM's default code between the layers."""
+    c = 32
+    rng = np.random.default_rng(6)
+    w1 = (rng.standard_normal((c, 8, 1, 1)) * 0.5).astype("float32")
+    w2 = rng.standard_normal((c, 1, 3, 3)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Pad", ["a", "pads"], ["p"]),
+             helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], group=c, strides=[2, 2])]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(np.array(pads, np.int64), "pads")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 8, 15, 15])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal([1, 8, 15, 15]).astype("float32")
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
+    data = compiled.report_data
+    assert any(k.startswith("tpp.depthwise_conv2d") for k in data["lowered"]), data
+    assert not [name for name in data["default_scheduled"] if "pad" in name], data
+
+
 def test_broadcast_producers_are_computed_once_not_per_element() -> None:
     """Squeeze-excite's scale: sigmoid of one value per channel times every pixel. The
     Injective rule keeps the small sigmoid block apart instead of inlining its exp into the

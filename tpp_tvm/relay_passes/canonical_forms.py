@@ -261,16 +261,19 @@ def _einsum_as_matmul(call: relax.Call) -> relax.Expr | None:
     return product if perm == list(range(len(perm))) else relax.op.permute_dims(product, perm)
 
 
+def _zero_pad(expr: relax.Expr | None) -> bool:
+    """Whether ``expr`` is a constant-mode pad by zeros."""
+    return isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.pad" \
+        and str(expr.attrs.pad_mode) == "constant" and float(expr.attrs.pad_value) == 0.0
+
+
 def _fold_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
     """conv2d(pad(x, zeros on H, W)) -> conv2d(x, padding + pads) for NCHW data."""
     attrs = call.attrs
-    if not isinstance(producer, relax.Call) or getattr(producer.op, "name", "") != \
-            "relax.nn.pad" or str(attrs.data_layout) != "NCHW":
+    if not _zero_pad(producer) or str(attrs.data_layout) != "NCHW":
         return None
-    pattrs = producer.attrs
-    width = _ints(pattrs.pad_width)
-    if str(pattrs.pad_mode) != "constant" or float(pattrs.pad_value) != 0.0 \
-            or len(width) != 8 or any(width[:4]) or min(width) < 0:
+    width = _ints(producer.attrs.pad_width)
+    if len(width) != 8 or any(width[:4]) or min(width) < 0:
         return None
     top, bottom, left, right = width[4:]
     pad = _ints(attrs.padding)
@@ -321,6 +324,17 @@ _REWRITES = {
 }
 
 
+def _relu_before_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
+    """relu(pad(x, 0)) -> pad(relu(x), 0) (relu(0) = 0), so the pad reaches the
+    convolution it feeds and folds into its padding: a static QDQ model's clipping at 0,
+    shown as a ReLU after the pad (``fake_quant.expose_folded_relus``), stood between them
+    in MobileNetV2."""
+    if not _zero_pad(producer):
+        return None
+    return relax.op.nn.pad(relax.op.nn.relu(producer.args[0]), producer.attrs.pad_width,
+                           "constant", 0.0)
+
+
 @relax.expr_functor.mutator
 class _Canonicalize(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -331,6 +345,10 @@ class _Canonicalize(relax.PyExprMutator):
             folded = _fold_pad(call, self.lookup_binding(call.args[0]))
             if folded is not None:
                 return self.visit_expr(folded)
+        if name == "relax.nn.relu" and isinstance(call.args[0], relax.Var):
+            moved = _relu_before_pad(call, self.lookup_binding(call.args[0]))
+            if moved is not None:
+                return self.builder_.normalize(moved)
         rewrite = _REWRITES.get(name)
         if rewrite is None:
             return call
