@@ -19,7 +19,7 @@ from .exprs import bindings, const_value, dtype_of
 from .lower import LoweringReport
 
 #: The Relax ops of contractions whose quantized input an int8 kernel takes.
-CONTRACTION_OPS = frozenset({"relax.matmul", "relax.nn.conv2d"})
+CONTRACTION_OPS = frozenset({"relax.matmul", "relax.nn.conv2d", "relax.nn.conv1d"})
 
 
 _FAKE_QUANT_DROPPED = "QDQ pair between fp32 ops dropped (fp32 value kept)"

@@ -25,7 +25,7 @@ fallback. Either is reported once per layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -159,25 +159,24 @@ class _Emitter:
         return w_q.astype(self.prec.b)
 
     def int8_conv2d(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
-                    scale: relax.Expr, attrs, name: str, epi: _Epilogue = _Epilogue()
-                    ) -> relax.Expr | None:
+                    scale: relax.Expr, stride: int, pad: tuple[int, int, int, int],
+                    groups: int, name: str, epi: _Epilogue = _Epilogue(),
+                    a_type: tuple[list[int], str] | None = None) -> relax.Expr:
         """``conv2d(a_q - a_zp, w_q) * scale`` in fp32 (NCHW in and out, OIHW filter) with
-        ``epi`` in the epilogue, or None with a reported reason. The kernel runs NHWC: the
-        u8 input is transposed on the way in, the output on the way out (consecutive
-        convolutions' transposes cancel: :func:`~.transposes.sink_transposes`)."""
-        n, c, h, w = shape_of(a_q)
+        ``epi`` in the epilogue. The kernel runs NHWC: the u8 input is transposed on the way
+        in, the output on the way out (consecutive convolutions' transposes cancel:
+        :func:`~.transposes.sink_transposes`). ``a_type``: ``a_q``'s shape and dtype where
+        it is an expression not yet normalized (a conv1d's input made 4-D)."""
+        (n, c, h, w), a_dtype = a_type or (shape_of(a_q), dtype_of(a_q))
         oc, _, r, s = w_q.shape
-        pad = [int(p) for p in attrs.padding]
-        groups = int(attrs.groups)
-        shape = ConvShape(n, h, w, c, oc, r, s, int(attrs.strides[0]),
-                          tuple(pad * 2 if len(pad) == 2 else pad), groups)
+        shape = ConvShape(n, h, w, c, oc, r, s, stride, pad, groups)
         x = relax.op.permute_dims(a_q, TO_NHWC)
         res = epi.residual
         res = relax.op.permute_dims(res, TO_NHWC) if res is not None else None
-        if (r, s, shape.stride, groups) == (1, 1, 1, 1) and not any(pad):
+        if (r, s, stride, groups) == (1, 1, 1, 1) and not any(pad):
             # pointwise: one GEMM over all pixels (far longer M than one output row)
             rows = n * h * w
-            out = self._gemm(relax.op.reshape(x, (rows, c)), dtype_of(a_q), rows, a_zp,
+            out = self._gemm(relax.op.reshape(x, (rows, c)), a_dtype, rows, a_zp,
                              np.ascontiguousarray(w_q[:, :, 0, 0].T), scale, name, epi,
                              None if res is None else relax.op.reshape(res, (rows, oc)))
             return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
@@ -188,7 +187,7 @@ class _Emitter:
         self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(conv_schedule(
             shape, self.isa, dtype=self.dtype, threads=self.threads, out_dtype=dtype,
             **epi.schedule_args())[0].mod["main"])
-        x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, dtype_of(a_q))
+        x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, a_dtype)
         # the padding's value: the zero point, in the kernel's A dtype
         zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
         packed = relax.const(pack_filter(self._weights(w_q), plan.nr, vnni=self.prec.vnni,
@@ -228,8 +227,9 @@ MIN_INT8_GROUP_CHANNELS = 16
 
 
 def _conv_unsupported(attrs, w_q: np.ndarray) -> str | None:
-    """Why the int8 convolution kernel cannot run a Relax conv2d (None: it can)."""
-    if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
+    """Why the int8 convolution kernel cannot run a Relax conv2d or conv1d (None: it can)."""
+    layouts = ("NCHW", "OIHW") if w_q.ndim == 4 else ("NCW", "OIW")
+    if (str(attrs.data_layout), str(attrs.kernel_layout)) != layouts:
         return f"layout {attrs.data_layout}/{attrs.kernel_layout}"
     if int(attrs.groups) != 1 and w_q.shape[1] < MIN_INT8_GROUP_CHANNELS:
         return f"groups={int(attrs.groups)}, {w_q.shape[1]} input channels per group"
@@ -324,7 +324,8 @@ def _bias_value(expr: relax.Expr, n: int, conv: bool = False,
         value = (q.astype(np.float64) - zp.astype(np.float64)) * sc.astype(np.float64)
     if value is None or value.size != n:
         return None
-    if value.shape[-1:] != (n,) and not (conv and value.shape == (1, n, 1, 1)):
+    if value.shape[-1:] != (n,) and not (conv and value.shape[:2] == (1, n)
+                                         and value.size == n):
         return None
     return value.reshape(n).astype(np.float32)
 
@@ -377,11 +378,13 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
 _CONTRACTIONS = {
     "relax.matmul": ("tpp.matmul_integer", "tpp.qdq_matmul"),
     "relax.nn.conv2d": ("tpp.conv_integer", "tpp.qdq_conv2d"),
+    "relax.nn.conv1d": ("tpp.conv_integer", "tpp.qdq_conv1d"),
 }
 
 
 #: The kernel each contraction becomes, as fallbacks name it.
-_KERNELS = {"relax.matmul": "tpp.int8_matmul", "relax.nn.conv2d": "tpp.int8_conv2d"}
+_KERNELS = {"relax.matmul": "tpp.int8_matmul", "relax.nn.conv2d": "tpp.int8_conv2d",
+            "relax.nn.conv1d": "tpp.int8_conv1d"}
 
 
 #: How the report names QDQ layers no int8 kernel takes (grouped convolutions, weight zero
@@ -392,15 +395,28 @@ QDQ_IN_FP32 = "int8 layers run in fp32 on their dequantized weights"
 def _emit(emitter: _Emitter, call: relax.Call, a_q: relax.Expr, a_zp: relax.Expr,
           w: np.ndarray, scale: relax.Expr, name: str, epi: _Epilogue, qdq: bool
           ) -> relax.Expr | None:
-    conv = call.op.name == "relax.nn.conv2d"
-    why = emitter.unsupported(a_q, a_zp, w, scale, ndim=4 if conv else 2) \
+    conv = call.op.name != "relax.matmul"
+    why = emitter.unsupported(a_q, a_zp, w, scale, ndim=w.ndim if conv else 2) \
         or (_conv_unsupported(call.attrs, w) if conv else None)
     if why:
         emitter.decline(call, why, qdq)
         return None
     if not conv:
         return emitter.int8_matmul(a_q, a_zp, w, scale, name, epi)
-    return emitter.int8_conv2d(a_q, a_zp, w, scale, call.attrs, name, epi)
+    attrs = call.attrs
+    pad = [int(p) for p in attrs.padding]
+    if w.ndim == 3:  # conv1d (wav2vec2's feature encoder): a conv2d over one row
+        left, right = pad * 2 if len(pad) == 1 else pad
+        n, c, width = shape_of(a_q)
+        res = None if epi.residual is None else relax.op.expand_dims(epi.residual, 2)
+        out = emitter.int8_conv2d(relax.op.expand_dims(a_q, 2), a_zp, w[:, :, None, :], scale,
+                                  int(attrs.strides[0]), (0, left, 0, right),
+                                  int(attrs.groups), name, replace(epi, residual=res),
+                                  ([n, c, 1, width], dtype_of(a_q)))
+        return relax.op.squeeze(out, [2])
+    return emitter.int8_conv2d(a_q, a_zp, w, scale, int(attrs.strides[0]),
+                               tuple(pad * 2 if len(pad) == 2 else pad), int(attrs.groups),
+                               name, epi)
 
 
 def _out_channels(call: relax.Call, w: np.ndarray) -> int:
