@@ -385,21 +385,23 @@ def _fold_node(
     if op == "BatchNormalization":
         return _batch_norm(x, inputs[1:5], attrs)
     if op in ("QuantizeLinear", "DequantizeLinear"):
-        return _quantize_scalar(op, inputs)
+        return _quantize_constant(op, inputs)
     return None
 
 
-def _quantize_scalar(op: str, inputs: list[np.ndarray | None]) -> np.ndarray | None:
-    """A QuantizeLinear / DequantizeLinear of a constant scalar with a per-tensor scale, as
-    ONNX Runtime computes it; None for anything larger (a weight's ``DequantizeLinear`` is
-    the int8 kernel's input, kept for ``relay_passes/quantized.py``).
+def _quantize_constant(op: str, inputs: list[np.ndarray | None]) -> np.ndarray | None:
+    """A QuantizeLinear / DequantizeLinear of a constant with a per-tensor scale, as ONNX
+    Runtime computes it (:func:`_fold_once` folds a DequantizeLinear only of a scalar or
+    of a QuantizeLinear it folded: a weight's is the int8 kernel's input, kept for
+    ``relay_passes/quantized.py``).
 
-    ``quantize_static`` also quantizes scalar constants: a Pad's fill value (MobileNetV2,
-    EfficientNet), attention's scale and mask constants; TVM's converter needs a Pad's fill
-    as a constant, and failed on the quantized one."""
+    ``quantize_static`` also quantizes constants that are not weights: a Pad's fill value
+    (MobileNetV2, EfficientNet), attention's scale and mask constants, a norm's scale
+    (wav2vec2's InstanceNormalization); TVM's converter needs a Pad's fill as a constant
+    (it failed on the quantized one), and the norm's converter its scale."""
     x, scale = inputs[0], inputs[1]
     zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
-    if x.size != 1 or scale.size != 1 or (zero is not None and zero.size != 1):
+    if scale.size != 1 or (zero is not None and zero.size != 1):
         return None
     if op == "DequantizeLinear":
         shift = 0.0 if zero is None else float(zero.reshape(-1)[0])
@@ -531,6 +533,7 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
     folded: list[str] = []
     kept: list[onnx.NodeProto] = []
     read = _used_names(graph)
+    quantized: set[str] = set()  # outputs of QuantizeLinear nodes folded in this pass
     for node in graph.node:
         if alias:
             _rename_inputs(node, alias)
@@ -545,9 +548,14 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
             folded.append(node.op_type)
             continue
         value = _try_fold(node, const, shapes)
+        if value is not None and node.op_type == "DequantizeLinear" and value.size > 1 \
+                and node.input[0] not in quantized:
+            value = None  # a weight's dequantization: the int8 kernel's input
         if value is None:
             kept.append(node)
             continue
+        if node.op_type == "QuantizeLinear":
+            quantized.add(out)
         folded.append(node.op_type)
         key = (node.op_type, tuple(node.input),
                tuple(a.SerializeToString() for a in node.attribute)) if node.input else None
