@@ -275,6 +275,35 @@ def test_grouped_qdq_convs(tmp_path) -> None:
     assert (int8, fp32_convs) == (3, 2), data["lowered"]
 
 
+def test_qdq_relu6_clips_at_six_and_fuses(tmp_path) -> None:
+    """MobileNetV2's ReLU6 after an expansion conv, then a TF-style pad and a depthwise
+    conv: ONNX Runtime's QDQ quantizer removes the Clip(0, 6) and quantizes its output on
+    [0, 6]. The clip at 6 stays (dropping the fake quantization kept values past 6, 2.7x
+    further from fp32 than ONNX Runtime's int8 on MobileNetV2), once, as the int8 conv's
+    and the depthwise conv's ReLU6 epilogues; the pad folds into the depthwise conv."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 32, 1), torch.nn.ReLU6(), torch.nn.ZeroPad2d((0, 1, 0, 1)),
+        torch.nn.Conv2d(32, 32, 3, stride=2, groups=32), torch.nn.ReLU6(),
+        torch.nn.Conv2d(32, 16, 1)).eval()
+    with torch.no_grad():
+        net[0].weight.mul_(8.0)  # activations well past 6, so the clip matters
+    path = str(tmp_path / "fp32.onnx")
+    torch.onnx.export(net, (torch.randn(1, 8, 12, 12),), path, input_names=["input"],
+                      opset_version=17, dynamo=False)
+    fp32 = onnx.load(path)
+    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    assert not any(node.op_type == "Clip" for node in model.graph.node)  # folded by ORT
+    compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8")[0]
+    data = compiled.report_data
+    assert data["lowered"].get(f"tpp.qdq_conv2d_bias_relu6 {INT8}") == 1, data["lowered"]
+    assert data["lowered"].get("tpp.depthwise_conv2d_bias_relu6") == 1, data["lowered"]
+    assert not any("eltwise" in k for k in data["lowered"]), data["lowered"]
+    assert not [name for name in data["default_scheduled"] if "pad" in name], data
+
+
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])
 def test_quantized_conv1d_runs_on_the_int8_conv_kernel(tmp_path, kind: str) -> None:
     """wav2vec2's feature encoder quantized: Conv1d layers (1 -> 32 channels over 10 taps

@@ -324,15 +324,31 @@ _REWRITES = {
 }
 
 
-def _relu_before_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
-    """relu(pad(x, 0)) -> pad(relu(x), 0) (relu(0) = 0), so the pad reaches the
-    convolution it feeds and folds into its padding: a static QDQ model's clipping at 0,
-    shown as a ReLU after the pad (``fake_quant.expose_folded_relus``), stood between them
-    in MobileNetV2."""
-    if not _zero_pad(producer):
+def _keeps_zero(call: relax.Call) -> bool:
+    """Whether element-wise ``call`` maps 0 to 0: a ReLU, max(x, c <= 0), min(x, c >= 0)
+    (ReLU6's two halves)."""
+    name = getattr(call.op, "name", "")
+    if name == "relax.nn.relu":
+        return True
+    if name not in ("relax.maximum", "relax.minimum") or len(call.args) != 2:
+        return False
+    bound = const_value(call.args[1])
+    if bound is None or bound.size != 1:
+        return False
+    return float(bound.reshape(-1)[0]) <= 0 if name == "relax.maximum" \
+        else float(bound.reshape(-1)[0]) >= 0
+
+
+def _activation_before_pad(call: relax.Call, producer: relax.Expr | None
+                           ) -> relax.Expr | None:
+    """f(pad(x, 0)) -> pad(f(x), 0) for f with f(0) = 0 (ReLU, ReLU6's max and min), so the
+    pad reaches the convolution it feeds and folds into its padding: a static QDQ model's
+    clipping (at 0, or 0 and 6), shown as a ReLU or ReLU6 after the pad
+    (``fake_quant.expose_folded_relus``), stood between them in MobileNetV2."""
+    if not _zero_pad(producer) or not _keeps_zero(call):
         return None
-    return relax.op.nn.pad(relax.op.nn.relu(producer.args[0]), producer.attrs.pad_width,
-                           "constant", 0.0)
+    inner = relax.Call(call.op, [producer.args[0], *call.args[1:]], call.attrs)
+    return relax.op.nn.pad(inner, producer.attrs.pad_width, "constant", 0.0)
 
 
 @relax.expr_functor.mutator
@@ -345,8 +361,9 @@ class _Canonicalize(relax.PyExprMutator):
             folded = _fold_pad(call, self.lookup_binding(call.args[0]))
             if folded is not None:
                 return self.visit_expr(folded)
-        if name == "relax.nn.relu" and isinstance(call.args[0], relax.Var):
-            moved = _relu_before_pad(call, self.lookup_binding(call.args[0]))
+        if name in ("relax.nn.relu", "relax.maximum", "relax.minimum") \
+                and isinstance(call.args[0], relax.Var):
+            moved = _activation_before_pad(call, self.lookup_binding(call.args[0]))
             if moved is not None:
                 return self.builder_.normalize(moved)
         rewrite = _REWRITES.get(name)

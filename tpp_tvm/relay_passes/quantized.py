@@ -339,10 +339,14 @@ class _EpiloguePattern:
     activation: str | None = None
     residual: DFPattern | None = None
     post_activation: str | None = None
+    clip: tuple[DFPattern, DFPattern] | None = None
+    """ReLU6's (lower, upper) bound patterns: the match is one where they are 0 and 6."""
 
     def value(self, m, call: relax.Call, w: np.ndarray, bound: dict) -> _Epilogue | None:
         """The epilogue a match stands for; None when its operands do not fit (a bias
-        that is not a constant row, a residual of another shape)."""
+        that is not a constant row, a residual of another shape, clip bounds not ReLU6's)."""
+        if self.clip is not None and [_scalar_value(m[b]) for b in self.clip] != [0.0, 6.0]:
+            return None
         conv = call.op.name != "relax.matmul"
         bias = None
         if self.bias is not None:
@@ -371,7 +375,16 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
         variants.append(_EpiloguePattern(added, pre_bias, residual=residual))
     variants += [_EpiloguePattern(is_op(op)(with_bias), bias, ACTIVATIONS[op])
                  for op in ACTIVATIONS if op not in COMPOSITE_ACTIVATIONS]  # several ops
+    # ReLU6 (MobileNetV2's, from a QDQ range that clips at 0 and 6: fake_quant.py)
+    lo, hi = is_const(), is_const()
+    relu6 = is_op("relax.minimum")(is_op("relax.maximum")(with_bias, lo), hi)
+    variants.append(_EpiloguePattern(relu6, bias, "relu6", clip=(lo, hi)))
     return [*variants, _EpiloguePattern(with_bias, bias), _EpiloguePattern(core)]
+
+
+def _scalar_value(expr: relax.Expr) -> float | None:
+    value = const_value(expr)
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
 #: Quantized contractions: Relax op -> (report name of the integer form, of the QDQ form).
