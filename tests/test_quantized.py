@@ -243,13 +243,23 @@ def test_grouped_quantized_conv_falls_back_and_stays_correct(tmp_path) -> None:
         "tpp.int8_conv2d (groups=8, 1 input channels per group)": 1}
 
 
-def test_grouped_qdq_convs(tmp_path) -> None:
+@pytest.mark.parametrize("mcpu", [None, "haswell", "skylake-avx512"])
+def test_grouped_qdq_convs(tmp_path, mcpu: str | None) -> None:
     """QDQ grouped convolutions (RegNet's 3x3 of 64 channels a group) run on the int8 conv
-    kernel, a dequantize row per group; depthwise and narrow groups (MobileNetV2's, 4
-    channels a group) run on the fp32 depthwise/grouped TPPs with their dequantized
-    filters, reported once per layer (every epilogue pattern tried them: they were counted
-    5 times, as TVM fallbacks). The model stays as close to fp32 as ONNX Runtime's int8."""
+    kernel, a dequantize row per group (the host's kernel; AVX2's and Skylake-SP's s16
+    ones); depthwise and narrow groups (MobileNetV2's, 4 channels a group) run on the fp32
+    depthwise/grouped TPPs with their dequantized filters, reported once per layer (every
+    epilogue pattern tried them: they were counted 5 times, as TVM fallbacks). The model
+    stays as close to fp32 as ONNX Runtime's int8."""
     import torch
+
+    tgt = None
+    if mcpu is not None:
+        needs = {"haswell": host_isa().avx2, "skylake-avx512": host_isa().avx512bw}[mcpu]
+        if not needs:
+            pytest.skip(f"running {mcpu} code needs its ISA ({host_isa().summary()})")
+        tgt = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "keys": ["tpp", "cpu"],
+                                 "num-cores": 1})
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(
@@ -263,7 +273,7 @@ def test_grouped_qdq_convs(tmp_path) -> None:
                       opset_version=17, dynamo=False)
     fp32 = onnx.load(path)
     model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
-    compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8")[0]
+    compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8", tgt)[0]
     data = compiled.report_data
     assert not data["fallbacks"], data["fallbacks"]
     in_fp32 = {k: v for k, v in data["rewrites"].items() if k.startswith(QDQ_IN_FP32)}

@@ -392,8 +392,8 @@ def _fold_node(
 def _quantize_constant(op: str, inputs: list[np.ndarray | None]) -> np.ndarray | None:
     """A QuantizeLinear / DequantizeLinear of a constant with a per-tensor scale, as ONNX
     Runtime computes it (:func:`_fold_once` folds a DequantizeLinear only of a scalar or
-    of a QuantizeLinear it folded: a weight's is the int8 kernel's input, kept for
-    ``relay_passes/quantized.py``).
+    of a QuantizeLinear it folded, and not a weight's: that is the int8 kernel's input,
+    kept for ``relay_passes/quantized.py``).
 
     ``quantize_static`` also quantizes constants that are not weights: a Pad's fill value
     (MobileNetV2, EfficientNet), attention's scale and mask constants, a norm's scale
@@ -429,6 +429,9 @@ def _batch_norm(x: np.ndarray, params: list[np.ndarray], attrs: dict[str, Any]) 
                                                  float(attrs.get("epsilon", 1e-5)))
     return (y * scale.reshape(channel) + bias.reshape(channel)).astype(x.dtype)
 
+
+#: ONNX ops whose second operand a quantized model's int8 kernels take as an int8 weight.
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 
 _FOLDABLE = frozenset(
     {
@@ -534,6 +537,8 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
     kept: list[onnx.NodeProto] = []
     read = _used_names(graph)
     quantized: set[str] = set()  # outputs of QuantizeLinear nodes folded in this pass
+    weights = {name for node in graph.node if node.op_type in _CONTRACTIONS
+               for name in node.input[1:2]}  # a contraction's second operand
     for node in graph.node:
         if alias:
             _rename_inputs(node, alias)
@@ -549,7 +554,7 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
             continue
         value = _try_fold(node, const, shapes)
         if value is not None and node.op_type == "DequantizeLinear" and value.size > 1 \
-                and node.input[0] not in quantized:
+                and (node.input[0] not in quantized or out in weights):
             value = None  # a weight's dequantization: the int8 kernel's input
         if value is None:
             kept.append(node)

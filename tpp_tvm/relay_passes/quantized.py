@@ -108,9 +108,9 @@ class _Emitter:
 
     def int8_matmul(self, a_q: relax.Expr, a_zp: relax.Expr, w_q: np.ndarray,
                     scale: relax.Expr, name: str, epi: _Epilogue = _Epilogue()
-                    ) -> relax.Expr | None:
-        """``(a_q - a_zp) @ w_q * scale`` in fp32 with ``epi`` in the GEMM's epilogue, or
-        None where the kernel cannot (:func:`_emit` checks first)."""
+                    ) -> relax.Expr:
+        """``(a_q - a_zp) @ w_q * scale`` in fp32 with ``epi`` in the GEMM's epilogue
+        (:func:`_emit` checks first that the kernel takes it)."""
         xs = shape_of(a_q)
         k, n = w_q.shape
         m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
