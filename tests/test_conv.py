@@ -91,6 +91,17 @@ def test_grouped_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _int8_conv_operands(sh: ConvShape, seed: int) -> tuple[np.ndarray, ...]:
+    """Seeded u8 NHWC input, s8 OIHW filter (channels per group), per-channel scale and
+    bias, and the filter's per-channel sums."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (sh.n, sh.h, sh.w, sh.c)).astype(np.uint8)
+    w = rng.integers(-128, 128, (sh.oc, sh.cg, sh.r, sh.s)).astype(np.int8)
+    scale = rng.uniform(0.5, 1.5, sh.oc).astype("float32") * 1e-3
+    bias = rng.standard_normal(sh.oc).astype("float32")
+    return x, w, scale, bias, w.astype(np.int64).sum(axis=(1, 2, 3))
+
+
 @pytest.mark.requires_avx512_vnni
 @pytest.mark.parametrize(("sh", "blocked"), [
     (ConvShape(1, 9, 9, 8, 24, 3, 3, 1, (1, 1, 1, 1)), False),
@@ -102,16 +113,11 @@ def test_int8_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
     """``(x - z) * w`` with x padded by its zero point z: exact in int32, then dequantized
     per output channel with bias and ReLU in the epilogue."""
     assert (conv_k_block(sh.r, sh.s * -(-sh.c // 4) * 4, 64, 1, 4) is not None) == blocked
-    rng = np.random.default_rng(sh.oc)
-    x = rng.integers(0, 256, (sh.n, sh.h, sh.w, sh.c)).astype(np.uint8)
-    w = rng.integers(-128, 128, (sh.oc, sh.c, sh.r, sh.s)).astype(np.int8)
+    x, w, scale, bias, colsum = _int8_conv_operands(sh, sh.oc)
     z = 7
-    scale = rng.uniform(0.5, 1.5, sh.oc).astype("float32") * 1e-3
-    bias = rng.standard_normal(sh.oc).astype("float32")
     sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu", dtype="int8")
     assert "tpp.conv_brgemm.u8i8" in str(sch.trace)
     pad = plan.np_ - sh.oc
-    colsum = w.astype(np.int64).sum(axis=(1, 2, 3))
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, vnni=4),
             np.array([z], np.uint8), np.pad(scale, (0, pad)),
             np.pad(-z * colsum * scale, (0, pad)).astype("float32"), np.pad(bias, (0, pad))]
@@ -201,15 +207,10 @@ def _int8_grouped_conv(sh: ConvShape, tgt) -> tuple[np.ndarray, np.ndarray, bool
     from tpp_tvm.intrinsics import amx_emulator
     from tpp_tvm.target import isa_of, tiles_emulated
 
-    rng = np.random.default_rng(sh.groups)
-    x = rng.integers(0, 256, (sh.n, sh.h, sh.w, sh.c)).astype(np.uint8)
-    w = rng.integers(-128, 128, (sh.oc, sh.cg, sh.r, sh.s)).astype(np.int8)
+    x, w, scale, bias, colsum = _int8_conv_operands(sh, sh.groups)
     z = 9
-    scale = rng.uniform(0.5, 1.5, sh.oc).astype("float32") * 1e-3
-    bias = rng.standard_normal(sh.oc).astype("float32")
     sch, plan = conv_schedule(sh, isa_of(tgt), bias=True, activation="relu", dtype="int8",
                               threads=2)
-    colsum = w.astype(np.int64).sum(axis=(1, 2, 3))
 
     def rows(v: np.ndarray) -> np.ndarray:
         return np.pad(v.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og))
