@@ -174,30 +174,36 @@ def _bf16_conv(sh: ConvShape, tgt, seed: int = 0) -> tuple[np.ndarray, np.ndarra
     return out.numpy().reshape(want.shape), want, plan.amx
 
 
+def _shape_id(sh: ConvShape) -> str:
+    return f"{sh.c}x{sh.r}x{sh.s}s{sh.stride}g{sh.groups}"
+
+
 BF16_SHAPES = [
     ConvShape(1, 12, 12, 64, 64, 3, 3, pad=(1, 1, 1, 1)),  # tile steps: 3 x 64 channels
     ConvShape(2, 17, 15, 32, 48, 3, 3, stride=2, pad=(1, 0, 1, 2)),  # strided, ragged
     ConvShape(1, 20, 20, 3, 32, 7, 7, stride=2, pad=(3, 3, 3, 3)),  # a stem: 3 channels
     ConvShape(1, 9, 40, 16, 16, 1, 4, stride=2),  # 1 x 4 filter, 16 channels, K 64
     ConvShape(1, 10, 10, 24, 48, 3, 3, pad=(1, 1, 1, 1), groups=3),  # RegNet's 8-wide groups
+    ConvShape(1, 10, 10, 64, 64, 3, 3, pad=(1, 1, 1, 1), groups=2),  # 32 a group: tile steps
 ]
 
 
 @pytest.mark.requires_avx512_bf16
-@pytest.mark.parametrize("sh", BF16_SHAPES, ids=lambda s: f"{s.c}x{s.r}x{s.s}s{s.stride}")
+@pytest.mark.parametrize("sh", BF16_SHAPES, ids=_shape_id)
 def test_bf16_conv_matches_numpy(sh: ConvShape) -> None:
     got, want, _ = _bf16_conv(sh, target("avx512", num_cores=2))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("sh", BF16_SHAPES, ids=lambda s: f"{s.c}x{s.r}x{s.s}s{s.stride}")
+@pytest.mark.parametrize("sh", BF16_SHAPES, ids=_shape_id)
 def test_bf16_conv_on_tiles_matches_numpy(sh: ConvShape) -> None:
     """On AMX (the tile model where the host has none): filter rows of whole tile steps
-    (S x channels a multiple of 32) on tiles, the stem on the AVX-512 dot product."""
+    (S x channels of a group a multiple of 32, grouped too) on tiles, the stem and narrow
+    groups on the AVX-512 dot product."""
     import tpp_harness as h
 
     got, want, on_tiles = _bf16_conv(sh, h.tile_target(2))
-    assert on_tiles == (sh.s * sh.cg % 32 == 0 and sh.groups == 1)
+    assert on_tiles == (sh.s * sh.cg % 32 == 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
