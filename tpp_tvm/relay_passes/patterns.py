@@ -31,9 +31,9 @@ ACTIVATIONS: dict[str, str] = {
     "relax.nn.silu": "silu",
     "relax.tanh": "tanh",
     # ReLU6 as the importer writes a Clip (frontend._clip): minimum(maximum(x, 0), 6),
-    # bounds checked by _activation_check.
+    # bounds checked by activation_constants_hold.
     "relu6": "relu6",
-    # CLIP's x * sigmoid(1.702 x), scale checked by _activation_check.
+    # CLIP's x * sigmoid(1.702 x), scale checked by activation_constants_hold.
     "quick_gelu": "quick_gelu",
 }
 
@@ -41,10 +41,10 @@ ACTIVATIONS: dict[str, str] = {
 COMPOSITE_ACTIVATIONS = ("relu6", "quick_gelu")
 
 
-def _activation(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
+def activation_pattern(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
                 ) -> DFPattern:
     """The activation ``op`` applied to ``x``; ReLU6's bounds are annotated in ``ann`` as
-    ``<key>_lo``/``<key>_hi`` for :func:`_activation_check`."""
+    ``<key>_lo``/``<key>_hi`` for :func:`activation_constants_hold`."""
     if op == "relu6":
         lo, hi = is_const(), is_const()
         if ann is not None:
@@ -60,7 +60,7 @@ def _activation(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
     return is_op(op)(x)
 
 
-def _activation_check(a: dict) -> bool:
+def activation_constants_hold(a: dict) -> bool:
     """Every ReLU6 annotated as an activation clips at exactly [0, 6], every quick GELU
     scales by 1.702 (as float32 writes it)."""
     for key in ("act", "post_act"):
@@ -157,7 +157,7 @@ def _depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 def _epilogue_check(a: dict, n: int) -> bool:
     """Bias is a constant row of width n; the residual is fp32 shaped like the output."""
-    if not (_static_f32(a["lhs"]) and _static_f32(a["weight"])) or not _activation_check(a):
+    if not (_static_f32(a["lhs"]) and _static_f32(a["weight"])) or not activation_constants_hold(a):
         return False
     if "bias" in a:
         bias = a["bias"]
@@ -238,7 +238,7 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
         ann["bias"] = b
         name += "_bias"
     if activation:
-        out = _activation(activation, out, ann)
+        out = activation_pattern(activation, out, ann)
         name += "_" + ACTIVATIONS[activation]
     if gate:
         g = wildcard()
@@ -251,7 +251,7 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
         ann["residual"] = r
         name += "_residual"
     if post_activation:
-        out = _activation(post_activation, out, ann, "post_act")
+        out = activation_pattern(post_activation, out, ann, "post_act")
         name += "_" + ACTIVATIONS[post_activation]
     ann["out"] = out
     return TPPPattern(name, out, ann, check, kind.removeprefix("tpp."),
@@ -261,7 +261,7 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
 def _any_activation(x: DFPattern, ann: dict, key: str) -> DFPattern:
     """Any activation of :data:`ACTIVATIONS` applied to ``x``, annotated as ``key`` (which
     one is read back from the match: :func:`matched_activation`)."""
-    alternatives = [_activation(op, x, ann, key) for op in ACTIVATIONS]
+    alternatives = [activation_pattern(op, x, ann, key) for op in ACTIVATIONS]
     out = alternatives[0]
     for alt in alternatives[1:]:
         out = out | alt
@@ -371,7 +371,7 @@ def _matmul_check(ctx: relax.transform.PatternCheckContext) -> bool:
     lhs, rhs = a["lhs"], a["rhs"]
     if not (_static_f32(lhs) and _static_f32(rhs)) or len(rhs.ty.shape.values) != 2:
         return False
-    if not _activation_check(a):
+    if not activation_constants_hold(a):
         return False
     for key in ("lhs_t", "rhs_t"):
         if key in a:
@@ -408,7 +408,7 @@ def matmul_patterns() -> list[TPPPattern]:
                 out = is_op("relax.add")(out, bv)
                 name += "_bias"
             if activation:
-                out = _activation(activation, out, ann)
+                out = activation_pattern(activation, out, ann)
                 name += "_" + ACTIVATIONS[activation]
             ann["out"] = out
             table.append(TPPPattern(name, out, ann, _matmul_check, "matmul",
@@ -518,7 +518,7 @@ def _eltwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
     operand is the same shape (residual) or a row over the last axis (bias)."""
     a = ctx.annotated_expr
     x = a["lhs"]
-    if not _static_f32(x) or not _activation_check(a):
+    if not _static_f32(x) or not activation_constants_hold(a):
         return False
     xs = [int(d) for d in x.ty.shape.values]
     if len(xs) < 2 or xs[-1] < 2 or int(np.prod(xs[:-1])) < 2:
@@ -551,7 +551,7 @@ def eltwise_patterns() -> list[TPPPattern]:
                 ann["operand"] = y
                 name += "_add"
             if activation:
-                out = _activation(activation, out, ann)
+                out = activation_pattern(activation, out, ann)
                 name += "_" + ACTIVATIONS[activation]
             ann["root"] = out
             table.append(TPPPattern(name, out, ann, _eltwise_check, "eltwise",

@@ -46,7 +46,7 @@ from .fake_quant import (
 )
 from .lower import LoweringReport, as_relax_kernel, precision_label
 from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
-from .patterns import ACTIVATIONS, COMPOSITE_ACTIVATIONS
+from .patterns import ACTIVATIONS, activation_constants_hold, activation_pattern
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
 
@@ -339,13 +339,15 @@ class _EpiloguePattern:
     activation: str | None = None
     residual: DFPattern | None = None
     post_activation: str | None = None
-    clip: tuple[DFPattern, DFPattern] | None = None
-    """ReLU6's (lower, upper) bound patterns: the match is one where they are 0 and 6."""
+    constants: dict[str, DFPattern] | None = None
+    """A composite activation's constant patterns (ReLU6's bounds, quick GELU's scale),
+    checked by ``patterns.activation_constants_hold``."""
 
     def value(self, m, call: relax.Call, w: np.ndarray, bound: dict) -> _Epilogue | None:
         """The epilogue a match stands for; None when its operands do not fit (a bias
         that is not a constant row, a residual of another shape, clip bounds not ReLU6's)."""
-        if self.clip is not None and [_scalar_value(m[b]) for b in self.clip] != [0.0, 6.0]:
+        if self.constants and not activation_constants_hold(
+                {key: m[p] for key, p in self.constants.items()}):
             return None
         conv = call.op.name != "relax.matmul"
         bias = None
@@ -373,18 +375,11 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
         variants.append(_EpiloguePattern(is_op("relax.nn.relu")(added), pre_bias,
                                          residual=residual, post_activation="relu"))
         variants.append(_EpiloguePattern(added, pre_bias, residual=residual))
-    variants += [_EpiloguePattern(is_op(op)(with_bias), bias, ACTIVATIONS[op])
-                 for op in ACTIVATIONS if op not in COMPOSITE_ACTIVATIONS]  # several ops
-    # ReLU6 (MobileNetV2's, from a QDQ range that clips at 0 and 6: fake_quant.py)
-    lo, hi = is_const(), is_const()
-    relu6 = is_op("relax.minimum")(is_op("relax.maximum")(with_bias, lo), hi)
-    variants.append(_EpiloguePattern(relu6, bias, "relu6", clip=(lo, hi)))
+    for op in ACTIVATIONS:  # ReLU6: MobileNetV2's, from a QDQ range of [0, 6] (fake_quant)
+        constants: dict[str, DFPattern] = {}
+        variants.append(_EpiloguePattern(activation_pattern(op, with_bias, constants), bias,
+                                          ACTIVATIONS[op], constants=constants or None))
     return [*variants, _EpiloguePattern(with_bias, bias), _EpiloguePattern(core)]
-
-
-def _scalar_value(expr: relax.Expr) -> float | None:
-    value = const_value(expr)
-    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
 #: Quantized contractions: Relax op -> (report name of the integer form, of the QDQ form).
