@@ -248,6 +248,13 @@ def test_low_precision_errors():
         check_low_precision("sve", "int16")
     kernel_plan = plan_gemm(8, 16, 8, "int8")
     assert kernel_plan.kp % 4 == 0 and kernel_plan.b_packed_shape()[-1] == 4
+    # a quantized residual's scale and zero point fold into the dequantize rows: nothing
+    # that does not commute with them may stand between (a bias, an activation before it)
+    from tpp_tvm.schedules.gemm import gemm_schedule
+    for options in ({"bias": True}, {"activation": "relu"}, {"post_activation": "gelu"}):
+        with pytest.raises(UnsupportedShapeError, match="a uint8 residual takes no bias"):
+            gemm_schedule(8, 16, 8, "avx512", dtype="int8", dequantize=True, residual=True,
+                          residual_dtype="uint8", **options)
     if host_isa().avx512_vnni:
         kernel = build_gemm(8, 16, 8, dtype="int8")
         with pytest.raises(UnsupportedDTypeError, match="A must be uint8"):

@@ -294,6 +294,24 @@ def test_residual_equations_prefetch_the_next_tile() -> None:
     assert prefetches(RESIDUAL_PREFETCH_ROWS + 1) == 0
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize(("steps", "widen"), [(("residual_u8", "relu", "scale"), "vpmovzxbd"),
+                                              (("residual_s8", "scale"), "vpmovsxbd")],
+                         ids=lambda v: "_".join(v) if isinstance(v, tuple) else v)
+def test_quantized_residual_equations(isa: str, steps: tuple[str, ...], widen: str) -> None:
+    """An int8 layer's epilogue adds the next layer's u8/s8 input as its residual: the
+    bytes are widened to int32 lanes in registers (``vpmovzxbd``/``vpmovsxbd``) and
+    converted, full vectors and masked tails (n = 37, 19) alike, and a tile of u8 rows
+    prefetches one line a row below it, not four."""
+    for m, n in ((5, 37), (3, 19), (4, 64)):
+        h.check(TPPSpec("equation", m=m, n=n, steps=steps), isa=isa)
+    asm = h.assembly(TPPSpec("equation", m=4, n=64, steps=steps), isa)
+    body = [line.split()[0] for line in asm.splitlines()
+            if line.strip() and not line.lstrip().startswith((".", "#"))]
+    assert widen in body and "vcvtdq2ps" in body, asm
+    assert body.count("prefetcht0") == 4, body.count("prefetcht0")
+
+
 LIBM_CALL = re.compile(r"call\w*\s+(exp|tanh|erf|log|pow|sigmoid)")
 
 

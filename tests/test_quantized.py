@@ -201,6 +201,38 @@ def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
     assert data.get("rewrites", {}).get(INT8_LINKS, 0) == links, data.get("rewrites")
 
 
+@pytest.mark.parametrize("kind", ["qdq_u8", "qdq_s8"])
+def test_qdq_resnet_adds_its_residuals_quantized(tmp_path, kind: str) -> None:
+    """A QDQ ResNet (two stages; an identity block and two with downsampling shortcuts)
+    keeps the residual stream quantized: each block's last convolution adds the u8/s8
+    tensor the model quantizes (the block input, which the next convolution reads too, or
+    the shortcut's output) in its epilogue, so block outputs and shortcuts write u8/s8 and
+    no quantize kernel or fp32 copy of the stream is left. Same model as ONNX Runtime's:
+    as close to the fp32 model as its int8 result, and close to that result."""
+    fp32 = models.resnet50(image=32, width=8, blocks=(2, 1), classes=10)
+    path = str(tmp_path / "fp32.onnx")
+    onnx.save(fp32, path)
+    model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"), per_channel=True)
+    inputs = models.example_inputs(fp32)
+    compiled = compile_onnx(model)
+    got = compiled(*inputs.values())[0]
+    ort_int8 = run_onnxruntime(model, inputs)[0]
+    exact = run_onnxruntime(fp32, inputs)[0]
+    ort_err = np.abs(ort_int8 - exact).max()
+    # ORT rounds each conv's output before the add; we keep it exact (rounding only what
+    # the next layer reads), so the two differ by a fraction of ORT's own error
+    assert np.abs(got - ort_int8).max() <= 0.5 * ort_err
+    assert np.abs(got - exact).max() <= 1.5 * ort_err
+    data = compiled.report_data
+    step = "_residual_u8_relu" if kind == "qdq_u8" else "_residual_s8_relu"
+    adds = sum(node.op_type == "Add" for node in fp32.graph.node)
+    assert sum(v for k, v in data["lowered"].items() if step in k) == adds, data["lowered"]
+    assert not any("_residual_relu" in k for k in data["lowered"]), data["lowered"]
+    # 1x1 -> 3x3 -> 1x1 links (2 a block), two shortcuts, two block outputs
+    narrowed = NARROWED["uint8" if kind == "qdq_u8" else "int8"]
+    assert data["rewrites"].get(narrowed) == 2 * 3 + 2 + 2, data["rewrites"]
+
+
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])
 def test_quantized_convolutions_on_tiles_match_onnxruntime_int8(tmp_path, kind: str) -> None:
     """A ResNet-50 bottleneck of 64 planes on AMX tiles (the software tile model where the

@@ -18,7 +18,7 @@ from tvm import s_tir
 from tpp_tvm.intrinsics import TPPSpec, amx_emulator, intrinsic
 from tpp_tvm.intrinsics.geometry import contraction_geometry, pool_geometry
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
-from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS
+from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS, OPERAND_STEPS
 from tpp_tvm.target import host_isa, target, tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
@@ -143,7 +143,7 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
             if step in MULTIPLYING_OPERANDS:
                 v = v * next(it)
             else:
-                v = v + next(it) if step in ("bias", "residual") else UNARY[step](v)
+                v = v + next(it) if step in OPERAND_STEPS else UNARY[step](v)
         return v
     if op == "transpose":
         return a[0].T
@@ -158,7 +158,8 @@ def inputs_for(spec: TPPSpec, shapes, dtypes, rng: np.random.Generator) -> list[
     """Random operands in each op's domain (positive for sqrt/rsqrt, away from 0 for 1/x)."""
     out = []
     for shape, dt in zip(shapes, dtypes):
-        if dt in ("uint8", "int8", "int16", "int32") and spec.kind in ("brgemm", "quant"):
+        if dt in ("uint8", "int8", "int16", "int32") and spec.kind in (
+                "brgemm", "quant", "equation"):  # (an equation's u8/s8 residual tile)
             # s16 operands hold u8 activations and s8 weights widened (AVX2's int8 TPPs)
             lo, hi = {"int32": (-5000, 5000), "int16": (-255, 255)}.get(
                 dt, (np.iinfo(dt).min, np.iinfo(dt).max))

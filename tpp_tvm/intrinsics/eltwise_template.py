@@ -34,6 +34,7 @@ from tvm.script import tirx as T
 from ..errors import UnsupportedDTypeError
 from .geometry import (
     bcast_shape,
+    equation_operand_dtypes,
     equation_operand_shapes,
     free_strides,
     pool_geometry,
@@ -132,9 +133,11 @@ class _Row:
     def mask(self) -> tirx.Expr:
         return self.isa.tail_mask(self.tail_start, self.n, self.dtype)
 
-    def load_tail(self, first: tirx.Expr) -> tirx.Expr:
-        """Masked load of the tail; ``first`` is the element at its first column."""
-        return self.isa.masked_load(first, self.mask(), self.dtype)
+    def load_tail(self, first: tirx.Expr, dtype: str | None = None) -> tirx.Expr:
+        """Masked load of the tail; ``first`` is the element at its first column. ``dtype``:
+        the elements' type where it is not the row's (u8 lanes of an fp32 row)."""
+        return self.isa.masked_load(first, self.mask(), dtype or self.dtype,
+                                    lanes_of=self.dtype)
 
     def store_tail(self, value: tirx.Expr, first: tirx.Expr) -> tirx.Expr:
         return self.isa.masked_store(value, first, self.mask())
@@ -621,6 +624,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     wide = vt if isa.scalable else f"{dt}x{row.lanes * EQUATION_GROUP}"
     kinds = equation_operands(steps)
     shapes = equation_operand_shapes(spec)
+    pdt = equation_operand_dtypes(spec)
     slots = list(steps) + [None] * (MAX_EQUATION_STEPS - len(steps))
     operand_of = {}  # slot -> index into the operand list
     for slot, step in enumerate(steps):
@@ -640,9 +644,10 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     def operand(ops, slot, pos, tail):
         P = ops[operand_of[slot]]
         bias = steps[slot] in ROW_OPERANDS
-        if tail:
+        if tail:  # a quantized tile's tail: as many u8/s8 lanes as the fp32 vector has
             ((i, _),) = pos
-            return row.load_tail(P[row.tail_start] if bias else P[i, row.tail_start])
+            return row.load_tail(P[row.tail_start] if bias else P[i, row.tail_start],
+                                 pdt[operand_of[slot]])
         if bias:
             return gathered(lambda i, v: P[row.at(v)], pos)
         return gathered(lambda i, v: P[i, row.at(v)], pos)
@@ -692,19 +697,20 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     # run.
     residuals = [operand_of[slot] for slot, st in enumerate(steps) if st in TILE_OPERANDS]
     prefetched = residuals if M <= RESIDUAL_PREFETCH_ROWS else []
-    lines = -(-N * tvm.DataType(dt).bits // (8 * CACHE_LINE))
-    per_line = CACHE_LINE * 8 // tvm.DataType(dt).bits
+
+    def per_line(k):  # elements of prefetched operand k in a cache line
+        return CACHE_LINE * 8 // tvm.DataType(pdt[prefetched[k]]).bits
 
     def prefetch_below(ops, k, i, ln):
         P = ops[prefetched[k]]
         return T.call_llvm_intrin("void", "llvm.prefetch.p0",
-                                  T.address_of(P[i + M, ln * per_line]),
+                                  T.address_of(P[i + M, ln * per_line(k)]),
                                   T.int32(0), T.int32(3), T.int32(1))  # read, L1, data
 
     @T.macro
     def prefetch(ops, k):
         for i in T.serial(M):
-            for ln in T.serial(lines):
+            for ln in T.serial(-(-N // per_line(k))):
                 T.evaluate(prefetch_below(ops, k, i, ln))
 
     @T.macro
@@ -754,7 +760,8 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         @T.prim_func(s_tir=True)
         def impl(x: T.handle, p: T.handle, y: T.handle):
             X = T.match_buffer(x, (M, N), **_mat(dt))
-            P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
+            P = T.match_buffer(p, shapes[0], pdt[0], offset_factor=1,
+                               strides=strides(shapes[0]))
             Y = T.match_buffer(y, (M, N), **_mat(dt))
             with T.sblock("root"):
                 T.reads(whole(X), whole(P))
@@ -769,8 +776,8 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, p: T.handle, q: T.handle, y: T.handle):
         X = T.match_buffer(x, (M, N), **_mat(dt))
-        P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
-        Q = T.match_buffer(q, shapes[1], dt, offset_factor=1, strides=strides(shapes[1]))
+        P = T.match_buffer(p, shapes[0], pdt[0], offset_factor=1, strides=strides(shapes[0]))
+        Q = T.match_buffer(q, shapes[1], pdt[1], offset_factor=1, strides=strides(shapes[1]))
         Y = T.match_buffer(y, (M, N), **_mat(dt))
         with T.sblock("root"):
             T.reads(whole(X), whole(P), whole(Q))

@@ -180,7 +180,8 @@ OPS: dict[str, OpDef] = {
         "equation",
         None,
         "Y = steps applied to X in order; a step is a unary TPP, 'bias' (+ a row vector "
-        "(N,)), 'residual' (+ an (M, N) operand), 'gate' (x an (M, N) operand) or 'scale' "
+        "(N,)), 'residual' (+ an (M, N) operand), 'residual_u8'/'residual_s8' (+ a u8/s8 "
+        "(M, N) operand converted to fp32), 'gate' (x an (M, N) operand) or 'scale' "
         "(x a row vector (N,)): e.g. a GEMM's fused epilogue (a SwiGLU up projection "
         "times its activated gate), a normalization's per-channel affine",
     ),
@@ -560,15 +561,23 @@ MAX_EQUATION_STEPS = 4
 EQUATION_STEPS = (
     "bias",
     "residual",
+    "residual_u8",
+    "residual_s8",
     "gate",
     "scale",
     *[op for op, d in OPS.items() if d.kind == "unary" and op not in ("copy",)],
 )
 
 
-#: Equation steps with an operand: a bias row (N,) added, a residual tile (M, N) added, a
-#: gate tile (M, N) multiplied, a scale row (N,) multiplied.
-OPERAND_STEPS = ("bias", "residual", "gate", "scale")
+#: Equation steps with an operand: a bias row (N,) added, a residual tile (M, N) added
+#: (fp32, or u8/s8 converted to fp32), a gate tile (M, N) multiplied, a scale row (N,)
+#: multiplied.
+OPERAND_STEPS = ("bias", "residual", "residual_u8", "residual_s8", "gate", "scale")
+#: Operand steps whose tile holds quantized values (not the equation's dtype), by dtype.
+#: An int8 layer adds the next int8 layer's input as its residual at a quarter of the
+#: bytes; the caller folds that input's scale and zero point into the equation's rows
+#: (``(r - z) * s`` added before a ReLU is ``s * relu(x / s - z + r)``).
+QUANTIZED_OPERANDS = {"residual_u8": "uint8", "residual_s8": "int8"}
 #: Operand steps whose operand is a row (N,) broadcast over the tile's rows.
 ROW_OPERANDS = ("bias", "scale")
 #: Operand steps that multiply by their operand (the others add it).
@@ -580,10 +589,17 @@ def equation_operands(steps: tuple[str, ...]) -> list[str]:
     return [s for s in steps if s in OPERAND_STEPS]
 
 
+def equation_operand_dtype(step: str, dtype: str) -> str:
+    """The element type of operand step ``step``'s operand in an equation on ``dtype``."""
+    return QUANTIZED_OPERANDS.get(step, dtype)
+
+
 def equation_step(step: str, v: tirx.Expr, operand: tirx.Expr | None) -> tirx.Expr:
     """One step of an equation on value ``v`` (``operand`` for operand steps)."""
     if step in MULTIPLYING_OPERANDS:
         return v * operand
+    if step in QUANTIZED_OPERANDS:
+        return v + tirx.Cast(dtype_of(v), operand)
     if step in OPERAND_STEPS:
         return v + operand
     return OPS[step].fn(v)

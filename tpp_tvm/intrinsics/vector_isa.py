@@ -72,11 +72,13 @@ class VectorISA:
         bits = self.vector_bits or self.schedule_vector_bits or self.min_vector_bits
         return bits // _bits(dtype)
 
-    def vtype(self, dtype: str) -> str:
-        """The TIR vector dtype string (``float32x16``, ``float32xvscalex4``)."""
+    def vtype(self, dtype: str, lanes_of: str | None = None) -> str:
+        """The TIR vector dtype string (``float32x16``, ``float32xvscalex4``): one register
+        of ``dtype``, or as many lanes of it as one register of ``lanes_of`` has."""
+        bits = _bits(lanes_of or dtype)
         if self.scalable:
-            return f"{dtype}xvscalex{self.min_vector_bits // _bits(dtype)}"
-        return f"{dtype}x{self.vector_bits // _bits(dtype)}"
+            return f"{dtype}xvscalex{self.min_vector_bits // bits}"
+        return f"{dtype}x{self.vector_bits // bits}"
 
     def ramp(self, base: tirx.Expr | int, dtype: str) -> tirx.Expr:
         """Index ramp ``base, base+1, ...`` covering one vector of ``dtype``."""
@@ -93,17 +95,19 @@ class VectorISA:
         n = self.lanes(dtype)
         return T.ramp(start, 1, n) < T.broadcast(limit, n)
 
-    def masked_load(self, load: tirx.Expr, mask: tirx.Expr, dtype: str) -> tirx.Expr:
-        """Load one vector of ``dtype`` starting at the scalar element ``load`` under ``mask``.
+    def masked_load(self, load: tirx.Expr, mask: tirx.Expr, dtype: str,
+                    lanes_of: str | None = None) -> tirx.Expr:
+        """Load one vector of ``dtype`` starting at the scalar element ``load`` under ``mask``
+        (``lanes_of``: as many lanes as one vector of that dtype, e.g. u8 for an fp32 row).
 
         Masked-off lanes read as zero and touch no memory, so tails never read past a tile.
         """
         return T.call_llvm_pure_intrin(
-            self.vtype(dtype),
+            self.vtype(dtype, lanes_of),
             "llvm.masked.load",
             T.address_of(load),
             mask,
-            T.broadcast(tirx.const(0, dtype), self.lanes(dtype)),
+            T.broadcast(tirx.const(0, dtype), self.lanes(lanes_of or dtype)),
         )
 
     def masked_store(self, value: tirx.Expr, load: tirx.Expr, mask: tirx.Expr) -> tirx.Expr:

@@ -217,6 +217,7 @@ def _elementwise_only_dequantizes(func: relax.Function) -> list[relax.Call]:
                     lhs.op.name == "relax.dequantize"
     if not has_qdq_contraction:
         return []
+    kept = _quantized_residuals(bound)
     found = []
     for var, value in bound.items():
         if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
@@ -225,9 +226,37 @@ def _elementwise_only_dequantizes(func: relax.Function) -> list[relax.Call]:
         source = bound.get(value.args[0])
         if not (isinstance(source, relax.Call) and source.op.name == "relax.quantize"):
             continue
-        if consumers.get(var) and consumers[var] <= _ELEMENTWISE:
+        if consumers.get(var) and consumers[var] <= _ELEMENTWISE and var not in kept:
             found.append(value)
     return found
+
+
+def _contraction_output(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> bool:
+    """Whether ``expr`` is a contraction's result, or it plus something (the bias, which
+    QDQ quantizes too)."""
+    value = bound.get(expr, expr)
+    if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.add":
+        value = bound.get(value.args[0], value.args[0])
+    return isinstance(value, relax.Call) and getattr(value.op, "name", "") in CONTRACTION_OPS
+
+
+def _quantized_residuals(bound: dict[relax.Var, relax.Expr]) -> set[relax.Var]:
+    """The second operand of each ``add(dq(q(conv1)), dq(q(conv2)))``: a ResNet stage's
+    first block adds its downsampling shortcut's quantized output to its last convolution's.
+    That pair stays, so the last convolution's int8 kernel adds the shortcut's u8/s8 output
+    as its residual (``quantized.py``) and the shortcut writes u8/s8 (a quarter of the
+    bytes); the first pair goes, so the kernel's own result is the fp32 value."""
+    kept = set()
+    for value in bound.values():
+        if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.add"):
+            continue
+        pairs = [bound.get(a) for a in value.args]
+        if all(isinstance(p, relax.Call) and p.op.name == "relax.dequantize"
+               and isinstance(bound.get(p.args[0]), relax.Call)
+               and bound[p.args[0]].op.name == "relax.quantize"
+               and _contraction_output(bound[p.args[0]].args[0], bound) for p in pairs):
+            kept.add(value.args[1])
+    return kept
 
 
 def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringReport

@@ -53,23 +53,39 @@ from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 @dataclass(frozen=True)
 class _Epilogue:
     """What an int8 kernel applies to its fp32 result: ``post(act(C + bias) + residual)``;
-    ``residual`` is in the layout of the graph's output (NCHW for a convolution)."""
+    ``residual`` is in the layout of the graph's output (NCHW for a convolution).
+    ``residual_quantization``: (scale, zero point) where the residual is the quantized
+    tensor (u8/s8) itself, ``dequantize(residual, scale, zero point)`` being the value
+    added (a ResNet block's input, which the next block's int8 convolution reads too)."""
 
     bias: np.ndarray | None = None
     activation: str | None = None
     residual: relax.Expr | None = None
     post_activation: str | None = None
+    residual_quantization: tuple[float, float] | None = None
+
+    @property
+    def residual_dtype(self) -> str:
+        return "float32" if self.residual_quantization is None else dtype_of(self.residual)
 
     @property
     def suffix(self) -> str:
-        """How the report names the fused steps: ``_bias_relu``, ``_bias_residual_relu``."""
-        steps = ["bias" if self.bias is not None else None, self.activation,
-                 "residual" if self.residual is not None else None, self.post_activation]
+        """How the report names the fused steps: ``_bias_relu``, ``_bias_residual_relu``,
+        ``_bias_residual_u8_relu``."""
+        residual = None if self.residual is None else (
+            "residual" if self.residual_quantization is None
+            else f"residual_{self.residual_dtype.replace('uint', 'u').replace('int', 's')}")
+        steps = ["bias" if self.bias is not None else None, self.activation, residual,
+                 self.post_activation]
         return "".join(f"_{step}" for step in steps if step)
 
     def schedule_args(self) -> dict:
-        return {"bias": self.bias is not None, "activation": self.activation,
-                "residual": self.residual is not None, "post_activation": self.post_activation}
+        """The kernel's epilogue options; a quantized residual's bias goes into the
+        dequantize offset (:func:`_dequantize_rows`), not a step of its own."""
+        folded = self.residual_quantization is not None
+        return {"bias": self.bias is not None and not folded, "activation": self.activation,
+                "residual": self.residual is not None, "post_activation": self.post_activation,
+                "residual_dtype": self.residual_dtype}
 
 
 class _Emitter:
@@ -137,9 +153,8 @@ class _Emitter:
         packed = relax.const(pack_b_numpy(self._weights(w_q), plan.nr, "kn", plan.kp,
                                           self.prec.vnni))
         colsum = w_q.astype(np.int64).sum(axis=0)
-        args = [a2, packed,
-                *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias)]
-        args += [residual] if residual is not None else []
+        args = [a2, packed, *_dequantize_rows(scale, zp, colsum, plan.np_, epi),
+                *_residual_operands(residual, epi, plan.np_)]
         out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
         self.report.lowered[precision_label(f"{name}{epi.suffix}", self.tag, self.isa,
                                             self.dtype)] += 1
@@ -193,12 +208,12 @@ class _Emitter:
         packed = relax.const(pack_filter(self._weights(w_q), plan.nr, vnni=self.prec.vnni,
                                          groups=groups))
         colsum = w_q.astype(np.int64).sum(axis=(1, 2, 3))
-        args = [x, packed, zp_a,
-                *_dequantize_rows(scale, zp, colsum, plan.np_, epi.bias, groups)]
+        args = [x, packed, zp_a, *_dequantize_rows(scale, zp, colsum, plan.np_, epi, groups)]
         # Grouped: the kernel writes (n, oh, ow, groups, channels per group).
         out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
-        if res is not None:
-            args.append(relax.op.reshape(res, out_shape) if groups > 1 else res)
+        if res is not None and groups > 1:
+            res = relax.op.reshape(res, out_shape)
+        args += _residual_operands(res, epi, plan.np_)
         out = relax.call_tir(gv, args, relax.TensorType(out_shape, "float32"))
         if groups > 1:
             out = relax.op.reshape(out, (n, shape.oh, shape.ow, oc))
@@ -252,16 +267,28 @@ def _as_uint8(a: relax.Expr, a_zp: relax.Expr, dtype: str) -> tuple[relax.Expr, 
 
 
 def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, width: int,
-                     bias: np.ndarray | None, groups: int = 1) -> list[relax.Expr]:
+                     epi: _Epilogue, groups: int = 1) -> list[relax.Expr]:
     """The int8 kernel's per-column epilogue operands, padded to its packed ``width``:
     ``S = scale`` and ``O = -zp * colsum(W) * S`` (so ``float(A_q @ W) * S + O`` is
     ``(A_q - zp) @ W * scale``), and the bias row if any; a grouped convolution's are
-    ``(groups, width)``, a row per group."""
+    ``(groups, width)``, a row per group. With a quantized residual (scale s_r, zero point
+    z_r) the rows are ``S / s_r`` and ``(O + bias) / s_r - z_r``, the residual's own
+    ``- z_r`` and the bias folded in (``epilogue_te``: the kernel adds r, then
+    multiplies by s_r)."""
+    bias = epi.bias
     n = colsum.size
     s = relax.op.reshape(scale, (int(np.prod(shape_of(scale))),))
     s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
     o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum.astype("float32")), zp),
                               s_row)
+    if epi.residual_quantization is not None:
+        s_r, z_r = epi.residual_quantization
+        if bias is not None:
+            o_row = relax.op.add(o_row, relax.const(bias.reshape(-1).astype("float32")))
+            bias = None
+        s_row = relax.op.multiply(s_row, relax.const(np.float32(1.0 / s_r)))
+        o_row = relax.op.subtract(relax.op.multiply(o_row, relax.const(np.float32(1.0 / s_r))),
+                                  relax.const(np.float32(z_r)))
     per_group = n // groups
     pad = width - per_group
     if groups > 1:
@@ -275,6 +302,33 @@ def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, widt
         widths = ((0, 0), (0, pad)) if groups > 1 else (0, pad)
         rows.append(relax.const(np.pad(b.astype("float32"), widths)))
     return rows
+
+
+def _residual_operands(residual: relax.Expr | None, epi: _Epilogue, width: int
+                       ) -> list[relax.Expr]:
+    """The kernel's residual arguments: the tile, and a quantized one's scale row."""
+    if residual is None:
+        return []
+    if epi.residual_quantization is None:
+        return [residual]
+    scale = np.full(width, epi.residual_quantization[0], np.float32)
+    return [residual, relax.const(scale)]
+
+
+def _quantized_residual(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]
+                        ) -> tuple[relax.Expr, tuple[float, float]] | None:
+    """(the u8/s8 tensor, (scale, zero point)) where ``expr`` is a per-tensor
+    ``dequantize`` of one with constant positive scale: the value a QDQ model adds as a
+    residual (ResNet's block input, quantized for the next block's convolution)."""
+    value = bound.get(expr, expr)
+    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.dequantize"):
+        return None
+    q, s, z = value.args
+    scale, zero = const_value(s), const_value(z)
+    if dtype_of(q) not in ("uint8", "int8") or scale is None or zero is None \
+            or scale.size != 1 or zero.size != 1 or not float(scale.reshape(-1)[0]) > 0:
+        return None
+    return q, (float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0]))
 
 
 def _integer_pattern(op: str):
@@ -359,6 +413,10 @@ class _EpiloguePattern:
         if residual is not None and (dtype_of(residual) != "float32"
                                      or shape_of(residual) != shape_of(m[self.pattern])):
             return None
+        quantized = None if residual is None or self.activation is not None \
+            or self.post_activation not in (None, "relu") else _quantized_residual(residual, bound)
+        if quantized is not None and not _grouped(call):
+            return _Epilogue(bias, None, quantized[0], self.post_activation, quantized[1])
         return _Epilogue(bias, self.activation, residual, self.post_activation)
 
 
@@ -425,6 +483,10 @@ def _emit(emitter: _Emitter, call: relax.Call, a_q: relax.Expr, a_zp: relax.Expr
     return emitter.int8_conv2d(a_q, a_zp, w, scale, int(attrs.strides[0]),
                                tuple(pad * 2 if len(pad) == 2 else pad), int(attrs.groups),
                                name, epi)
+
+
+def _grouped(call: relax.Call) -> bool:
+    return call.op.name != "relax.matmul" and int(call.attrs.groups) != 1
 
 
 def _out_channels(call: relax.Call, w: np.ndarray) -> int:

@@ -196,10 +196,11 @@ def conv_input_schedule(shape: ConvShape, plan: GemmPlan, in_dtype: str = "float
 
 
 def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
-            residual: bool, post_activation: str | None = None, out_dtype: str = "float32"
-            ) -> tuple[list[te.Tensor], te.Tensor, list]:
+            residual: bool, post_activation: str | None = None, out_dtype: str = "float32",
+            residual_dtype: str = "float32") -> tuple[list[te.Tensor], te.Tensor, list]:
     """TE stages of the convolution; inputs: data, packed filter, [zero point, scale,
-    offset (int8)], [bias], [residual].
+    offset (int8)], [bias], [residual [, its scale row: u8/s8 ``residual_dtype``, see
+    :func:`~.gemm_te.epilogue_te`]].
 
     int8 (u8 data x s8 filter): the filter is VNNI-4 packed ``(OC/nr, R, S*Cp/4, nr, 4)``
     over channels padded to Cp (a multiple of 4), spatial padding holds the activation's
@@ -275,15 +276,15 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     extra, out, epilogue = epilogue_te(C, (sh.n, sh.oh, sh.ow, *gdim, sh.og), bias, activation,
                                        residual, post_activation,
                                        (0, 1, 3, 2, 4) if G > 1 else None,
-                                       out_dtype=out_dtype)
+                                       out_dtype=out_dtype, residual_dtype=residual_dtype)
     return [X, W, *quant_inputs, *extra], out, stages + epilogue
 
 
 def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
                   activation: str | None = None, residual: bool = False,
                   post_activation: str | None = None, dtype: str = "float32",
-                  threads: int = 1, out_dtype: str = "float32"
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+                  threads: int = 1, out_dtype: str = "float32",
+                  residual_dtype: str = "float32") -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
     ``"float32"``, ``"bfloat16"`` (bf16 data, already padded, and filter; fp32
     accumulation and epilogue) or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in
@@ -301,7 +302,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     plan = tiles or plan_conv(shape, dtype, isa)
     prec = plan.precision
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation,
-                                  out_dtype)
+                                  out_dtype, residual_dtype)
     func = te.create_prim_func([*inputs, out])
     if tiles is not None:
         func = func.with_attr(TILE_CONFIG_ATTR, [plan.mr, plan.nr])

@@ -51,23 +51,25 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                   dtype: str = "float32", dequantize: bool = False,
                   a_transposed: bool = False, b_transposed: bool = False,
                   a_scale: float = 1.0, a_col_scale: bool = False, threads: int = 1,
-                  gate: bool = False, out_dtype: str = "float32"
+                  gate: bool = False, out_dtype: str = "float32",
+                  residual_dtype: str = "float32"
                   ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
     On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
     parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
     vector unit. Parameters in order: A, B (packed), [A's column scale (K,)], [scale,
-    offset (int8 ``dequantize``)], [bias], [gate], [residual], [1/scale, zero point
-    (``out_dtype`` u8/s8)], output: fp32, or ``out_dtype`` (bf16: the tile converted on its
-    way out; u8/s8: quantized, see :func:`~.gemm_te.epilogue_te`)."""
+    offset (int8 ``dequantize``)], [bias], [gate], [residual [, its scale row: a u8/s8
+    ``residual_dtype``]], [1/scale, zero point (``out_dtype`` u8/s8)], output: fp32, or
+    ``out_dtype`` (bf16: the tile converted on its way out; u8/s8: quantized, see
+    :func:`~.gemm_te.epilogue_te`)."""
     check_gemm(m, n, k, dtype, activation)
     check_low_precision(isa, dtype)
     tiles = runs_on_tiles(isa, dtype) and b_packed
     plan = plan_gemm(m, n, k, dtype, isa if tiles else register_tile_isa(isa))
     inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
                                   post_activation, dequantize, a_transposed, b_transposed,
-                                  a_scale, a_col_scale, gate, out_dtype)
+                                  a_scale, a_col_scale, gate, out_dtype, residual_dtype)
     func = te.create_prim_func([*inputs, out])
     if tiles:
         return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan

@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from ..errors import UnsupportedDTypeError
-from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands, quant_expr
+from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..intrinsics.spec import (
+    QUANTIZED_OPERANDS,
+    ROW_OPERANDS,
+    equation_expr,
+    equation_operands,
+    quant_expr,
+)
 from .gemm_plan import GemmPlan
 
 #: Name of a GEMM kernel's packed weight parameter.
@@ -26,7 +32,8 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             residual: bool = False, b_packed: bool = True,
             post_activation: str | None = None, dequantize: bool = False,
             a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0,
-            a_col_scale: bool = False, gate: bool = False, out_dtype: str = "float32"
+            a_col_scale: bool = False, gate: bool = False, out_dtype: str = "float32",
+            residual_dtype: str = "float32"
             ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
@@ -34,7 +41,8 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
     then for int8 with ``dequantize`` the per-column scale and offset (padded to the packed
     width), bias (likewise), gate (M, N: the result multiplies it, after the activation),
-    residual (M, N). A transposed A is copied into (M, K) rows and a
+    residual (M, N) [and its scale row: a u8/s8 ``residual_dtype``, see
+    :func:`epilogue_te`]. A transposed A is copied into (M, K) rows and a
     transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
     transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
     microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
@@ -125,14 +133,15 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
-                                               post_activation, gate=gate, out_dtype=out_dtype)
+                                               post_activation, gate=gate, out_dtype=out_dtype,
+                                               residual_dtype=residual_dtype)
     return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
                 residual: bool, post_activation: str | None = None,
                 c_axes: tuple[int, ...] | None = None, gate: bool = False,
-                out_dtype: str = "float32"
+                out_dtype: str = "float32", residual_dtype: str = "float32"
                 ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """The fused epilogue after a contraction C (padded in its last two dims), as equation
     TPPs: Y = post(act(C + bias) [* gate] + residual), one pass over each register tile.
@@ -152,9 +161,23 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     ``"uint8"``/``"int8"``: the last stage (``out_q``) is a quantize TPP instead, with two
     more inputs, per output column: 1/scale and the zero point (the next int8 layer's
     input quantization).
+
+    ``residual_dtype="uint8"``/``"int8"``: the residual is a quantized tile r (the next
+    int8 layer's input, a quarter of the bytes), added as ``r`` converted to fp32, and a
+    ``scale`` row input follows it: Y = relu(C + r) * scale. The caller has folded the
+    residual's quantization into C (C / s_r - z_r): with s_r > 0 that is
+    ``relu(C + (r - z_r) * s_r)``, so no bias or pre-activation may stand between (a bias
+    folds into C's dequantize offset) and the post-activation is ReLU or none.
     """
+    if residual_dtype != "float32":
+        if not residual or bias or activation or gate or c_axes is not None \
+                or post_activation not in (None, "relu"):
+            raise UnsupportedShapeError(
+                f"epilogue: a {residual_dtype} residual takes no bias, activation, gate or "
+                f"groups and only a ReLU after it (got bias={bias}, activation={activation}, "
+                f"post_activation={post_activation})")
     inputs, out, stages = _epilogue_te(C, valid, bias, activation, residual, post_activation,
-                                       c_axes, gate)
+                                       c_axes, gate, residual_dtype)
     if out_dtype == "float32":
         return inputs, out, stages
     if out_dtype not in ("bfloat16", "uint8", "int8"):
@@ -171,6 +194,9 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     return inputs, out, [*stages, ("out_bf16", (TO_BF16,))]
 
 
+#: The equation step adding a quantized residual tile, by the tile's dtype.
+_QUANTIZED_RESIDUAL = {dt: step for step, dt in QUANTIZED_OPERANDS.items()}
+
 #: The epilogue step that converts the finished fp32 tile to bf16 (see ``epilogue_te``).
 TO_BF16 = "to_bf16"
 #: The epilogue step that quantizes the finished fp32 tile, followed by the int8 dtype.
@@ -179,24 +205,29 @@ QUANTIZE = "quantize"
 
 def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
                  residual: bool, post_activation: str | None,
-                 c_axes: tuple[int, ...] | None, gate: bool
+                 c_axes: tuple[int, ...] | None, gate: bool, residual_dtype: str
                  ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """:func:`epilogue_te` in fp32."""
+    quantized = residual_dtype != "float32"
+    residual_step = _QUANTIZED_RESIDUAL[residual_dtype] if quantized else "residual"
     pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
-    post = ((("gate",) if gate else ()) + (("residual",) if residual else ())
-            + ((post_activation,) if post_activation else ()))
+    post = ((("gate",) if gate else ()) + ((residual_step,) if residual else ())
+            + ((post_activation,) if post_activation else ()) + (("scale",) if quantized else ()))
     gate_t = te.placeholder(valid, "float32", name="gate") if gate else None
-    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
-    tiles = [t for t in (gate_t, res_t) if t is not None]
+    res_t = te.placeholder(valid, residual_dtype, name="residual") if residual else None
+    # a quantized residual's scale: a row like the bias (padded width)
+    rescale_t = te.placeholder((int(C.shape[-1]),), "float32", name="residual_scale") \
+        if quantized else None
+    post_operands = [t for t in (gate_t, res_t, rescale_t) if t is not None]
     if c_axes is not None:
         bias_t = te.placeholder((valid[-2], int(C.shape[-1])), "float32",
                                 name="bias_packed") if bias else None
-        inputs = [t for t in (bias_t, *tiles) if t is not None]
+        inputs = [t for t in (bias_t, *post_operands) if t is not None]
         return inputs, _equation_stage(C, valid, pre + post, inputs, "out", c_axes), \
             [("out", pre + post)]
     padded = tuple(int(d) for d in C.shape) != tuple(valid)
     bias_t = te.placeholder((int(C.shape[-1]),), "float32", name="bias_packed") if bias else None
-    inputs = [t for t in (bias_t, *tiles) if t is not None]
+    inputs = [t for t in (bias_t, *post_operands) if t is not None]
     if not padded:
         steps = pre + post
         if not steps:
@@ -209,7 +240,7 @@ def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: s
     src = out
     stages.append(("out", post))
     if post:
-        out = _equation_stage(src, valid, post, tiles, "out")
+        out = _equation_stage(src, valid, post, post_operands, "out")
     else:
         out = te.compute(valid, lambda *ix: src[ix], name="out")
     return inputs, out, stages

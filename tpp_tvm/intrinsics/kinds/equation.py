@@ -7,7 +7,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from ..eltwise_template import equation_impl
-from ..geometry import equation_operand_shapes, whole
+from ..geometry import equation_operand_dtypes, equation_operand_shapes, whole
 from ..spec import ROW_OPERANDS, TPPSpec, equation_expr, equation_operands
 from ..vector_isa import VectorISA
 from .base import TPPKind, describe_map
@@ -21,6 +21,7 @@ EXAMPLE_EQUATIONS = (
     ("bias", "gate"),
     ("scale", "bias", "gelu"),
     ("tanh", "square"),
+    ("residual_u8", "relu", "scale"),
 )
 
 
@@ -32,10 +33,14 @@ class Equation(TPPKind):
     def operand_shapes(self, spec: TPPSpec) -> list[tuple[int, ...]]:
         return [(spec.m, spec.n), *equation_operand_shapes(spec), (spec.m, spec.n)]
 
+    def operand_dtypes(self, spec: TPPSpec) -> list[str]:
+        return [spec.dtype, *equation_operand_dtypes(spec), spec.dtype]
+
     def describe(self, spec: TPPSpec) -> tirx.PrimFunc:
         M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
         kinds = equation_operands(steps)
         shapes = equation_operand_shapes(spec)
+        pdt = equation_operand_dtypes(spec)
 
         def body(X, ops, i, j):
             return equation_expr(steps, X[i, j], [
@@ -52,7 +57,7 @@ class Equation(TPPKind):
             @T.prim_func(s_tir=True)
             def desc(x: T.handle, p: T.handle, y: T.handle):
                 X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-                P = T.match_buffer(p, shapes[0], dt, offset_factor=1,
+                P = T.match_buffer(p, shapes[0], pdt[0], offset_factor=1,
                                    strides=strides(shapes[0]))
                 Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
                 with T.sblock("root"):
@@ -68,8 +73,10 @@ class Equation(TPPKind):
         @T.prim_func(s_tir=True)
         def desc(x: T.handle, p: T.handle, q: T.handle, y: T.handle):
             X = T.match_buffer(x, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
-            P = T.match_buffer(p, shapes[0], dt, offset_factor=1, strides=strides(shapes[0]))
-            Q = T.match_buffer(q, shapes[1], dt, offset_factor=1, strides=strides(shapes[1]))
+            P = T.match_buffer(p, shapes[0], pdt[0], offset_factor=1,
+                               strides=strides(shapes[0]))
+            Q = T.match_buffer(q, shapes[1], pdt[1], offset_factor=1,
+                               strides=strides(shapes[1]))
             Y = T.match_buffer(y, (M, N), dt, offset_factor=1, strides=[T.int32(), 1])
             with T.sblock("root"):
                 T.reads(whole(X), whole(P), whole(Q))
