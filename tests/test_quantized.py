@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.relay_passes.fake_quant import MAX_POOL_QUANTIZED
 from tpp_tvm.relay_passes.lowp_activations import NARROWED
 from tpp_tvm.relay_passes.quantized import QDQ_IN_FP32
 from tpp_tvm.schedules.gemm_plan import int8_gemm_dtype, runs_on_tiles
@@ -196,8 +197,9 @@ def test_quantized_cnn_matches_onnxruntime_int8(tmp_path, cnn: str, kind: str,
     assert ours == convs, data["lowered"]
     assert not data["fallbacks"], data["fallbacks"]
     # QDQ: a convolution read only by the next one writes its quantized input (the 1x1 ->
-    # 3x3 -> 1x1 links of the block; small_cnn's layers pool or flatten in between)
-    links = 2 if cnn == "resnet_block" and kind != "dynamic" else 0
+    # 3x3 -> 1x1 links of the block; small_cnn's first layer through the max pool after
+    # it, which runs on the quantized values; its second one is averaged in fp32)
+    links = 0 if kind == "dynamic" else {"resnet_block": 2, "small_cnn": 1}[cnn]
     assert data.get("rewrites", {}).get(INT8_LINKS, 0) == links, data.get("rewrites")
 
 
@@ -228,9 +230,14 @@ def test_qdq_resnet_adds_its_residuals_quantized(tmp_path, kind: str) -> None:
     adds = sum(node.op_type == "Add" for node in fp32.graph.node)
     assert sum(v for k, v in data["lowered"].items() if step in k) == adds, data["lowered"]
     assert not any("_residual_relu" in k for k in data["lowered"]), data["lowered"]
-    # 1x1 -> 3x3 -> 1x1 links (2 a block), two shortcuts, two block outputs
+    # 1x1 -> 3x3 -> 1x1 links (2 a block), two shortcuts, two block outputs, and the stem:
+    # its max pool runs on the quantized values (quantizing commutes with it), so the
+    # stem convolution writes them and no ReLU or quantize kernel is left after the pool
     narrowed = NARROWED["uint8" if kind == "qdq_u8" else "int8"]
-    assert data["rewrites"].get(narrowed) == 2 * 3 + 2 + 2, data["rewrites"]
+    assert data["rewrites"].get(narrowed) == 2 * 3 + 2 + 2 + 1, data["rewrites"]
+    assert data["rewrites"].get(MAX_POOL_QUANTIZED) == 1, data["rewrites"]
+    assert data["lowered"].get("tpp.max_pool2d") == 1, data["lowered"]
+    assert "tpp.eltwise_relu" not in data["lowered"], data["lowered"]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])
@@ -454,3 +461,36 @@ def test_qdq_torch_linear_layers_fuse_their_biases(tmp_path) -> None:
     exact = run_onnxruntime(fp32, inputs)[0]
     ort_err = np.abs(run_onnxruntime(model, inputs)[0] - exact).max()
     assert np.abs(compiled(*inputs.values())[0] - exact).max() <= 1.05 * ort_err
+
+
+@pytest.mark.parametrize(("dtype", "zero"), [("uint8", 0), ("uint8", 128), ("int8", -128),
+                                             ("int8", 0)])
+def test_quantize_moves_before_max_pool(dtype: str, zero: int) -> None:
+    """``quantize(relu(max_pool(x)))`` and ``max_pool(quantize(relu(x)))`` are equal, element
+    for element, with padding, saturation and a range that does or does not clip at 0 (the
+    ReLU then stays in front of the quantize)."""
+    from tvm import relax
+
+    from tpp_tvm.relay_passes.fake_quant import quantize_before_max_pool
+    from tpp_tvm.relay_passes.lower import LoweringReport
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 9, 9), "float32"))
+    with bb.function("main", [x]):
+        pooled = bb.emit(relax.op.nn.max_pool2d(x, 3, 2, 1))
+        q = relax.op.quantize(relax.op.nn.relu(pooled), relax.const(0.02, "float32"),
+                              relax.const(zero, dtype), out_dtype=dtype)
+        bb.emit_func_output(bb.emit(q))
+    before = bb.get()
+    report = LoweringReport()
+    after = tvm.IRModule({"main": quantize_before_max_pool(before["main"], report)})
+    assert report.rewrites[MAX_POOL_QUANTIZED] == 1
+    last = after["main"].body.blocks[-1].bindings[-1].value
+    assert last.op.name == "relax.nn.max_pool2d"  # the pool comes last
+    data = np.random.default_rng(0).standard_normal((1, 4, 9, 9)).astype("float32") * 3
+    outs = []
+    for mod in (before, after):
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(data)).numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert outs[0].min() < outs[0].max()

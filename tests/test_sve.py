@@ -59,6 +59,8 @@ EXTRA = [
     TPPSpec("transpose", "int32", m=70, n=3),
     TPPSpec("copy", "int8", m=3, n=130),
     TPPSpec("zero", "float16", m=3, n=70),
+    TPPSpec("pool_max", "uint8", m=4, n=130, batch=3, k=3, stride=260),
+    TPPSpec("pool_max", "int8", m=3, n=37, batch=2, k=3, stride=37),
 ]
 
 

@@ -159,7 +159,7 @@ def inputs_for(spec: TPPSpec, shapes, dtypes, rng: np.random.Generator) -> list[
     out = []
     for shape, dt in zip(shapes, dtypes):
         if dt in ("uint8", "int8", "int16", "int32") and spec.kind in (
-                "brgemm", "quant", "equation"):  # (an equation's u8/s8 residual tile)
+                "brgemm", "quant", "equation", "pool"):  # (u8/s8 residuals, pooling)
             # s16 operands hold u8 activations and s8 weights widened (AVX2's int8 TPPs)
             lo, hi = {"int32": (-5000, 5000), "int16": (-255, 255)}.get(
                 dt, (np.iinfo(dt).min, np.iinfo(dt).max))

@@ -45,6 +45,7 @@ from .spec import (
     MAX_EQUATION_STEPS,
     MULTIPLYING_OPERANDS,
     OPERAND_STEPS,
+    POOL_DTYPES,
     ROW_OPERANDS,
     TPPSpec,
     dtype_of,
@@ -792,7 +793,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
 def pool_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """Max pooling: per output pixel and vector of channels, max over the window's taps."""
-    _check_supported(spec, isa, _COMPUTE_DTYPES)
+    _check_supported(spec, isa, POOL_DTYPES)
     M, N, dt = spec.m, spec.n, spec.dtype
     row = _Row(isa, dt, N)
     geo = pool_geometry(spec)

@@ -19,7 +19,7 @@ from tvm.target import Target
 from ..errors import UnsupportedISAError
 from ..target import isa_of
 from .kinds import describe, examples
-from .spec import DTYPE_SHORT, TPPSpec
+from .spec import DTYPE_SHORT, POOL_DTYPES, TPPSpec
 from .vector_isa import VectorISA
 
 #: ISAs with a TPP implementation module in this package.
@@ -109,6 +109,7 @@ def low_precision_catalogue() -> list[TPPSpec]:
     specs.append(TPPSpec("copy", "bfloat16", m=8, n=37, out_dtype="float32"))
     specs.append(TPPSpec("gelu", "bfloat16", m=8, n=37))
     specs.append(TPPSpec("add", "bfloat16", m=8, n=37, bcast="row"))
+    specs.append(TPPSpec("pool_max", "uint8", m=8, n=37, batch=3, k=3, stride=74))
     return specs
 
 
@@ -117,8 +118,11 @@ _CATALOGUE_ISAS = ("avx512", "avx2", "sve")
 
 
 def portable(spec: TPPSpec) -> bool:
-    """Whether every ISA implements ``spec``: fp32 in and out. Low-precision and
-    quantization TPPs (none is fp32 to fp32) exist for AVX-512 (and AMX) only so far."""
+    """Whether every ISA implements ``spec``: fp32 in and out, or max pooling of u8/s8
+    (the one template on integer lanes). Low-precision and quantization TPPs exist for
+    AVX-512 (and AMX) only so far."""
+    if spec.op == "pool_max":
+        return spec.dtype in POOL_DTYPES
     return spec.dtype == "float32" and spec.acc_dtype == "float32"
 
 

@@ -224,6 +224,11 @@ CONTRACTION_DTYPES = (("float32", "float32"), ("bfloat16", "bfloat16"), ("uint8"
                       ("int16", "int16"))
 
 
+#: Dtypes max pooling takes: fp32, and a quantized model's u8/s8 activations (the maximum
+#: commutes with quantization, so a max pool between int8 layers runs on their bytes).
+POOL_DTYPES = ("float32", "uint8", "int8")
+
+
 #: (input, output) dtypes of the quantization TPPs.
 QUANT_DTYPES = {
     "quantize": (("float32", "uint8"), ("float32", "int8")),

@@ -283,3 +283,37 @@ def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringRep
         return m[x]
 
     return rewrite_erf_gelu(rewrite_call(pattern, rewrite, func))
+
+
+MAX_POOL_QUANTIZED = "max pooling runs on the quantized values (quantizing commutes with it)"
+
+
+def quantize_before_max_pool(func: relax.Function, report: LoweringReport) -> relax.Function:
+    """``quantize(max_pool(x))`` -> ``max_pool(quantize(x))`` (a ReLU between goes in front
+    of the quantize), per tensor with a positive scale: quantizing is monotone and
+    saturates the padding's lowest value to the dtype's, so the two are equal. The layer
+    producing x (ResNet's stem convolution) then writes u8/s8 itself and the pooling reads
+    a quarter of the bytes (1.0 of ResNet-50's 10 ms int8 run was its fp32 max pool, the
+    ReLU after it and the quantize kernel)."""
+    x = wildcard()
+    pool = is_op("relax.nn.max_pool2d")(x)
+    relu = is_op("relax.nn.relu")(pool)
+    pattern = is_op("relax.quantize")(pool | relu, wildcard(), wildcard())
+
+    def rewrite(orig, m):
+        scale, zero = (const_value(a) for a in orig.args[1:3])
+        if dtype_of(m[x]) != "float32" or scale is None or zero is None or scale.size != 1 \
+                or zero.size != 1 or not float(scale.reshape(-1)[0]) > 0:
+            return orig
+        inner = m[x]
+        if relu in m and not _clips_at_zero(orig):  # else the quantize clips at 0 itself
+            inner = relax.op.nn.relu(inner)
+        q = relax.op.quantize(inner, orig.args[1], orig.args[2], axis=int(orig.attrs.axis),
+                              out_dtype=dtype_of(orig))
+        at = m[pool].attrs
+        report.rewrites[MAX_POOL_QUANTIZED] += 1
+        return relax.op.nn.max_pool2d(q, at.pool_size, at.strides, at.padding, at.dilation,
+                                      bool(at.ceil_mode), bool(at.count_include_pad),
+                                      str(at.layout), str(at.out_layout))
+
+    return rewrite_call(pattern, rewrite, func)

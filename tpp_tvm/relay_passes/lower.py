@@ -631,10 +631,11 @@ def _lower_max_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name
     pad = pad * 2 if len(pad) == 2 else pad
     shape = PoolShape(n, h, w, c, int(attrs.pool_size[0]), int(attrs.pool_size[1]),
                       int(attrs.strides[0]), tuple(pad))
-    sch = max_pool_schedule(shape, isa)
+    dtype = str(x.ty.dtype)
+    sch = max_pool_schedule(shape, isa, dtype)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [bb.emit(relax.op.reshape(x, (n, h, w * c)))]
-    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, c), "float32"))
+    return relax.call_tir(gv, args, relax.TensorType((n, shape.oh, shape.ow, c), dtype))
 
 
 def _lower_global_avg_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,

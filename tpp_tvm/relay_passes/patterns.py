@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from ..intrinsics.spec import QUICK_GELU_SCALE
+from ..intrinsics.spec import POOL_DTYPES, QUICK_GELU_SCALE
 from ..schedules.expand_depthwise import fusion_pays
 from .exprs import scalar_value
 
@@ -108,8 +108,13 @@ def _no_escape(ctx: relax.transform.PatternCheckContext) -> bool:
 
 
 def _static_f32(expr: relax.Expr) -> bool:
+    return _static_tensor(expr, ("float32",))
+
+
+def _static_tensor(expr: relax.Expr, dtypes: tuple[str, ...]) -> bool:
+    """Whether ``expr`` is a tensor of one of ``dtypes`` with a static shape."""
     ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.dtype != "float32":
+    if not isinstance(ty, relax.TensorType) or ty.dtype not in dtypes:
         return False
     shape = ty.shape
     return shape is not None and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)
@@ -560,13 +565,15 @@ def eltwise_patterns() -> list[TPPPattern]:
 
 
 def _pool_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """NHWC pooling on a static fp32 tensor: max pooling without dilation or ceil mode,
-    or a mean over the two spatial axes."""
+    """NHWC pooling on a static fp32 tensor: max pooling without dilation or ceil mode
+    (also of u8/s8: a quantized model's activations), or a mean over the two spatial
+    axes."""
     a = ctx.annotated_expr
     x, call = a["lhs"], a["root"]
-    if not _static_f32(x) or len(x.ty.shape.values) != 4:
-        return False
     attrs = call.attrs
+    dtypes = POOL_DTYPES if hasattr(attrs, "pool_size") else ("float32",)
+    if not _static_tensor(x, dtypes) or len(x.ty.shape.values) != 4:
+        return False
     if hasattr(attrs, "pool_size"):
         return (str(attrs.layout) == "NHWC" and str(attrs.out_layout) in ("NHWC", "")
                 and not attrs.ceil_mode and all(int(d) == 1 for d in attrs.dilation)

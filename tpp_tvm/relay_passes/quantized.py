@@ -43,6 +43,7 @@ from .fake_quant import (
     drop_elementwise_fake_quantization,
     drop_fake_quantization,
     expose_folded_relus,
+    quantize_before_max_pool,
 )
 from .lower import LoweringReport, as_relax_kernel, precision_label
 from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
@@ -716,7 +717,8 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
         if isinstance(func, relax.Function):
             func = drop_elementwise_fake_quantization(expose_folded_relus(func, report),
                                                       report)
-            func = rewrite_quantized_contractions(func, emitter)
+            func = rewrite_quantized_contractions(quantize_before_max_pool(func, report),
+                                                  emitter)
             if emitter.kernels:  # a quantized model: its range reductions, its fake quant
                 func = sink_transposes(drop_fake_quantization(func, report))
                 func = split_full_reductions(func, bb)

@@ -4,8 +4,8 @@ Max pooling sees each input row flattened (W*C, as the convolution does): the wi
 output pixel is R rows of S taps, each tap a run of channels ``C`` elements after the
 previous one, and consecutive output pixels start ``stride*C`` elements apart; the
 ``pool_max`` TPP reduces a block of output pixels x channels over the whole window. The
-input is padded with the lowest float (never selected), once. Global average pooling is a
-``reduce_add_rows`` TPP over the H*W rows of each image followed by one scale.
+input is padded with the lowest value of its dtype (never selected), once. Global average
+pooling is a ``reduce_add_rows`` TPP over the H*W rows of each image followed by one scale.
 """
 
 from __future__ import annotations
@@ -42,16 +42,17 @@ def _divisor_block(extent: int, limit: int) -> int:
                                 f"{limit}]")
 
 
-def max_pool_schedule(shape: PoolShape, isa: str) -> s_tir.Schedule:
-    """Max pooling kernel: input (n, h, w*c) (a free reshape of NHWC), output NHWC."""
+def max_pool_schedule(shape: PoolShape, isa: str, dtype: str = "float32") -> s_tir.Schedule:
+    """Max pooling kernel: input (n, h, w*c) (a free reshape of NHWC), output NHWC; fp32,
+    or the u8/s8 activations of a quantized model."""
     sh = shape
     if sh.r * sh.s < 2:
         raise UnsupportedShapeError("max pooling with a 1x1 window is a copy")
     mr = _divisor_block(sh.ow, 8)
     nc = 64 if sh.c > 64 and sh.c % 64 == 0 else sh.c
     c, st = sh.c, sh.stride
-    lowest = tirx.min_value("float32")
-    X = te.placeholder((sh.n, sh.h, sh.w * c), "float32", name="data")
+    lowest = tirx.min_value(dtype)
+    X = te.placeholder((sh.n, sh.h, sh.w * c), dtype, name="data")
     hp = (sh.oh - 1) * st + sh.r
     wp = max((sh.ow - 1) * st + sh.s, sh.w)
     top, left = sh.pad[0], sh.pad[1]
@@ -81,7 +82,8 @@ def max_pool_schedule(shape: PoolShape, isa: str) -> s_tir.Schedule:
     sch.reorder(n, y, xo, co, xi, ci, rl, sl)
     sch.parallel(sch.fuse(n, y, xo, co))
     schedule_pads(sch, ("A_pad",))
-    spec = TPPSpec("pool_max", m=mr, n=nc, batch=sh.r, k=sh.s, stride=st * c, tap_stride=c)
+    spec = TPPSpec("pool_max", dtype, m=mr, n=nc, batch=sh.r, k=sh.s, stride=st * c,
+                   tap_stride=c)
     if not try_tensorize(sch, xi, spec, isa, "pool tile"):
         raise RuntimeError("max pooling tile did not tensorize")  # a bug, not user input
     return sch
