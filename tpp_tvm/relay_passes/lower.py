@@ -153,7 +153,7 @@ def _offer_bf16(matched: dict, kernel: relax.GlobalVar, writing, conversion: rel
     ``conversion`` rebuilt to take bf16 (None: not needed), for
     :func:`~.lowp_activations.lowp_activations`."""
     offers = matched.setdefault(BF16_OFFERS, LowpOffers())
-    offers.producers[kernel.name_hint] = lambda dtype: as_relax_kernel(writing(dtype))
+    offers.producers[kernel.name_hint] = lambda dtype, _clips: as_relax_kernel(writing(dtype))
     offers.conversions[conversion.name_hint] = (
         None if taking_bf16 is None else lambda: as_relax_kernel(taking_bf16()))
 

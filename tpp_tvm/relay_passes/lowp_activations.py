@@ -35,8 +35,10 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-#: Rebuilds a producer to write the given dtype (bfloat16, uint8, int8).
-RebuildProducer = Callable[[str], tirx.PrimFunc]
+#: Rebuilds a producer to write the given dtype (bfloat16, uint8, int8); the flag says
+#: that the quantization it writes clips at 0 (its zero point is the dtype's lowest), so a
+#: final ReLU of the producer's may go.
+RebuildProducer = Callable[[str, bool], tirx.PrimFunc]
 #: Rebuilds a conversion kernel to take bf16 (offered as None: not needed then).
 Rebuild = Callable[[], tirx.PrimFunc]
 
@@ -54,6 +56,8 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: with a per-tensor quantization and with a conversion).
 _PASS_THROUGH = tuple(tvm.ir.Op.get(f"relax.{op}") for op in ("reshape", "permute_dims"))
 _QUANTIZE = tvm.ir.Op.get("relax.quantize")
+#: The lowest value of each quantized dtype (a zero point there: the range starts at 0).
+_LOWEST = {"uint8": 0.0, "int8": -128.0}
 
 
 def _scalar_constant(expr: relax.Expr) -> float | None:
@@ -120,7 +124,7 @@ class _LowpActivations(relax.PyExprMutator):
             found = [values[r] for r in readers(var) or []]
             rebuild = self.offers.producers[producer]
             if found and all(_tir_callee(r) in self.offers.conversions for r in found):
-                self.producer_calls[value] = (rebuild, "bfloat16", ())
+                self.producer_calls[value] = (rebuild, "bfloat16", False, ())
                 for r in found:
                     self.conversion_calls[r] = self.offers.conversions[_tir_callee(r)]
                 continue
@@ -130,7 +134,8 @@ class _LowpActivations(relax.PyExprMutator):
                 width = int(value.ty_args[0].shape.values[-1])
                 extra = (relax.const(np.full(width, 1.0 / scale, np.float32)),
                          relax.const(np.full(width, zero, np.float32)))
-                self.producer_calls[value] = (rebuild, dtype, extra)
+                clips = zero == _LOWEST[dtype]
+                self.producer_calls[value] = (rebuild, dtype, clips, extra)
                 for r in found:
                     self.conversion_calls[r] = None  # the producer's output is the result
         return super().visit_dataflow_block_(block)
@@ -149,9 +154,9 @@ class _LowpActivations(relax.PyExprMutator):
             return self.visit_expr(call.args[0])
         new = super().visit_call_(call)
         if producer is not None:
-            rebuild, dtype, extra = producer
+            rebuild, dtype, clips, extra = producer
             self.rewritten[dtype] += 1
-            return self._call(new, rebuild(dtype), f"_out_{_SHORT[dtype]}", dtype, extra)
+            return self._call(new, rebuild(dtype, clips), f"_out_{_SHORT[dtype]}", dtype, extra)
         if is_reader:
             if rebuild_reader is None:  # the producer's output is the operand as it is
                 return new.args[1].fields[0]

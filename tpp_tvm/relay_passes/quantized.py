@@ -80,13 +80,19 @@ class _Epilogue:
                  self.post_activation]
         return "".join(f"_{step}" for step in steps if step)
 
-    def schedule_args(self) -> dict:
-        """The kernel's epilogue options; a quantized residual's bias goes into the
-        dequantize offset (:func:`_dequantize_rows`), not a step of its own."""
-        folded = self.residual_quantization is not None
-        return {"bias": self.bias is not None and not folded, "activation": self.activation,
-                "residual": self.residual is not None, "post_activation": self.post_activation,
-                "residual_dtype": self.residual_dtype}
+    def schedule_args(self, clips_at_zero: bool = False) -> dict:
+        """The kernel's epilogue options. The bias is no step of its own: it goes into the
+        dequantize offset (:func:`_dequantize_rows`). ``clips_at_zero``: the kernel writes
+        a quantization whose range starts at 0 (its zero point is the dtype's lowest), which
+        saturates what a final ReLU would zero, so the ReLU is left out (and with nothing
+        else to do, the whole equation pass between dequantizing and quantizing)."""
+        activation, post = self.activation, self.post_activation
+        if clips_at_zero and post == "relu":
+            post = None
+        elif clips_at_zero and activation == "relu" and post is None and self.residual is None:
+            activation = None
+        return {"activation": activation, "residual": self.residual is not None,
+                "post_activation": post, "residual_dtype": self.residual_dtype}
 
 
 class _Emitter:
@@ -147,9 +153,9 @@ class _Emitter:
                                   threads=self.threads, **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
-        self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(gemm_schedule(
+        self.offers.producers[gv.name_hint] = lambda dtype, clips: as_relax_kernel(gemm_schedule(
             m, n, k, self.isa, dtype=self.dtype, dequantize=True, threads=self.threads,
-            out_dtype=dtype, **epi.schedule_args())[0].mod["main"])
+            out_dtype=dtype, **epi.schedule_args(clips))[0].mod["main"])
         a2, zp = self._activations(a2, a_zp, a_dtype)
         packed = relax.const(pack_b_numpy(self._weights(w_q), plan.nr, "kn", plan.kp,
                                           self.prec.vnni))
@@ -200,9 +206,9 @@ class _Emitter:
                                   **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
-        self.offers.producers[gv.name_hint] = lambda dtype: as_relax_kernel(conv_schedule(
+        self.offers.producers[gv.name_hint] = lambda dtype, clips: as_relax_kernel(conv_schedule(
             shape, self.isa, dtype=self.dtype, threads=self.threads, out_dtype=dtype,
-            **epi.schedule_args())[0].mod["main"])
+            **epi.schedule_args(clips))[0].mod["main"])
         x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, a_dtype)
         # the padding's value: the zero point, in the kernel's A dtype
         zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
@@ -269,24 +275,21 @@ def _as_uint8(a: relax.Expr, a_zp: relax.Expr, dtype: str) -> tuple[relax.Expr, 
 
 def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, width: int,
                      epi: _Epilogue, groups: int = 1) -> list[relax.Expr]:
-    """The int8 kernel's per-column epilogue operands, padded to its packed ``width``:
-    ``S = scale`` and ``O = -zp * colsum(W) * S`` (so ``float(A_q @ W) * S + O`` is
-    ``(A_q - zp) @ W * scale``), and the bias row if any; a grouped convolution's are
-    ``(groups, width)``, a row per group. With a quantized residual (scale s_r, zero point
-    z_r) the rows are ``S / s_r`` and ``(O + bias) / s_r - z_r``, the residual's own
-    ``- z_r`` and the bias folded in (``epilogue_te``: the kernel adds r, then
-    multiplies by s_r)."""
-    bias = epi.bias
+    """The int8 kernel's per-column dequantize rows, padded to its packed ``width``:
+    ``S = scale`` and ``O = -zp * colsum(W) * S + bias`` (so ``float(A_q @ W) * S + O`` is
+    ``(A_q - zp) @ W * scale + bias``: the bias costs no pass of its own); a grouped
+    convolution's are ``(groups, width)``, a row per group. With a quantized residual
+    (scale s_r, zero point z_r) they are ``S / s_r`` and ``O / s_r - z_r``, the residual's
+    own ``- z_r`` folded in (``epilogue_te``: the kernel adds r, then multiplies by s_r)."""
     n = colsum.size
     s = relax.op.reshape(scale, (int(np.prod(shape_of(scale))),))
     s_row = relax.op.multiply(relax.const(np.ones(n, "float32")), s)
     o_row = relax.op.multiply(relax.op.multiply(relax.const(-colsum.astype("float32")), zp),
                               s_row)
+    if epi.bias is not None:
+        o_row = relax.op.add(o_row, relax.const(epi.bias.reshape(-1).astype("float32")))
     if epi.residual_quantization is not None:
         s_r, z_r = epi.residual_quantization
-        if bias is not None:
-            o_row = relax.op.add(o_row, relax.const(bias.reshape(-1).astype("float32")))
-            bias = None
         s_row = relax.op.multiply(s_row, relax.const(np.float32(1.0 / s_r)))
         o_row = relax.op.subtract(relax.op.multiply(o_row, relax.const(np.float32(1.0 / s_r))),
                                   relax.const(np.float32(z_r)))
@@ -297,12 +300,7 @@ def _dequantize_rows(scale: relax.Expr, zp: relax.Expr, colsum: np.ndarray, widt
     if pad:
         zeros = relax.const(np.zeros((groups, pad) if groups > 1 else pad, "float32"))
         s_row, o_row = (relax.op.concat([row, zeros], axis=-1) for row in (s_row, o_row))
-    rows = [s_row, o_row]
-    if bias is not None:
-        b = bias.reshape(groups, per_group) if groups > 1 else bias.reshape(-1)
-        widths = ((0, 0), (0, pad)) if groups > 1 else (0, pad)
-        rows.append(relax.const(np.pad(b.astype("float32"), widths)))
-    return rows
+    return [s_row, o_row]
 
 
 def _residual_operands(residual: relax.Expr | None, epi: _Epilogue, width: int
