@@ -157,7 +157,9 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
 
     ``out_dtype="bfloat16"``: a last stage (``out_bf16``, a converting copy TPP on the
     tile) writes the result as bf16, for a consumer that takes bf16 (the next layer of a
-    bf16 model), so the activation never makes an fp32 round trip through memory.
+    bf16 model), so the activation never makes an fp32 round trip through memory. It
+    reads a padded tile itself, in place of the plain copy that drops the padding (one
+    pass over the tile fewer).
     ``"uint8"``/``"int8"``: the last stage (``out_q``) is a quantize TPP instead, with two
     more inputs, per output column: 1/scale and the zero point (the next int8 layer's
     input quantization).
@@ -184,6 +186,9 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
         raise UnsupportedDTypeError(f"epilogue: output dtype {out_dtype!r}; float32, "
                                     "bfloat16, uint8 or int8")
     src = out
+    if stages and stages[-1] == ("out", ()):
+        # the conversion drops the padding itself: no plain copy pass before it
+        src, stages = out.op.input_tensors[0], stages[:-1]
     if out_dtype in ("uint8", "int8"):
         scale = te.placeholder((valid[-1],), "float32", name="q_scale")
         offset = te.placeholder((valid[-1],), "float32", name="q_offset")
