@@ -34,7 +34,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
 from ..kernels import pack_b_numpy
-from ..schedules.conv import ConvShape, conv_schedule, pack_filter
+from ..schedules.conv import ConvShape, conv_schedule, pack_filter, tile_filter_width
 from ..schedules.gemm import gemm_schedule
 from ..schedules.gemm_plan import PRECISIONS, int8_gemm_dtype
 from ..schedules.reduce_all import LANES, reduce_all_schedule
@@ -192,6 +192,11 @@ class _Emitter:
         (n, c, h, w), a_dtype = a_type or (shape_of(a_q), dtype_of(a_q))
         oc, _, r, s = w_q.shape
         shape = ConvShape(n, h, w, c, oc, r, s, stride, pad, groups)
+        taps = tile_filter_width(shape, self.dtype, self.isa)
+        if taps != s:  # zero taps that make its filter rows whole tile steps (a stem)
+            w_q = np.pad(w_q, ((0, 0), (0, 0), (0, 0), (0, taps - s)))
+            pad = (*pad[:3], pad[3] + taps - s)
+            shape = ConvShape(n, h, w, c, oc, r, taps, stride, pad, groups)
         x = relax.op.permute_dims(a_q, TO_NHWC)
         res = epi.residual
         res = relax.op.permute_dims(res, TO_NHWC) if res is not None else None
@@ -202,6 +207,16 @@ class _Emitter:
                              np.ascontiguousarray(w_q[:, :, 0, 0].T), scale, name, epi,
                              None if res is None else relax.op.reshape(res, (rows, oc)))
             return relax.op.permute_dims(relax.op.reshape(out, (n, h, w, oc)), TO_NCHW)
+        v = self.prec.vnni
+        if groups == 1 and c % v:
+            # Channels to whole dot-product groups here (with zero weights, so the values
+            # do not matter), where the transpose writes them anyway: the kernel's padding
+            # copy then moves whole pixels instead of gathering 3 channels of 4 (a stem's
+            # 0.21 of 0.71 ms).
+            cp = -(-c // v) * v
+            x = relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, cp - c])
+            w_q = np.pad(w_q, ((0, 0), (0, cp - c), (0, 0), (0, 0)))
+            c, shape = cp, replace(shape, c=cp)
         sch, plan = conv_schedule(shape, self.isa, dtype=self.dtype, threads=self.threads,
                                   **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
