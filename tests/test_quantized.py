@@ -324,6 +324,30 @@ def test_grouped_qdq_convs(tmp_path, mcpu: str | None) -> None:
     assert (int8, fp32_convs) == (3, 2), data["lowered"]
 
 
+@pytest.mark.parametrize("tiles", [False, True], ids=["host", "tiles"])
+def test_qdq_stem_of_three_channels(tmp_path, tiles: bool) -> None:
+    """A ResNet stem (7x7, stride 2, 3 input channels): its channels go to a whole VNNI
+    group of 4 in the input's transpose (zero weights), and on AMX tiles (the software tile
+    model where the host has none) its 7 taps x 4 channels = 28-byte filter rows get zero
+    taps up to one 64-byte tile step, so it runs on tiles, not the vector unit. The model
+    stays as close to fp32 as ONNX Runtime's int8."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 7, stride=2, padding=3),
+                              torch.nn.ReLU()).eval()
+    path = str(tmp_path / "fp32.onnx")
+    torch.onnx.export(net, (torch.randn(1, 3, 38, 38),), path, input_names=["input"],
+                      opset_version=17, dynamo=False)
+    fp32 = onnx.load(path)
+    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    tgt = h.tile_target(1) if tiles else None
+    compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8", tgt)[0]
+    kernel = "[int8, amx]" if tiles else INT8
+    assert compiled.report_data["lowered"] == {f"tpp.qdq_conv2d_bias_relu {kernel}": 1}, \
+        compiled.report_data["lowered"]
+
+
 def test_qdq_relu6_clips_at_six_and_fuses(tmp_path) -> None:
     """MobileNetV2's ReLU6 after an expansion conv, then a TF-style pad and a depthwise
     conv: ONNX Runtime's QDQ quantizer removes the Clip(0, 6) and quantizes its output on
