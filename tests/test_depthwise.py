@@ -68,6 +68,38 @@ def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("dtype", "zero", "activation"), [("uint8", 0.0, "relu6"),
+                                                             ("int8", -3.0, None),
+                                                             ("int8", 0.0, "silu")])
+def test_depthwise_writes_the_next_int8_layers_input(dtype: str, zero: float,
+                                                     activation: str | None) -> None:
+    """In a quantized model the depthwise kernel quantizes its output as it stores it
+    (``x / scale + zero point``, rounded half to even and saturated): the same values as
+    quantizing its fp32 output, off by one step at most where the reciprocal moves a value
+    across a rounding boundary (and the SiLU groups' path stores the same way)."""
+    shape = ConvShape(1, 13, 11, 32, 32, 3, 3, 2, (1, 1, 1, 1))
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((shape.n, shape.h, shape.w, shape.c)).astype("float32")
+    w = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
+    bias = rng.standard_normal(shape.c).astype("float32")
+    scale = np.float32(0.02)
+    opts = {"bias": True, "activation": activation}
+    outs = {}
+    for out_dtype in ("float32", dtype):
+        sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, out_dtype=out_dtype, **opts)
+        lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
+        q = [np.full(shape.c, 1 / scale, "float32"), np.full(shape.c, zero, "float32")]
+        args = [x, w, bias] + (q if out_dtype != "float32" else [])
+        out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), out_dtype))
+        lib(*[tvm.runtime.tensor(a) for a in args], out)
+        outs[out_dtype] = out.numpy()
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    want = np.clip(np.round(outs["float32"] / scale + zero), lo, hi)
+    diff = np.abs(outs[dtype].astype(np.int32) - want)
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (diff.max(), (diff > 0).mean())
+    assert hi in outs[dtype] and (activation is not None or lo in outs[dtype])  # saturated
+
+
 def test_channels_off_the_vector_width_are_refused_clearly() -> None:
     from tpp_tvm.errors import UnsupportedShapeError
 

@@ -353,7 +353,8 @@ def test_qdq_relu6_clips_at_six_and_fuses(tmp_path) -> None:
     conv: ONNX Runtime's QDQ quantizer removes the Clip(0, 6) and quantizes its output on
     [0, 6]. The clip at 6 stays (dropping the fake quantization kept values past 6, 2.7x
     further from fp32 than ONNX Runtime's int8 on MobileNetV2), once, as the int8 conv's
-    and the depthwise conv's ReLU6 epilogues; the pad folds into the depthwise conv."""
+    and the depthwise conv's ReLU6 epilogues; the pad folds into the depthwise conv, which
+    writes the last conv's u8 input itself (no quantize kernel after it)."""
     import torch
 
     torch.manual_seed(0)
@@ -375,6 +376,9 @@ def test_qdq_relu6_clips_at_six_and_fuses(tmp_path) -> None:
     assert data["lowered"].get("tpp.depthwise_conv2d_bias_relu6") == 1, data["lowered"]
     assert not any("eltwise" in k for k in data["lowered"]), data["lowered"]
     assert not [name for name in data["default_scheduled"] if "pad" in name], data
+    assert not [name for name in data["default_scheduled"] if "quantize" in name
+                and "transpose" not in name], data  # (the model input's quantize stays)
+    assert data["rewrites"].get(INT8_LINKS) == 1, data["rewrites"]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "qdq_u8", "qdq_s8"])

@@ -142,9 +142,9 @@ def _shape(expr: relax.Expr) -> list[int]:
     return [int(d) for d in expr.ty.shape.values]
 
 
-#: ``matched`` key under which a lowering offers bf16 rebuilds of its kernels
-#: (:class:`~.lowp_activations.LowpOffers`).
-BF16_OFFERS = "tpp.bf16_offers"
+#: ``matched`` key under which a lowering offers low-precision rebuilds of its kernels
+#: (:class:`~.lowp_activations.LowpOffers`): writing bf16 or the next int8 layer's input.
+LOWP_OFFERS = "tpp.lowp_offers"
 
 
 def _offer_bf16(matched: dict, kernel: relax.GlobalVar, writing, conversion: relax.GlobalVar,
@@ -152,7 +152,7 @@ def _offer_bf16(matched: dict, kernel: relax.GlobalVar, writing, conversion: rel
     """Offer ``kernel`` rebuilt to write another dtype (``writing(dtype)``) and its input
     ``conversion`` rebuilt to take bf16 (None: not needed), for
     :func:`~.lowp_activations.lowp_activations`."""
-    offers = matched.setdefault(BF16_OFFERS, LowpOffers())
+    offers = matched.setdefault(LOWP_OFFERS, LowpOffers())
     offers.producers[kernel.name_hint] = lambda dtype, _clips: as_relax_kernel(writing(dtype))
     offers.conversions[conversion.name_hint] = (
         None if taking_bf16 is None else lambda: as_relax_kernel(taking_bf16()))
@@ -367,11 +367,16 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     w_rsc = weight.value.numpy()[:, :, 0, :]  # HWIO with I = 1
     r, s, c = w_rsc.shape
     shape = _conv_shape(x, call.attrs, c, r, s)
-    sch = depthwise_conv_schedule(shape, isa, bias="bias" in matched,
-                                  activation=matched.get("activation"),
-                                  residual="residual" in matched,
-                                  post_activation=matched.get("post_activation"))
+    options = {"bias": "bias" in matched, "activation": matched.get("activation"),
+               "residual": "residual" in matched,
+               "post_activation": matched.get("post_activation")}
+    sch = depthwise_conv_schedule(shape, isa, **options)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
+    # In a quantized model the next int8 layer's input: the kernel can write it quantized.
+    offers = matched.setdefault(LOWP_OFFERS, LowpOffers())
+    offers.producers[gv.name_hint] = lambda dtype, _clips: as_relax_kernel(
+        depthwise_conv_schedule(shape, isa, out_dtype=dtype, **options).mod["main"])
+    offers.producer_dtypes[gv.name_hint] = ("uint8", "int8")
     args = [x, relax.const(np.ascontiguousarray(w_rsc, dtype="float32"))]
     if "bias" in matched:
         args.append(relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32")))
@@ -728,7 +733,7 @@ class _Lowerer(relax.PyExprMutator):
         self.precision = precision
         self.logs, self.force_tuned = logs, force_tuned
         self.patterns = {p.name: p for p in pattern_table()}
-        self.bf16_offers = LowpOffers()
+        self.lowp_offers = LowpOffers()
 
     def _contraction(self, call: relax.Call) -> relax.Expr:
         func = self.mod_[call.args[0]]
@@ -787,10 +792,11 @@ class _Lowerer(relax.PyExprMutator):
             self.report.fallbacks[f"{comp} ({reason})"] += 1
             return call
         self.report.lowered[comp] += 1
-        offers = matched.get(BF16_OFFERS)
+        offers = matched.get(LOWP_OFFERS)
         if offers is not None:
-            self.bf16_offers.producers.update(offers.producers)
-            self.bf16_offers.conversions.update(offers.conversions)
+            self.lowp_offers.producers.update(offers.producers)
+            self.lowp_offers.conversions.update(offers.conversions)
+            self.lowp_offers.producer_dtypes.update(offers.producer_dtypes)
         return out
 
     def _low_precision(self, lowering, matched: dict[str, relax.Expr], comp: str, prec: str
@@ -844,7 +850,7 @@ def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
     report.precision = precision
     lowerer = _Lowerer(mod, isa, report, precision, logs, force_tuned, threads)
     mod = lowerer.transform()
-    mod, written = lowp_activations(mod, lowerer.bf16_offers)
+    mod, written = lowp_activations(mod, lowerer.lowp_offers)
     report_narrowed(report, written)
     mod = relax.transform.DeadCodeElimination()(mod)
     # Composites that fell back are still calls of private functions: inline them so the

@@ -49,6 +49,13 @@ class LowpOffers:
 
     producers: dict[str, RebuildProducer] = field(default_factory=dict)
     conversions: dict[str, Rebuild | None] = field(default_factory=dict)
+    #: The dtypes a producer can write, where not all of them (a depthwise convolution
+    #: quantizes its output, but writes no bf16).
+    producer_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def writes(self, producer: str, dtype: str) -> bool:
+        """Whether ``producer`` can be rebuilt to write ``dtype``."""
+        return dtype in self.producer_dtypes.get(producer, (dtype,))
 
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -123,13 +130,15 @@ class _LowpActivations(relax.PyExprMutator):
                 continue
             found = [values[r] for r in readers(var) or []]
             rebuild = self.offers.producers[producer]
-            if found and all(_tir_callee(r) in self.offers.conversions for r in found):
+            if found and all(_tir_callee(r) in self.offers.conversions for r in found) \
+                    and self.offers.writes(producer, "bfloat16"):
                 self.producer_calls[value] = (rebuild, "bfloat16", False, ())
                 for r in found:
                     self.conversion_calls[r] = self.offers.conversions[_tir_callee(r)]
                 continue
             quantizations = {_quantization(r) for r in found}
-            if len(quantizations) == 1 and None not in quantizations:
+            if len(quantizations) == 1 and None not in quantizations \
+                    and self.offers.writes(producer, next(iter(quantizations))[2]):
                 scale, zero, dtype = quantizations.pop()
                 width = int(value.ty_args[0].shape.values[-1])
                 extra = (relax.const(np.full(width, 1.0 / scale, np.float32)),

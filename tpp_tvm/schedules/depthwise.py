@@ -21,9 +21,10 @@ from tvm import s_tir, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from ..errors import UnsupportedShapeError
+from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics.eltwise_template import BOUND_SLOTS, EQUATION_GROUP
 from ..intrinsics.registry import vector_isa
+from ..intrinsics.spec import quant_expr
 from ..intrinsics.vector_math import (
     LONG_CHAINS,
     avx512_forms,
@@ -53,8 +54,10 @@ class RowTaps:
 
     def __init__(self, sh: ConvShape, isa: str, w: tirx.Buffer, bias: tirx.Buffer | None,
                  residual: tirx.Buffer | None, out: tirx.Buffer, activation: str | None,
-                 post_activation: str | None) -> None:
+                 post_activation: str | None,
+                 quantization: tuple[tirx.Buffer, tirx.Buffer] | None = None) -> None:
         self.sh, self.w, self.bias, self.residual, self.out = sh, w, bias, residual, out
+        self.quantization = quantization
         self.lanes = vector_isa(isa).schedule_lanes("float32")
         self.vec = f"float32x{self.lanes}"
         self.act = vector_fn(activation) if activation else None
@@ -67,14 +70,23 @@ class RowTaps:
 
     @classmethod
     def declare(cls, sh: ConvShape, isa: str, bias: bool, activation: str | None,
-                residual: bool, post_activation: str | None) -> RowTaps:
-        """Declare the filter, [bias], [residual] and output arguments, in that order."""
+                residual: bool, post_activation: str | None, out_dtype: str = "float32"
+                ) -> RowTaps:
+        """Declare the filter, [bias], [residual], [1/scale, zero point (u8/s8
+        ``out_dtype``)] and output arguments, in that order."""
         w = T.arg("w", T.Buffer((sh.r, sh.s, sh.c), "float32"))
         bias_t = T.arg("bias", T.Buffer((sh.c,), "float32")) if bias else None
         res_t = T.arg("residual", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32")) \
             if residual else None
-        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32"))
-        return cls(sh, isa, w, bias_t, res_t, out, activation, post_activation)
+        quantization = None
+        if out_dtype != "float32":
+            if out_dtype not in ("uint8", "int8"):
+                raise UnsupportedDTypeError(
+                    f"depthwise conv2d: output dtype {out_dtype!r}; float32, uint8 or int8")
+            quantization = (T.arg("q_scale", T.Buffer((sh.c,), "float32")),
+                            T.arg("q_offset", T.Buffer((sh.c,), "float32")))
+        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), out_dtype))
+        return cls(sh, isa, w, bias_t, res_t, out, activation, post_activation, quantization)
 
     def row(self, b: tirx.PrimExpr, i: tirx.PrimExpr, read: Callable, c0: tirx.PrimExpr,
             vectors: int) -> None:
@@ -122,6 +134,10 @@ class RowTaps:
         jb = self.jb
 
         def store(value, aj):
+            if self.quantization is not None:  # the next int8 layer's input, quantized
+                scale, offset = self.quantization
+                value = quant_expr("quantize", value, scale[lane], offset[lane],
+                                   str(self.out.dtype))
             T.buffer_store(self.out, value, [b, i, jo * jb + aj, lane])
 
         res = None if self.residual is None else (
@@ -165,9 +181,12 @@ def apply_epilogue(values: list, keys: list, lanes: int, bias, act: Callable | N
 
 def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool = False,
                             activation: str | None = None, residual: bool = False,
-                            post_activation: str | None = None) -> s_tir.Schedule:
+                            post_activation: str | None = None, out_dtype: str = "float32"
+                            ) -> s_tir.Schedule:
     """The depthwise convolution PrimFunc: inputs x (n, h, w, c), filter (r, s, c)
-    [, bias (c,)][, residual (n, oh, ow, c)], output (n, oh, ow, c).
+    [, bias (c,)][, residual (n, oh, ow, c)][, 1/scale, zero point (c,)], output
+    (n, oh, ow, c): fp32, or quantized (u8/s8 ``out_dtype``: the next int8 layer's input,
+    written by the store instead of a quantize kernel reading the fp32 result back).
 
     Padding is never materialized: a tap row outside the input is skipped once per output
     row, and only the pixel blocks at the row's ends test their taps' columns (the interior
@@ -192,7 +211,8 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
         T.func_name("main")
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, sh.c), "float32"))
-        taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation)
+        taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation,
+                               out_dtype)
 
         def read(b, row, col, kc):
             return x[b, row, col, tirx.Ramp(kc * taps.lanes, 1, taps.lanes)]
