@@ -348,6 +348,29 @@ def test_qdq_stem_of_three_channels(tmp_path, tiles: bool) -> None:
         compiled.report_data["lowered"]
 
 
+def test_qdq_silu_fuses_and_its_convolution_runs_once(tmp_path) -> None:
+    """A SiLU exported as ``x * sigmoid(x)`` after a QDQ convolution (EfficientNet's): with
+    the fake quantization between them dropped it is a SiLU again, fused into the int8
+    kernel's epilogue; unrecognised, the convolution ran twice (once per reader of x) and
+    the product on TVM's default code."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.SiLU(),
+                              torch.nn.Conv2d(32, 16, 1)).eval()
+    path = str(tmp_path / "fp32.onnx")
+    torch.onnx.export(net, (torch.randn(1, 16, 10, 10),), path, input_names=["input"],
+                      opset_version=17, dynamo=False)
+    fp32 = onnx.load(path)
+    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    assert {"Sigmoid", "Mul"} <= {node.op_type for node in model.graph.node}
+    compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8")[0]
+    data = compiled.report_data
+    assert data["lowered"] == {f"tpp.qdq_conv2d_bias_silu {INT8}": 1,
+                               f"tpp.qdq_conv2d_bias {INT8}": 1}, data["lowered"]
+    assert not [name for name in data["default_scheduled"] if "multiply" in name], data
+
+
 def test_qdq_relu6_clips_at_six_and_fuses(tmp_path) -> None:
     """MobileNetV2's ReLU6 after an expansion conv, then a TF-style pad and a depthwise
     conv: ONNX Runtime's QDQ quantizer removes the Clip(0, 6) and quantizes its output on

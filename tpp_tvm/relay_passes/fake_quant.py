@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .canonicalize import rewrite_erf_gelu
+from .canonicalize import rewrite_erf_gelu, rewrite_silu
 from .exprs import bindings, const_value, dtype_of
 from .lower import LoweringReport
 
@@ -174,14 +174,25 @@ def drop_fake_quantization(func: relax.Function, report: LoweringReport) -> rela
     """
     x = wildcard()
     pattern = _fake_quantized(x)
+    bound = bindings(func)
 
     def rewrite(orig, m):
         if dtype_of(m[x]) != "float32" or dtype_of(orig) != "float32":
             return orig
         report.rewrites[_FAKE_QUANT_DROPPED] += 1
-        return m[x]
+        return _rounded_value(orig, bound)
 
     return rewrite_call(pattern, rewrite, func)
+
+
+def _rounded_value(dequantize: relax.Call, bound: dict[relax.Var, relax.Expr]) -> relax.Expr:
+    """The value ``dequantize(quantize(x))`` rounds, as the quantize names it (the variable
+    bound to x): the matched expression itself, returned for each pair reading x, would
+    compute x once per reader (EfficientNet's SiLU, ``x * sigmoid(x)``, ran its
+    convolution twice)."""
+    q = dequantize.args[0]
+    q = bound.get(q, q)
+    return q.args[0]
 
 
 #: Ops a fake-quantized value may feed and still be dropped before the matmul rewrite:
@@ -265,7 +276,9 @@ def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringRep
 
     Static QDQ rounds a matmul's output, and each step of the GELU after it, to the int8
     grid; with those pairs in place the GELU is not recognised and cannot fuse into the
-    int8 GEMM's epilogue (it ran as a separate kernel: 0.43 ms of a 4.4 ms MLP). The pairs
+    int8 GEMM's epilogue (it ran as a separate kernel: 0.43 ms of a 4.4 ms MLP). Likewise
+    a SiLU written ``x * sigmoid(x)`` (EfficientNet's): unrecognised, its convolution ran
+    twice, once per reader of x, then a multiply on TVM's default code. The pairs
     in front of a matmul stay: they are the int8 kernel's input.
     """
     if not isinstance(func.body, relax.SeqExpr):
@@ -276,13 +289,15 @@ def drop_elementwise_fake_quantization(func: relax.Function, report: LoweringRep
     x = wildcard()
     pattern = _fake_quantized(x)
 
+    bound = bindings(func)
+
     def rewrite(orig, m):
         if dtype_of(m[x]) != "float32" or not any(orig.same_as(d) for d in drop):
             return orig
         report.rewrites[_FAKE_QUANT_DROPPED] += 1
-        return m[x]
+        return _rounded_value(orig, bound)
 
-    return rewrite_erf_gelu(rewrite_call(pattern, rewrite, func))
+    return rewrite_silu(rewrite_erf_gelu(rewrite_call(pattern, rewrite, func)))
 
 
 MAX_POOL_QUANTIZED = "max pooling runs on the quantized values (quantizing commutes with it)"
