@@ -68,6 +68,18 @@ def _quantize(kind: str, src: str, dst: str, per_channel: bool = False) -> onnx.
     return onnx.load(dst)
 
 
+def _qdq_u8_export(tmp_path, net, shape: tuple[int, ...]
+                   ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The torch module ``net`` exported for an input ``shape`` named ``input``, and ONNX
+    Runtime's static QDQ quantization of it (u8 activations)."""
+    import torch
+
+    path = str(tmp_path / "fp32.onnx")
+    torch.onnx.export(net, (torch.randn(*shape),), path, input_names=["input"],
+                      opset_version=17, dynamo=False)
+    return onnx.load(path), _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+
+
 def _compiled_like_onnxruntime(fp32: onnx.ModelProto, model: onnx.ModelProto, kind: str,
                                tgt=None):
     """Compile the quantized ``model`` (for ``tgt``, default the host's); check it is as
@@ -307,11 +319,7 @@ def test_grouped_qdq_convs(tmp_path, mcpu: str | None) -> None:
         torch.nn.Conv2d(32, 32, 3, padding=1, groups=8), torch.nn.ReLU(),
         torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU(),
         torch.nn.Conv2d(32, 8, 1)).eval()
-    path = str(tmp_path / "fp32.onnx")
-    torch.onnx.export(net, (torch.randn(1, 8, 12, 12),), path, input_names=["input"],
-                      opset_version=17, dynamo=False)
-    fp32 = onnx.load(path)
-    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    fp32, model = _qdq_u8_export(tmp_path, net, (1, 8, 12, 12))
     compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8", tgt)[0]
     data = compiled.report_data
     assert not data["fallbacks"], data["fallbacks"]
@@ -336,11 +344,7 @@ def test_qdq_stem_of_three_channels(tmp_path, tiles: bool) -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 7, stride=2, padding=3),
                               torch.nn.ReLU()).eval()
-    path = str(tmp_path / "fp32.onnx")
-    torch.onnx.export(net, (torch.randn(1, 3, 38, 38),), path, input_names=["input"],
-                      opset_version=17, dynamo=False)
-    fp32 = onnx.load(path)
-    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    fp32, model = _qdq_u8_export(tmp_path, net, (1, 3, 38, 38))
     tgt = h.tile_target(1) if tiles else None
     compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8", tgt)[0]
     kernel = "[int8, amx]" if tiles else INT8
@@ -358,11 +362,7 @@ def test_qdq_silu_fuses_and_its_convolution_runs_once(tmp_path) -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.SiLU(),
                               torch.nn.Conv2d(32, 16, 1)).eval()
-    path = str(tmp_path / "fp32.onnx")
-    torch.onnx.export(net, (torch.randn(1, 16, 10, 10),), path, input_names=["input"],
-                      opset_version=17, dynamo=False)
-    fp32 = onnx.load(path)
-    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    fp32, model = _qdq_u8_export(tmp_path, net, (1, 16, 10, 10))
     assert {"Sigmoid", "Mul"} <= {node.op_type for node in model.graph.node}
     compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8")[0]
     data = compiled.report_data
@@ -387,11 +387,7 @@ def test_qdq_relu6_clips_at_six_and_fuses(tmp_path) -> None:
         torch.nn.Conv2d(32, 16, 1)).eval()
     with torch.no_grad():
         net[0].weight.mul_(8.0)  # activations well past 6, so the clip matters
-    path = str(tmp_path / "fp32.onnx")
-    torch.onnx.export(net, (torch.randn(1, 8, 12, 12),), path, input_names=["input"],
-                      opset_version=17, dynamo=False)
-    fp32 = onnx.load(path)
-    model = _quantize("qdq_u8", path, str(tmp_path / "qdq.onnx"))
+    fp32, model = _qdq_u8_export(tmp_path, net, (1, 8, 12, 12))
     assert not any(node.op_type == "Clip" for node in model.graph.node)  # folded by ORT
     compiled = _compiled_like_onnxruntime(fp32, model, "qdq_u8")[0]
     data = compiled.report_data
