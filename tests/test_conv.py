@@ -13,7 +13,13 @@ import pytest
 import tvm
 
 from tpp_tvm.errors import UnsupportedDTypeError
-from tpp_tvm.schedules.conv import ConvShape, conv_k_block, conv_schedule, pack_filter
+from tpp_tvm.schedules.conv import (
+    ConvShape,
+    conv_k_block,
+    conv_schedule,
+    pack_filter,
+    tile_filter_width,
+)
 from tpp_tvm.target import target
 from tpp_tvm.tir_pipeline import compile_kernels
 
@@ -264,3 +270,20 @@ def test_int8_grouped_conv_on_tiles_matches_numpy(sh: ConvShape) -> None:
     got, want, amx = _int8_grouped_conv(sh, h.tile_target(2))
     assert amx
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_tile_filter_width_widens_stems_only() -> None:
+    """On AMX a filter whose rows are not whole 64-byte tile steps gets zero taps up to the
+    next one where that costs at most 2.5x the work: an int8 7x7 stem of 3 (4) channels to
+    16 taps, a 3x3 of 16 channels to 4, a bf16 stem to 8 taps (28 of 32 elements; only the
+    int8 convolutions use it so far); not a 3x3 stem of 3 channels (16 taps: 5.3x), a 1x1
+    convolution (a GEMM, which pads K itself), a grouped one, or off AMX."""
+    def width(c: int, r: int, s: int, dtype: str = "int8", isa: str = "amx",
+              groups: int = 1) -> int:
+        return tile_filter_width(ConvShape(1, 32, 32, c, 32, r, s, 1, (0, 0, 0, 0), groups),
+                                 dtype, isa)
+
+    assert width(3, 7, 7) == 16 and width(16, 3, 3) == 4
+    assert width(3, 3, 3) == 3 and width(32, 1, 1) == 1 and width(64, 3, 3) == 3
+    assert width(32, 3, 3, groups=2) == 3 and width(3, 7, 7, isa="avx512") == 7
+    assert width(3, 7, 7, dtype="bfloat16") == 8

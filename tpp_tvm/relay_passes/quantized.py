@@ -192,11 +192,6 @@ class _Emitter:
         (n, c, h, w), a_dtype = a_type or (shape_of(a_q), dtype_of(a_q))
         oc, _, r, s = w_q.shape
         shape = ConvShape(n, h, w, c, oc, r, s, stride, pad, groups)
-        taps = tile_filter_width(shape, self.dtype, self.isa)
-        if taps != s:  # zero taps that make its filter rows whole tile steps (a stem)
-            w_q = np.pad(w_q, ((0, 0), (0, 0), (0, 0), (0, taps - s)))
-            pad = (*pad[:3], pad[3] + taps - s)
-            shape = ConvShape(n, h, w, c, oc, r, taps, stride, pad, groups)
         x = relax.op.permute_dims(a_q, TO_NHWC)
         res = epi.residual
         res = relax.op.permute_dims(res, TO_NHWC) if res is not None else None
@@ -217,6 +212,10 @@ class _Emitter:
             x = relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, cp - c])
             w_q = np.pad(w_q, ((0, 0), (0, cp - c), (0, 0), (0, 0)))
             c, shape = cp, replace(shape, c=cp)
+        taps = tile_filter_width(shape, self.dtype, self.isa)
+        if taps != s:  # zero taps that make its filter rows whole tile steps (a stem)
+            w_q = np.pad(w_q, ((0, 0), (0, 0), (0, 0), (0, taps - s)))
+            shape = replace(shape, s=taps, pad=(*shape.pad[:3], shape.pad[3] + taps - s))
         sch, plan = conv_schedule(shape, self.isa, dtype=self.dtype, threads=self.threads,
                                   **epi.schedule_args())
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")

@@ -150,8 +150,8 @@ def tile_filter_width(shape: ConvShape, dtype: str, isa: str) -> int:
     are not whole AMX tile steps of 64 bytes (a 3-channel stem), the next width that is,
     padded with zero taps (the input gets as many more padding columns on the right, so the
     output is the same), if that costs at most :data:`MAX_TAP_WIDENING` times the work."""
-    if not runs_on_tiles(isa, dtype) or shape.groups != 1:
-        return shape.s
+    if not runs_on_tiles(isa, dtype) or shape.groups != 1 or shape.s == 1:
+        return shape.s  # (a 1x1 convolution runs as a GEMM, which pads K itself)
     v = PRECISIONS[dtype].vnni
     row = shape.s * (-(-shape.c // v) * v)  # elements of a filter row, channels padded
     step = AMX_GROUPS * v
