@@ -142,7 +142,8 @@ def tile_conv_plan(shape: ConvShape, dtype: str, isa: str) -> GemmPlan | None:
 #: How many times the multiply-adds a filter widened to whole tile steps may make
 #: (:func:`tile_filter_width`): a 7-tap stem of 3 (4) int8 channels becomes 16 taps, 2.3x,
 #: which the tiles still run faster than the vector unit runs its 28-byte rows (ResNet-50's
-#: stem with 4-channel input, AMX Xeon: 0.46 against 0.50+ ms; 0.38 ms in the model).
+#: stem alone on the AMX Xeon: 0.50 ms on tiles from a 4-channel input, 0.60 on the vector
+#: unit; in the model 0.38 ms against 0.54 before).
 MAX_TAP_WIDENING = 2.5
 
 
