@@ -18,6 +18,7 @@ from tpp_tvm.schedules.conv import (
     conv_k_block,
     conv_schedule,
     pack_filter,
+    strided_pointwise,
     tile_filter_width,
 )
 from tpp_tvm.target import target
@@ -51,6 +52,7 @@ def _run(sch, args: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
     ConvShape(1, 9, 9, 8, 24, 3, 3, 1, (1, 1, 1, 1)),
     ConvShape(1, 11, 10, 3, 16, 7, 7, 2, (3, 3, 3, 3)),  # a stem: 3 channels, stride 2
     ConvShape(2, 8, 8, 16, 40, 1, 1, 2),  # strided pointwise (a downsampling shortcut)
+    ConvShape(1, 7, 11, 16, 24, 1, 1, 3),  # stride 3 on odd sizes: the last pixels unread
 ])
 def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
     rng = np.random.default_rng(sh.c)
@@ -113,6 +115,7 @@ def _int8_conv_operands(sh: ConvShape, seed: int) -> tuple[np.ndarray, ...]:
     (ConvShape(1, 9, 9, 8, 24, 3, 3, 1, (1, 1, 1, 1)), False),
     (ConvShape(1, 11, 10, 3, 16, 7, 7, 2, (3, 3, 3, 3)), False),  # channels padded 3 -> 4
     (ConvShape(2, 8, 8, 16, 40, 1, 1, 2), False),
+    (ConvShape(1, 9, 7, 16, 40, 1, 1, 2), False),  # odd sizes: the last row and pixel unread
     (ConvShape(1, 5, 5, 512, 64, 3, 3, 1, (1, 1, 1, 1)), True),  # panel outgrows L2
 ])
 def test_int8_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
@@ -287,3 +290,32 @@ def test_tile_filter_width_widens_stems_only() -> None:
     assert width(3, 3, 3) == 3 and width(32, 1, 1) == 1 and width(64, 3, 3) == 3
     assert width(32, 3, 3, groups=2) == 3 and width(3, 7, 7, isa="avx512") == 7
     assert width(3, 7, 7, dtype="bfloat16") == 8
+
+
+def test_strided_pointwise_gathers_the_pixels_it_reads() -> None:
+    """A strided 1x1 convolution without padding runs at stride 1 on the image of the
+    pixels it reads: its input copy holds oh rows of ow pixels (tile-padded), not the
+    whole padded input (0.9 MB a call for ResNet-50's second shortcut)."""
+    sh = ConvShape(1, 56, 56, 64, 128, 1, 1, 2)
+    assert strided_pointwise(sh) == replace(sh, h=28, w=28, stride=1)
+    for other in (replace(sh, stride=1), replace(sh, pad=(0, 0, 1, 1)),
+                  replace(sh, r=3, s=3, pad=(1, 1, 1, 1)), replace(sh, oc=64, groups=2)):
+        assert strided_pointwise(other) is None
+    for dtype in ("float32", "int8"):
+        sch, plan = conv_schedule(sh, "avx512", dtype=dtype)
+        image = sch.get(sch.get_sblock("A_pad")).writes[0].source
+        assert [int(d) for d in image.shape] == [1, 28, plan.mp * 64]
+
+
+@pytest.mark.parametrize(("dtype", "lanes"), [("float32", 16), ("int8", 64)])
+def test_image_copy_is_vectorized_per_pixel(dtype: str, lanes: int) -> None:
+    """The padded image copy runs one 64-byte vector of a pixel's channels at a time, so
+    the padding test is per pixel (16-lane vectors straddling a border made LLVM copy a u8
+    image byte by byte)."""
+    sh = ConvShape(1, 12, 12, 64, 64, 3, 3, 1, (1, 1, 1, 1))
+    sch, _ = conv_schedule(sh, "avx512", dtype=dtype)
+    rows, *pixel = (sch.get(loop) for loop in sch.get_loops(sch.get_sblock("A_pad")))
+    assert rows.kind == tvm.tirx.ForKind.PARALLEL
+    assert pixel[-1].kind == tvm.tirx.ForKind.VECTORIZED and int(pixel[-1].extent) == lanes
+    # (pixels, [vectors of a pixel,] lanes): the channel index is the inner loops' alone
+    assert int(np.prod([int(loop.extent) for loop in pixel[1:]])) == 64

@@ -50,7 +50,7 @@ from .gemm_plan import (
 from .gemm_te import dequantize_te, epilogue_te
 from .tensorize import (
     fuse_epilogue,
-    schedule_pads,
+    schedule_image_pad,
     tensorize_epilogue,
     tensorize_rows,
     try_tensorize,
@@ -179,10 +179,26 @@ def padded_input_shape(shape: ConvShape, plan: GemmPlan) -> tuple[int, int, int]
     return hp, wp, padded_channels(shape.cg, plan)
 
 
-def conv_input_te(shape: ConvShape, plan: GemmPlan, X: te.Tensor, fill) -> te.Tensor:
+def strided_pointwise(shape: ConvShape) -> ConvShape | None:
+    """The stride-1 convolution a strided 1x1 one (no padding) is on the image of the
+    pixels it reads, every ``stride``-th of every ``stride``-th row, or None.
+
+    Its input copy then gathers those pixels (a quarter of the image at stride 2) instead
+    of padding the whole image for tiles striding over it: ResNet-50's int8 stage-2
+    shortcut (56x56x256 -> 28x28x512) copied 0.9 MB a call."""
+    if shape.r == shape.s == 1 and shape.stride > 1 and not any(shape.pad) \
+            and shape.groups == 1:
+        return replace(shape, h=shape.oh, w=shape.ow, stride=1)
+    return None
+
+
+def conv_input_te(shape: ConvShape, plan: GemmPlan, X: te.Tensor, fill, step: int = 1
+                  ) -> te.Tensor:
     """The zero-padded (n, [group,] hp, wp*cc) image of NHWC input ``X`` (n, h, w*c) in
     ``X``'s dtype or the plan's A dtype; a group's channels gathered into an image of its
-    own, so the taps of one filter row stay one contiguous run of S*C/groups elements."""
+    own, so the taps of one filter row stay one contiguous run of S*C/groups elements.
+    ``step`` > 1: ``shape`` is the :func:`strided_pointwise` image, read from every
+    ``step``-th row and pixel of ``X``."""
     sh = shape
     hp, wp, cc = padded_input_shape(sh, plan)
     G, cg = sh.groups, sh.cg
@@ -194,7 +210,7 @@ def conv_input_te(shape: ConvShape, plan: GemmPlan, X: te.Tensor, fill) -> te.Te
         iy, ix_, ch = y - top, z // cc - left, z % cc
         inside = tirx.all(iy >= 0, iy < sh.h, ix_ >= 0, ix_ < sh.w, ch < cg)
         src = tirx.max(tirx.min(iy, sh.h - 1), 0), tirx.max(tirx.min(ix_, sh.w - 1), 0)
-        value = X[n, src[0], src[1] * sh.c + g * cg + tirx.min(ch, cg - 1)]
+        value = X[n, src[0] * step, src[1] * step * sh.c + g * cg + tirx.min(ch, cg - 1)]
         return tirx.if_then_else(inside, tirx.Cast(dtype, value) if X.dtype != dtype
                                  else value, fill)
 
@@ -221,7 +237,8 @@ def conv_input_schedule(shape: ConvShape, plan: GemmPlan, in_dtype: str = "float
 
 def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
             residual: bool, post_activation: str | None = None, out_dtype: str = "float32",
-            residual_dtype: str = "float32") -> tuple[list[te.Tensor], te.Tensor, list]:
+            residual_dtype: str = "float32", source: ConvShape | None = None
+            ) -> tuple[list[te.Tensor], te.Tensor, list]:
     """TE stages of the convolution; inputs: data, packed filter, [zero point, scale,
     offset (int8)], [bias], [residual [, its scale row: u8/s8 ``residual_dtype``, see
     :func:`~.gemm_te.epilogue_te`]].
@@ -231,7 +248,8 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     zero point (so a padded tap adds nothing once the epilogue's ``-z * colsum`` offset is
     applied), and the int32 tile is dequantized per output channel before the fp32 steps.
     bf16: the data is the padded bf16 image (:func:`conv_input_schedule`), the filter
-    VNNI-2 packed, the tile fp32.
+    VNNI-2 packed, the tile fp32. ``source``: the strided 1x1 convolution whose
+    :func:`strided_pointwise` image ``shape`` is (its data is the source's input).
     """
     sh, nr = shape, plan.nr
     prec = plan.precision
@@ -254,9 +272,11 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     if plan.a_prepadded:  # bf16: the image comes padded (conv_input_schedule)
         X = Xp = te.placeholder((sh.n, *gdim, hp, wp * cc), prec.a, name="data")
     else:  # rows flattened (W*C): (n, h, w*c), a free reshape of NHWC
-        X = Xp = te.placeholder((sh.n, sh.h, sh.w * sh.c), prec.a, name="data")
-        if (hp, wp) != (sh.h, sh.w) or sh.pad[0] or sh.pad[1] or cc != sh.c:
-            Xp = conv_input_te(sh, plan, X, zero_point[0] if int8 else tirx.const(0, prec.a))
+        src = source or sh
+        X = Xp = te.placeholder((sh.n, src.h, src.w * sh.c), prec.a, name="data")
+        if (hp, wp) != (sh.h, sh.w) or sh.pad[0] or sh.pad[1] or cc != sh.c or source:
+            Xp = conv_input_te(sh, plan, X, zero_point[0] if int8 else tirx.const(0, prec.a),
+                               source.stride if source else 1)
 
     def mac(a, b):
         return a * b if prec.acc == prec.a else tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
@@ -325,8 +345,11 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     isa = register_tile_isa(isa)
     plan = tiles or plan_conv(shape, dtype, isa)
     prec = plan.precision
+    source = None if plan.a_prepadded else strided_pointwise(shape)
+    if source is not None:  # computed on the gathered pixels' image
+        shape, source = source, shape
     inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation,
-                                  out_dtype, residual_dtype)
+                                  out_dtype, residual_dtype, source)
     func = te.create_prim_func([*inputs, out])
     if tiles is not None:
         func = func.with_attr(TILE_CONFIG_ATTR, [plan.mr, plan.nr])
@@ -351,7 +374,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         sch.reorder(*go, oo, *rs, ko, n, y, xo, xi, oi, ki, *([kv] if kv is not None else []))
         panels = sch.fuse(*go, oo) if go else oo
         sch.parallel(panels)
-        schedule_pads(sch, ("A_pad",))
+        schedule_image_pad(sch, cc)
         epilogue = fuse_epilogue(sch, panels, plan.mr, plan.nr, stages)
         init = sch.decompose_reduction(blk, rs[0] if rs else ko)
         tensorize_rows(sch, init, TPPSpec("zero", prec.acc, m=plan.mr, n=plan.nr), isa,
@@ -371,7 +394,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         tile_loop = sch.fuse(n, *go, y, xo, oo)
     if tiles is None:
         sch.parallel(tile_loop)
-    schedule_pads(sch, ("A_pad",))
+    schedule_image_pad(sch, cc)
     epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
     if not try_tensorize(sch, xi, tile, "amx" if tiles else isa, "conv tile"):
         raise RuntimeError("conv microkernel did not tensorize")  # a bug, not user input

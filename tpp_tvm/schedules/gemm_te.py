@@ -287,10 +287,14 @@ def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ..
 def _padded(src: te.Tensor, shape: tuple, valid: tuple, name: str) -> te.Tensor:
     """``src`` zero-padded to ``shape`` (its trailing dims ``valid`` are the real extents)."""
     nd = len(valid)
+    # Only padded dims are tested: a test on the vectorized dim that always holds still
+    # made LLVM copy byte by byte (AMX Xeon: 784x512 u8 A of a 784x128 GEMM, 47 -> 28 us).
+    padded = [d for d in range(nd) if int(shape[len(shape) - nd + d]) != valid[d]]
 
     def at(*ix):
-        inside = tirx.all(*[ix[-nd + d] < valid[d] for d in range(nd)])
-        clamped = [tirx.min(ix[-nd + d], valid[d] - 1) for d in range(nd)]
+        inside = tirx.all(*[ix[-nd + d] < valid[d] for d in padded])
+        clamped = [tirx.min(ix[-nd + d], valid[d] - 1) if d in padded else ix[-nd + d]
+                   for d in range(nd)]
         return tirx.if_then_else(inside, src[(*ix[:-nd], *clamped)], tirx.const(0, src.dtype))
 
     return te.compute(shape, at, name=name)

@@ -17,7 +17,7 @@ from tvm import s_tir, te, tirx
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from .conv import SlidingWindow
-from .tensorize import schedule_pads, try_tensorize
+from .tensorize import schedule_image_pad, try_tensorize
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def max_pool_schedule(shape: PoolShape, isa: str, dtype: str = "float32") -> s_t
     co, ci = sch.split(ch, [None, nc])
     sch.reorder(n, y, xo, co, xi, ci, rl, sl)
     sch.parallel(sch.fuse(n, y, xo, co))
-    schedule_pads(sch, ("A_pad",))
+    schedule_image_pad(sch, c)
     spec = TPPSpec("pool_max", dtype, m=mr, n=nc, batch=sh.r, k=sh.s, stride=st * c,
                    tap_stride=c)
     if not try_tensorize(sch, xi, spec, isa, "pool tile"):

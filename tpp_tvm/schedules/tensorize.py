@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
@@ -84,8 +85,15 @@ def vectorize_whole_vectors(sch: s_tir.Schedule, block: SBlockRV, isa: str) -> N
         sch.vectorize(sch.split(inner, [None, lanes])[1])
 
 
+def _copy_lanes(sch: s_tir.Schedule, block: SBlockRV) -> int:
+    """Elements of ``block``'s output in one 64-byte vector."""
+    return 512 // tvm.DataType(sch.get(block).writes[0].source.dtype).bits
+
+
 def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
-    """Padding copies run parallel over rows and vectorized along the contiguous dim."""
+    """Padding copies run parallel over rows and vectorized along the contiguous dim, in
+    64-byte vectors where the row is whole ones (16 lanes of u8 made a 784 x 512 copy
+    a quarter of an int8 GEMM's time, AMX Xeon), else in 16 lanes."""
     for name in names:
         try:
             pad = sch.get_sblock(name)
@@ -94,7 +102,35 @@ def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
         ploops = sch.get_loops(pad)
         if len(ploops) > 1:
             sch.parallel(sch.fuse(*ploops[:-1]))
-        sch.vectorize(sch.split(ploops[-1], [None, 16])[1])
+        extent, lanes = sch.get(ploops[-1]).extent, _copy_lanes(sch, pad)
+        if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
+            lanes = 16
+        sch.vectorize(sch.split(ploops[-1], [None, lanes])[1])
+
+
+def schedule_image_pad(sch: s_tir.Schedule, pixel: int, name: str = "A_pad") -> None:
+    """The zero-padded image copy ``name`` ((..., rows, pixels * ``pixel``): NHWC rows
+    flattened) parallel over rows, each row split into its pixels and a pixel's elements
+    vectorized in 64-byte vectors. The padding test then is one per pixel: split in
+    16-lane vectors instead (:func:`schedule_pads`), a vector straddling no border still
+    tested each lane, and LLVM copied the image byte by byte (AMX Xeon, 1 thread: 40% of
+    ResNet-50's int8 56x56x64 3x3 convolution, 0.137 ms)."""
+    try:
+        pad = sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 - the stage does not exist for this shape
+        return
+    *rows, row = sch.get_loops(pad)
+    if rows:
+        sch.parallel(sch.fuse(*rows))
+    extent = sch.get(row).extent
+    if not isinstance(extent, tirx.IntImm) or int(extent) % pixel:
+        return
+    _, elems = sch.split(row, [None, pixel])
+    lanes = _copy_lanes(sch, pad)
+    if pixel % lanes == 0 and pixel > lanes:
+        elems = sch.split(elems, [None, lanes])[1]
+    if pixel % lanes == 0 or (pixel < lanes and lanes % pixel == 0):
+        sch.vectorize(elems)
 
 
 def fuse_epilogue(sch: s_tir.Schedule, tile_loop: LoopRV, mr: int, nr: int,
