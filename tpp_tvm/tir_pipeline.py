@@ -57,6 +57,7 @@ from tpp_tvm.intrinsics.amx import (
     TILE_CONFIG_ATTR,
     configure_tiles_per_task,
     interleave_tile_epilogues,
+    read_whole_blocks_in_place,
 )
 from tpp_tvm.intrinsics.amx_emulator import EMULATED_FEATURES, emulate_tile_instructions
 from tpp_tvm.intrinsics.llvm_ir import IRFunction, denormal_flushing, module_text
@@ -217,6 +218,12 @@ def interleave_epilogues(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
     if func.attrs is None or func.attrs.get(TILE_CONFIG_ATTR) is None:
         return func
     return interleave_tile_epilogues(func)
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.ReadWholeBlocksInPlace")
+def read_blocks_in_place(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """Tile GEMMs with row-padded A copy only the partial block's rows (lowered TIR)."""
+    return read_whole_blocks_in_place(func)
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tpp.PrefetchNextPanels")
@@ -431,7 +438,7 @@ def _tpp_pipeline():
         check_target_features(mod)
         lowered = base(keep_bf16_storage(flush_denormals(configure_tiles(mod))))
         return emulate_tiles(stack_allocate_small_buffers(
-            prefetch_panels(interleave_epilogues(lowered))))
+            prefetch_panels(interleave_epilogues(read_blocks_in_place(lowered)))))
 
     def finalize_host_fast() -> tvm.transform.Pass:
         passes = finalize_host()

@@ -21,7 +21,7 @@ import numpy as np
 from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
-from ..intrinsics.amx import TILE_CONFIG_ATTR
+from ..intrinsics.amx import A_ROWS_ATTR, TILE_CONFIG_ATTR
 from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm_plan import (
     GemmPlan,
@@ -72,6 +72,8 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
                                   a_scale, a_col_scale, gate, out_dtype, residual_dtype)
     func = te.create_prim_func([*inputs, out])
     if tiles:
+        if batch is None and plan.mp != plan.m and plan.kp == plan.k and not plan.a_prepadded:
+            func = func.with_attr(A_ROWS_ATTR, [plan.m, plan.k])  # rows alone padded
         return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan
     return schedule_gemm(func, plan, register_tile_isa(isa), batch is not None, stages), plan
 
