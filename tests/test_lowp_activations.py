@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-from test_conv import BF16_SHAPES
+from test_conv import BF16_SHAPES, _conv_ref
 from tpp_harness import tile_target
 
 from tpp_tvm import models
@@ -209,3 +209,46 @@ def test_int8_conv_writes_its_result_quantized(make_target) -> None:
     want = _quantized(outs["float32"], 20.0, 128.0, "uint8")
     assert len(np.unique(want)) > 100
     np.testing.assert_array_equal(outs["uint8"], want)
+
+
+@pytest.mark.parametrize("make_target", _targets())
+@pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
+def test_int8_layers_without_steps_requantize_in_one_pass(make_target, out_dtype) -> None:
+    """A GEMM and a convolution with nothing between dequantizing and quantizing take the
+    folded rows (``rq_scale``, ``rq_offset``) in place of the dequantize rows and no
+    quantization rows: one requantize TPP per tile, saturate(round(C * S + O)) exactly."""
+    from tpp_tvm.schedules.gemm_te import REQUANTIZE_ROWS
+
+    tgt = make_target()
+    isa = isa_of(tgt)
+    rng = np.random.default_rng(5)
+    m, n, k = 64, 64, 128  # whole tiles: tensorized (a padded edge tile is vectorized)
+    sh = ConvShape(1, 6, 16, 64, 64, 3, 3, pad=(1, 1, 1, 1))
+    gemm, plan = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, threads=2,
+                               out_dtype=out_dtype)
+    conv, cplan = conv_schedule(sh, isa, dtype="int8", threads=2, out_dtype=out_dtype)
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    x = rng.integers(0, 256, (sh.n, sh.h, sh.w * sh.c)).astype(np.uint8)
+    w = rng.integers(-127, 128, (sh.oc, sh.c, sh.r, sh.s)).astype(np.int8)
+    cases = [(gemm, plan, [a, pack_b_numpy(b, plan.nr, "kn", plan.kp, 4)], (m, n),
+              a.astype(np.int64) @ b.astype(np.int64)),
+             (conv, cplan, [x, pack_filter(w, cplan.nr, vnni=4), np.array([0], np.uint8)],
+              (sh.n, sh.oh, sh.ow, sh.oc),
+              _conv_ref(x.reshape(sh.n, sh.h, sh.w, sh.c), w, sh, 0.0))]
+    for sch, p, args, out_shape, exact in cases:
+        names = [str(param.name) for param in sch.mod["main"].params]
+        assert REQUANTIZE_ROWS[0] in names and "q_scale" not in names, names
+        if (p.mp, p.np_) == (p.m, p.n):
+            assert "requantize" in str(sch.trace)
+        scale = rng.uniform(0.5, 2, p.np_).astype(np.float32) * 1e-3
+        offset = rng.uniform(-50, 50, p.np_).astype(np.float32)
+        kernel = compile_kernels(sch.mod, tgt).jit()
+        out = tvm.runtime.empty(out_shape, out_dtype)
+        kernel["main"](*(tvm.runtime.tensor(v) for v in [*args, scale, offset]), out)
+        if tiles_emulated(tgt):
+            amx_emulator.check("int8 layer requantizing in one pass")
+        want = _quantized(exact.astype(np.float32) * scale[:out_shape[-1]]
+                          + offset[:out_shape[-1]], 1.0, 0.0, out_dtype)
+        assert len(np.unique(want)) > 100
+        np.testing.assert_array_equal(out.numpy(), want)

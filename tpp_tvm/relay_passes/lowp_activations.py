@@ -35,6 +35,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from ..schedules.gemm_te import REQUANTIZE_ROWS
+
 #: Rebuilds a producer to write the given dtype (bfloat16, uint8, int8); the flag says
 #: that the quantization it writes clips at 0 (its zero point is the dtype's lowest), so a
 #: final ReLU of the producer's may go.
@@ -132,7 +134,7 @@ class _LowpActivations(relax.PyExprMutator):
             rebuild = self.offers.producers[producer]
             if found and all(_tir_callee(r) in self.offers.conversions for r in found) \
                     and self.offers.writes(producer, "bfloat16"):
-                self.producer_calls[value] = (rebuild, "bfloat16", False, ())
+                self.producer_calls[value] = (rebuild, "bfloat16", False, None)
                 for r in found:
                     self.conversion_calls[r] = self.offers.conversions[_tir_callee(r)]
                 continue
@@ -140,20 +142,21 @@ class _LowpActivations(relax.PyExprMutator):
             if len(quantizations) == 1 and None not in quantizations \
                     and self.offers.writes(producer, next(iter(quantizations))[2]):
                 scale, zero, dtype = quantizations.pop()
-                width = int(value.ty_args[0].shape.values[-1])
-                extra = (relax.const(np.full(width, 1.0 / scale, np.float32)),
-                         relax.const(np.full(width, zero, np.float32)))
                 clips = zero == _LOWEST[dtype]
-                self.producer_calls[value] = (rebuild, dtype, clips, extra)
+                self.producer_calls[value] = (rebuild, dtype, clips, (1.0 / scale, zero))
                 for r in found:
                     self.conversion_calls[r] = None  # the producer's output is the result
         return super().visit_dataflow_block_(block)
 
     def _call(self, call: relax.Call, func: tirx.PrimFunc, suffix: str, dtype: str,
-              extra: tuple = ()) -> relax.Call:
+              quantization: tuple[float, float] | None = None) -> relax.Call:
         gv = self.builder_.add_func(func, call.args[0].name_hint + suffix)
         shape = [int(d) for d in call.ty_args[0].shape.values]
-        return relax.call_tir(gv, [*call.args[1].fields, *extra], relax.TensorType(shape, dtype))
+        args = list(call.args[1].fields)
+        if quantization is not None:
+            args = _quantizing_args(args, func, shape[-1], *quantization)
+            self.rewritten[REQUANTIZED] += REQUANTIZE_ROWS[0] in _param_names(func)
+        return relax.call_tir(gv, args, relax.TensorType(shape, dtype))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         producer = self.producer_calls.get(call)
@@ -163,9 +166,10 @@ class _LowpActivations(relax.PyExprMutator):
             return self.visit_expr(call.args[0])
         new = super().visit_call_(call)
         if producer is not None:
-            rebuild, dtype, clips, extra = producer
+            rebuild, dtype, clips, quantization = producer
             self.rewritten[dtype] += 1
-            return self._call(new, rebuild(dtype, clips), f"_out_{_SHORT[dtype]}", dtype, extra)
+            return self._call(new, rebuild(dtype, clips), f"_out_{_SHORT[dtype]}", dtype,
+                              quantization)
         if is_reader:
             if rebuild_reader is None:  # the producer's output is the operand as it is
                 return new.args[1].fields[0]
@@ -174,6 +178,29 @@ class _LowpActivations(relax.PyExprMutator):
 
 
 _SHORT = {"bfloat16": "bf16", "uint8": "u8", "int8": "s8"}
+
+
+def _param_names(func: tirx.PrimFunc) -> list[str]:
+    return [str(p.name) for p in func.params]
+
+
+def _quantizing_args(args: list[relax.Expr], func: tirx.PrimFunc, width: int, inv_scale: float,
+                     zero: float) -> list[relax.Expr]:
+    """The arguments of ``func``, a producer rebuilt to quantize its output (1/scale
+    ``inv_scale``, zero point ``zero``), from the fp32 producer's ``args``: they and the
+    quantization's rows (``width`` columns); or, where ``func`` requantizes its int32 tile
+    in one pass (its :data:`REQUANTIZE_ROWS` parameters stand where the dequantize rows S, O
+    were), the same arguments with S, O replaced by ``S q`` and ``O q + z``."""
+    names = _param_names(func)
+    if REQUANTIZE_ROWS[0] not in names:
+        return [*args, relax.const(np.full(width, inv_scale, np.float32)),
+                relax.const(np.full(width, zero, np.float32))]
+    i = names.index(REQUANTIZE_ROWS[0])
+    q = relax.const(np.float32(inv_scale))
+    args[i:i + 2] = [relax.op.multiply(args[i], q),
+                     relax.op.add(relax.op.multiply(args[i + 1], q),
+                                  relax.const(np.float32(zero)))]
+    return args
 
 
 def lowp_activations(mod: tvm.IRModule, offers: LowpOffers) -> tuple[tvm.IRModule, Counter]:
@@ -192,7 +219,11 @@ def lowp_activations(mod: tvm.IRModule, offers: LowpOffers) -> tuple[tvm.IRModul
 #: How the report names the layers that write the next layer's dtype.
 NARROWED = {"bfloat16": "bf16 activations: layers writing bf16 for the next bf16 layer",
             "uint8": "int8 activations: layers writing the next int8 layer's quantized input",
-            "int8": "int8 activations: layers writing the next int8 layer's quantized input"}
+            "int8": "int8 activations: layers writing the next int8 layer's quantized input",
+            "requantized": "int8 activations: of those, layers requantizing their int32 tile "
+                           "in one pass (nothing between dequantizing and quantizing)"}
+#: The :data:`NARROWED` key of the producers that requantize in one pass.
+REQUANTIZED = "requantized"
 
 
 def report_narrowed(report, written: Counter) -> None:

@@ -47,7 +47,7 @@ from .gemm_plan import (
     runs_on_tiles,
     weights_outer,
 )
-from .gemm_te import dequantize_te, epilogue_te
+from .gemm_te import epilogue_te, int8_epilogue_te
 from .tensorize import (
     fuse_epilogue,
     schedule_image_pad,
@@ -313,15 +313,17 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     # Grouped: C is (n, oh, group, ow, channel), a register tile in its two trailing dims
     # as the microkernel needs; the epilogue writes it NHWC as (n, oh, ow, group, channel).
     C = te.compute((sh.n, sh.oh, *gdim, owp, ocp), contraction, name="C")
-    quant_inputs, stages = [], []
+    valid = (sh.n, sh.oh, sh.ow, *gdim, sh.og)
+    c_axes = (0, 1, 3, 2, 4) if G > 1 else None
     if int8:
-        deq_inputs, C, stages = dequantize_te(C, 2 if G > 1 else None)
-        quant_inputs = [zero_point, *deq_inputs]
-    extra, out, epilogue = epilogue_te(C, (sh.n, sh.oh, sh.ow, *gdim, sh.og), bias, activation,
-                                       residual, post_activation,
-                                       (0, 1, 3, 2, 4) if G > 1 else None,
-                                       out_dtype=out_dtype, residual_dtype=residual_dtype)
-    return [X, W, *quant_inputs, *extra], out, stages + epilogue
+        extra, out, epilogue = int8_epilogue_te(
+            C, valid, bias, activation, residual, post_activation, c_axes,
+            out_dtype=out_dtype, residual_dtype=residual_dtype,
+            group_axis=2 if G > 1 else None)
+        return [X, W, zero_point, *extra], out, epilogue
+    extra, out, epilogue = epilogue_te(C, valid, bias, activation, residual, post_activation,
+                                       c_axes, out_dtype=out_dtype, residual_dtype=residual_dtype)
+    return [X, W, *extra], out, epilogue
 
 
 def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,

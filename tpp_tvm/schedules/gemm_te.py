@@ -124,18 +124,44 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
             lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
             name="C",
         )
-    deq_inputs, deq_stages = [], []
     if dequantize:
         if prec.acc != "int32":
             raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
-        deq_inputs, C, deq_stages = dequantize_te(C)
-    elif prec.acc != "float32" and (bias or activation or residual or post_activation):
+        epilogue_inputs, out, stages = int8_epilogue_te(
+            C, (*lead, m, n), bias, activation, residual, post_activation, gate=gate,
+            out_dtype=out_dtype, residual_dtype=residual_dtype)
+        return inputs + epilogue_inputs, out, stages
+    if prec.acc != "float32" and (bias or activation or residual or post_activation):
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
     epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
                                                post_activation, gate=gate, out_dtype=out_dtype,
                                                residual_dtype=residual_dtype)
-    return inputs + deq_inputs + epilogue_inputs, out, deq_stages + stages
+    return inputs + epilogue_inputs, out, stages
+
+
+def int8_epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
+                     residual: bool, post_activation: str | None = None,
+                     c_axes: tuple[int, ...] | None = None, gate: bool = False,
+                     out_dtype: str = "float32", residual_dtype: str = "float32",
+                     group_axis: int | None = None
+                     ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
+    """An int32 contraction C's :func:`dequantize_te` then :func:`epilogue_te` (inputs: the
+    dequantize rows, then the epilogue's). With no step between dequantizing and a u8/s8
+    output, one requantize pass over each tile instead of two: its inputs are only the rows
+    :data:`REQUANTIZE_ROWS`, ``S q`` and ``O q + z``, the caller having folded the output's
+    quantization (1/scale q, zero point z) into the dequantize rows S, O."""
+    steps = bias or activation or residual or post_activation or gate
+    if out_dtype in ("uint8", "int8") and not steps and c_axes is None and group_axis is None:
+        scale, offset = (te.placeholder((int(C.shape[-1]),), "float32", name=name)
+                         for name in REQUANTIZE_ROWS)
+        out = te.compute(valid, lambda *ix: quant_expr(
+            "requantize", C[ix], scale[ix[-1]], offset[ix[-1]], out_dtype), name="out_q")
+        return [scale, offset], out, [("out_q", (REQUANTIZE, out_dtype))]
+    deq_inputs, C, deq_stages = dequantize_te(C, group_axis)
+    inputs, out, stages = epilogue_te(C, valid, bias, activation, residual, post_activation,
+                                      c_axes, gate, out_dtype, residual_dtype)
+    return deq_inputs + inputs, out, deq_stages + stages
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
@@ -206,6 +232,11 @@ _QUANTIZED_RESIDUAL = {dt: step for step, dt in QUANTIZED_OPERANDS.items()}
 TO_BF16 = "to_bf16"
 #: The epilogue step that quantizes the finished fp32 tile, followed by the int8 dtype.
 QUANTIZE = "quantize"
+#: The epilogue step that requantizes an int32 tile (``int8_epilogue_te``), followed by the
+#: int8 dtype.
+REQUANTIZE = "requantize"
+#: A requantizing kernel's row inputs, in place of the dequantize rows (``int8_epilogue_te``).
+REQUANTIZE_ROWS = ("rq_scale", "rq_offset")
 
 
 def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
