@@ -12,7 +12,10 @@ to converting afterwards: the same fp32 tile is rounded once, the same way.
 int8: an int8 layer's fp32 result that every reader quantizes alike (per tensor: the next
 int8 layer's input in a QDQ model) is quantized by the producer's epilogue (a quantize
 TPP, x * (1/scale) + zero point, rounded half to even and saturated), which writes u8/s8
-at a quarter of the bytes and leaves out the quantization kernel. Against TVM's
+at a quarter of the bytes and leaves out the quantization kernel; with no epilogue step
+between (a final ReLU the quantization's range already clips, or none), the producer
+requantizes its int32 tile in one pass, the output's 1/scale and zero point folded into its
+dequantize rows here (``_quantizing_args``). Against TVM's
 ``round(x / scale)`` the reciprocal can move a value that lies within an ulp of a rounding
 boundary by one step (ResNet-50 QDQ: 0.018 relative at the output, inside ONNX Runtime's
 own int8 error).

@@ -241,7 +241,8 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
             ) -> tuple[list[te.Tensor], te.Tensor, list]:
     """TE stages of the convolution; inputs: data, packed filter, [zero point, scale,
     offset (int8)], [bias], [residual [, its scale row: u8/s8 ``residual_dtype``, see
-    :func:`~.gemm_te.epilogue_te`]].
+    :func:`~.gemm_te.epilogue_te`]] (int8 writing u8/s8 with no epilogue step: zero point
+    and the requantize rows of :func:`~.gemm_te.int8_epilogue_te`).
 
     int8 (u8 data x s8 filter): the filter is VNNI-4 packed ``(OC/nr, R, S*Cp/4, nr, 4)``
     over channels padded to Cp (a multiple of 4), spatial padding holds the activation's

@@ -62,7 +62,9 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
     offset (int8 ``dequantize``)], [bias], [gate], [residual [, its scale row: a u8/s8
     ``residual_dtype``]], [1/scale, zero point (``out_dtype`` u8/s8)], output: fp32, or
     ``out_dtype`` (bf16: the tile converted on its way out; u8/s8: quantized, see
-    :func:`~.gemm_te.epilogue_te`)."""
+    :func:`~.gemm_te.epilogue_te`). An int8 GEMM writing u8/s8 with no epilogue step takes
+    the requantize rows (:func:`~.gemm_te.int8_epilogue_te`) in place of scale, offset,
+    1/scale and zero point."""
     check_gemm(m, n, k, dtype, activation)
     check_low_precision(isa, dtype)
     tiles = runs_on_tiles(isa, dtype) and b_packed
