@@ -398,7 +398,8 @@ def read_whole_blocks_in_place(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 and a.args[0].source.name == A_PAD):
             return call
         (index,) = a.args[0].indices
-        in_place = tirx.call_intrin("handle", "prim.if_then_else", index + mr * k <= whole * k,
+        row = tirx.floordiv(index, k)  # the block's first row (whatever column it starts at)
+        in_place = tirx.call_intrin("handle", "prim.if_then_else", row + mr <= whole,
                                     tirx.address_of(source[index]), a)
         return tirx.call_extern("void", call.args[0].value, in_place, *call.args[2:])
 

@@ -158,7 +158,8 @@ class _LowpActivations(relax.PyExprMutator):
         args = list(call.args[1].fields)
         if quantization is not None:
             args = _quantizing_args(args, func, shape[-1], *quantization)
-            self.rewritten[REQUANTIZED] += REQUANTIZE_ROWS[0] in _param_names(func)
+            if REQUANTIZE_ROWS[0] in _param_names(func):
+                self.rewritten[REQUANTIZED] += 1
         return relax.call_tir(gv, args, relax.TensorType(shape, dtype))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
