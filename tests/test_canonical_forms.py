@@ -307,6 +307,42 @@ def test_merged_innermost_axis_is_split_back() -> None:
     np.testing.assert_array_equal(out.numpy(), a.transpose(0, 2, 3, 1).reshape(1, 20, 60))
 
 
+def test_merged_axis_keeps_its_pixel_loop_for_llvm_to_vectorize() -> None:
+    """A QDQ model's input, quantized, made NHWC and its 3 channels padded to 4 in one
+    kernel: only the image rows run in parallel, the pixel loop stays whole around the
+    4 channels (unrolled), so LLVM vectorizes across pixels (ResNet-50's 224 x 224 input:
+    0.130 -> 0.029 ms with every pixel its own parallel iteration before); exact."""
+    from tvm import te, tirx
+
+    from tpp_tvm.schedules.default import Injective
+    from tpp_tvm.tir_pipeline import compile_kernels
+
+    h = 64
+    x = te.placeholder((1, 3, h, h), name="x")
+
+    def quantized(n, y, j):
+        c, px = j % 4, j // 4
+        v = tirx.round(x[n, tirx.min(c, 2), y, px] * tirx.const(20.0, "float32")) + 100.0
+        v = tirx.Cast("uint8", tirx.max(tirx.min(v, 255.0), 0.0))
+        return tirx.if_then_else(c < 3, v, tirx.const(0, "uint8"))
+
+    out_t = te.compute((1, h, 4 * h), quantized, name="q")
+    tgt = tpp_tvm.target(num_cores=2)
+    sch = Injective().apply(te.create_prim_func([x, out_t]), tgt, False)
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    loops = [sch.get(lp) for lp in sch.get_loops(block)]
+    assert loops[0].kind == tvm.tirx.ForKind.PARALLEL and int(loops[0].extent) == h
+    assert [int(lp.extent) for lp in loops[1:]] == [h, 4]
+    assert all(lp.kind == tvm.tirx.ForKind.SERIAL for lp in loops[1:])
+    lib = compile_kernels(sch.mod, tgt)
+    a = RNG.standard_normal((1, 3, h, h)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, h, 4 * h), "uint8"))
+    lib["main"](tvm.runtime.tensor(a), out)
+    want = np.clip(np.rint(a * np.float32(20.0)) + 100, 0, 255).astype(np.uint8)
+    want = np.pad(want.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, 1)))
+    np.testing.assert_array_equal(out.numpy(), want.reshape(1, h, 4 * h))
+
+
 @pytest.mark.parametrize("gate_first", [True, False])
 @pytest.mark.parametrize("up_bias", [False, True])
 def test_swiglu_product_is_the_up_projections_epilogue(gate_first: bool, up_bias: bool) -> None:
