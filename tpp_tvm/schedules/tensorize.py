@@ -92,8 +92,8 @@ def _copy_lanes(sch: s_tir.Schedule, block: SBlockRV) -> int:
 
 def schedule_pads(sch: s_tir.Schedule, names: tuple[str, ...]) -> None:
     """Padding copies run parallel over rows and vectorized along the contiguous dim, in
-    64-byte vectors where the row is whole ones (16 lanes of u8 made a 784 x 512 copy
-    a quarter of an int8 GEMM's time, AMX Xeon), else in 16 lanes."""
+    64-byte vectors where the row is whole ones (16 lanes of u8 are 16-byte moves), else
+    in 16 lanes."""
     for name in names:
         try:
             pad = sch.get_sblock(name)
