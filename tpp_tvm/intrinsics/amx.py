@@ -372,23 +372,23 @@ def read_whole_blocks_in_place(func: tirx.PrimFunc) -> tirx.PrimFunc:
     whole = m // mr * mr
     if whole == 0:
         return func
-    found: list[tuple[tirx.For, tirx.Buffer]] = []
+    sources: list[tirx.Buffer] = []  # A, once its copy loop is found
 
     def narrow(loop: tirx.For) -> tirx.For:
         source = _a_pad_copy(loop)
-        if source is None or found or not isinstance(loop.extent, tirx.IntImm) \
+        if source is None or sources or not isinstance(loop.extent, tirx.IntImm) \
                 or loop.extent.value != -(-m // mr) * mr:
             return loop
-        found.append((loop, source))
+        sources.append(source)
         # rows [whole, padded): a parallel loop starts at 0
         body = substitute(loop.body, [(loop.loop_var, loop.loop_var + loop.min + whole)])
         return tirx.For(loop.loop_var, loop.min, Analyzer().simplify(loop.extent - whole),
                         loop.kind, body, loop.thread_binding, loop.annotations)
 
     body = tvm_ffi.structural_map(func.body, [(tirx.For, narrow)], order="pre")
-    if not found:
+    if not sources:
         return func
-    source = found[0][1]
+    (source,) = sources
 
     def redirect(call: tvm.ir.Call) -> tvm.ir.Call:
         if not _is_tile_call(call) or len(call.args) < 3:  # not a configuration call

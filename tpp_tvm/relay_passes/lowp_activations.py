@@ -157,8 +157,8 @@ class _LowpActivations(relax.PyExprMutator):
         shape = [int(d) for d in call.ty_args[0].shape.values]
         args = list(call.args[1].fields)
         if quantization is not None:
-            args = _quantizing_args(args, func, shape[-1], *quantization)
-            if REQUANTIZE_ROWS[0] in _param_names(func):
+            args, one_pass = _quantizing_args(args, func, shape[-1], *quantization)
+            if one_pass:  # (no report line where none does)
                 self.rewritten[REQUANTIZED] += 1
         return relax.call_tir(gv, args, relax.TensorType(shape, dtype))
 
@@ -184,27 +184,24 @@ class _LowpActivations(relax.PyExprMutator):
 _SHORT = {"bfloat16": "bf16", "uint8": "u8", "int8": "s8"}
 
 
-def _param_names(func: tirx.PrimFunc) -> list[str]:
-    return [str(p.name) for p in func.params]
-
-
 def _quantizing_args(args: list[relax.Expr], func: tirx.PrimFunc, width: int, inv_scale: float,
-                     zero: float) -> list[relax.Expr]:
+                     zero: float) -> tuple[list[relax.Expr], bool]:
     """The arguments of ``func``, a producer rebuilt to quantize its output (1/scale
     ``inv_scale``, zero point ``zero``), from the fp32 producer's ``args``: they and the
     quantization's rows (``width`` columns); or, where ``func`` requantizes its int32 tile
     in one pass (its :data:`REQUANTIZE_ROWS` parameters stand where the dequantize rows S, O
-    were), the same arguments with S, O replaced by ``S q`` and ``O q + z``."""
-    names = _param_names(func)
+    were), the same arguments with S, O replaced by ``S q`` and ``O q + z``; and whether
+    ``func`` is that one-pass kind."""
+    names = [str(p.name) for p in func.params]
     if REQUANTIZE_ROWS[0] not in names:
         return [*args, relax.const(np.full(width, inv_scale, np.float32)),
-                relax.const(np.full(width, zero, np.float32))]
+                relax.const(np.full(width, zero, np.float32))], False
     i = names.index(REQUANTIZE_ROWS[0])
     q = relax.const(np.float32(inv_scale))
     args[i:i + 2] = [relax.op.multiply(args[i], q),
                      relax.op.add(relax.op.multiply(args[i + 1], q),
                                   relax.const(np.float32(zero)))]
-    return args
+    return args, True
 
 
 def lowp_activations(mod: tvm.IRModule, offers: LowpOffers) -> tuple[tvm.IRModule, Counter]:
