@@ -20,6 +20,7 @@ from tpp_tvm.errors import UnsupportedDTypeError, UnsupportedShapeError
 from tpp_tvm.intrinsics import TPPSpec
 from tpp_tvm.intrinsics.registry import implements, low_precision_catalogue
 from tpp_tvm.intrinsics.spec import QUANT_DTYPES
+from tpp_tvm.target import host_isa
 
 DOT_DTYPES = [("bfloat16", None), ("uint8", "int8")]
 
@@ -123,14 +124,36 @@ def test_quantize_rounds_half_to_even_and_saturates() -> None:
     """ONNX QuantizeLinear semantics: 2.5 -> 2, 3.5 -> 4, out-of-range values saturate."""
     import numpy as np
 
-    spec = TPPSpec("quantize", "float32", m=2, n=5, out_dtype="uint8")
-    mod, _, _ = h.build(spec)
-    x = np.array([[2.5, 3.5, -0.5, 300.0, -7.0], [0.5, 1.5, 254.5, 255.5, 128.0]], "float32")
-    args = [x, np.ones(5, "float32"), np.zeros(5, "float32"), np.zeros((2, 5), "uint8")]
-    tensors = [tvm.runtime.tensor(v) for v in args]
-    mod(*tensors)
-    np.testing.assert_array_equal(tensors[-1].numpy(),
-                                  [[2, 4, 0, 255, 0], [0, 2, 254, 255, 128]])
+    values = [[2.5, 3.5, -0.5, 300.0, -7.0], [0.5, 1.5, 254.5, 255.5, 128.0],
+              [1e10, -1e10, 3e9, -3e9, 126.5]]  # beyond int32: still saturated
+    expected = {"uint8": [[2, 4, 0, 255, 0], [0, 2, 254, 255, 128], [255, 0, 255, 0, 126]],
+                "int8": [[2, 4, 0, 127, -7], [0, 2, 127, 127, 127], [127, -128, 127, -128, 126]]}
+    for n in (5, 20):  # the masked tail alone; a whole vector and a tail
+        for dtype, want in expected.items():
+            spec = TPPSpec("quantize", "float32", m=3, n=n, out_dtype=dtype)
+            mod, _, _ = h.build(spec)
+            x = np.array([row * (n // 5) for row in values], "float32")
+            args = [x, np.ones(n, "float32"), np.zeros(n, "float32"), np.zeros((3, n), dtype)]
+            tensors = [tvm.runtime.tensor(v) for v in args]
+            mod(*tensors)
+            np.testing.assert_array_equal(tensors[-1].numpy(),
+                                          [row * (n // 5) for row in want])
+
+
+@pytest.mark.requires_avx2
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("op", ["quantize", "requantize"])
+def test_quantization_rounds_in_the_conversion(isa: str, op: str) -> None:
+    """The implementations clamp, then round and convert in one ``vcvtps2dq`` (LLVM
+    ``lrint``): no ``vrndscaleps``/``vroundps`` and no truncating conversion after it
+    (two of a requantize epilogue's nine vector-port uops), and no scalar ``lrintf``."""
+    if isa == "avx512" and not host_isa().avx512f:
+        pytest.skip(f"compiling for the host's AVX-512 ({host_isa().summary()})")
+    source = "float32" if op == "quantize" else "int32"
+    asm = h.assembly(TPPSpec(op, source, m=2, n=40, out_dtype="uint8"), isa)
+    assert "vcvtps2dq" in asm
+    for slow in ("vrndscaleps", "vroundps", "vcvttps2dq", "lrint"):
+        assert slow not in asm, slow
 
 
 @pytest.mark.requires_avx512_bf16
