@@ -52,7 +52,7 @@ def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         return T.ramp(v * L, 1, L)
 
     def f(x, s, o):
-        return quant_expr(op, x, s, o, odt, one_step_rounding=True)
+        return quant_expr(op, x, s, o, odt)
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, s: T.handle, o: T.handle, y: T.handle):

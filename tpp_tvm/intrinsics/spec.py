@@ -238,15 +238,15 @@ QUANT_DTYPES = {
 
 
 def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
-               out_dtype: str, one_step_rounding: bool = False) -> tirx.Expr:
+               out_dtype: str) -> tirx.Expr:
     """The math of a quantization TPP on one element or one vector (``out_dtype`` is the
     scalar output type); descriptions, TE workloads and implementations share it.
 
-    ``one_step_rounding`` (vector implementations) clamps first and rounds and converts in
-    one step (LLVM ``lrint``, current rounding mode: half to even): one ``vcvtps2dq`` on
-    x86 where ``round`` then a conversion is ``vrndscaleps`` + ``vcvttps2dq``, three of
-    the requantize epilogue's nine vector-port uops. The values are the same: the bounds
-    are integers, so rounding commutes with the clamp."""
+    Quantizing clamps, then rounds and converts in one step (LLVM ``lrint``, the current
+    rounding mode: half to even): one ``vcvtps2dq`` on x86 where ``round`` then a conversion
+    was ``vrndscaleps`` + ``vcvttps2dq``, three of a requantize epilogue's nine vector-port
+    uops (AMX Xeon: 112 -> 94 ns a 32 x 32 int8 block). The values are the same: the
+    bounds are integers, so rounding commutes with the clamp."""
     lanes = dtype_of(x).partition("x")[2]
     vec = (lambda d: f"{d}x{lanes}") if lanes else (lambda d: d)
     v = tirx.Cast(vec("float32"), x) if _elem(x) != "float32" else x
@@ -254,11 +254,8 @@ def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
     if op == "dequantize":
         return v
     lo, hi = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0)}[out_dtype]
-    if one_step_rounding:
-        v = tirx.max(tirx.min(v, const(v, hi)), const(v, lo))
-        return tirx.Cast(vec(out_dtype), tirx.call_llvm_pure_intrin(vec("int32"), "llvm.lrint", v))
-    v = tirx.max(tirx.min(tirx.round(v), const(v, hi)), const(v, lo))
-    return tirx.Cast(vec(out_dtype), v)
+    v = tirx.max(tirx.min(v, const(v, hi)), const(v, lo))
+    return tirx.Cast(vec(out_dtype), tirx.call_llvm_pure_intrin(vec("int32"), "llvm.lrint", v))
 
 
 def vnni_factor(dtype: str) -> int:
