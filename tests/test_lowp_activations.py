@@ -252,3 +252,61 @@ def test_int8_layers_without_steps_requantize_in_one_pass(make_target, out_dtype
                           + offset[:out_shape[-1]], 1.0, 0.0, out_dtype)
         assert len(np.unique(want)) > 100
         np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.mark.parametrize("make_target", _targets())
+@pytest.mark.parametrize(("out_dtype", "relu", "m"), [
+    ("uint8", True, 64), ("int8", False, 64), ("uint8", True, 49)])
+def test_int8_layers_with_a_residual_requantize_in_one_pass(make_target, out_dtype: str,
+                                                            relu: bool, m: int) -> None:
+    """A GEMM and a convolution adding a residual of their output's dtype (at most a ReLU
+    after it) run one requantize_add[_relu] pass per tile: rows dequantize S, O, the
+    residual, then the residual's scale times 1/scale (``rq_residual_scale``) and the zero
+    point; q(act(C S + O + r) A + Z) exactly. 49 rows: the padded edge tile's pass is
+    vectorized, the same math."""
+    from tpp_tvm.schedules.gemm_te import RESIDUAL_REQUANTIZE_ROWS
+
+    tgt = make_target()
+    isa = isa_of(tgt)
+    rng = np.random.default_rng(6)
+    n, k = 64, 128
+    sh = ConvShape(1, 4, 16, 64, 64, 1, 1)
+    post = "relu" if relu else None
+    kw = dict(residual=True, residual_dtype=out_dtype, out_dtype=out_dtype,
+              post_activation=post, threads=2)
+    gemm, plan = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, **kw)
+    conv, cplan = conv_schedule(sh, isa, dtype="int8", **kw)
+    a = np.zeros(plan.a_shape(()), np.uint8)
+    a[:m, :k] = rng.integers(0, 256, (m, k))
+    b = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    x = rng.integers(0, 256, (sh.n, sh.h, sh.w * sh.c)).astype(np.uint8)
+    w = rng.integers(-127, 128, (sh.oc, sh.c, sh.r, sh.s)).astype(np.int8)
+    cases = [(gemm, plan, [a, pack_b_numpy(b, plan.nr, "kn", plan.kp, 4)], (m, n),
+              a[:m, :k].astype(np.int64) @ b.astype(np.int64)),
+             (conv, cplan, [x, pack_filter(w, cplan.nr, vnni=4), np.array([0], np.uint8)],
+              (sh.n, sh.oh, sh.ow, sh.oc),
+              _conv_ref(x.reshape(sh.n, sh.h, sh.w, sh.c), w, sh, 0.0))]
+    info = np.iinfo(out_dtype)
+    for sch, p, args, out_shape, exact in cases:
+        names = [str(param.name) for param in sch.mod["main"].params]
+        assert RESIDUAL_REQUANTIZE_ROWS[0] in names and "q_scale" not in names, names
+        op = "requantize_add_relu" if relu else "requantize_add"
+        assert (op in str(sch.trace)) == ((p.mp, p.np_) == (p.m, p.n))
+        scale = rng.uniform(0.5, 2, p.np_).astype(np.float32) * 1e-3
+        offset = rng.uniform(-50, 50, p.np_).astype(np.float32)
+        residual = rng.integers(info.min, info.max + 1, out_shape).astype(out_dtype)
+        out_scale = rng.uniform(0.5, 1.5, p.np_).astype(np.float32)
+        zero = np.full(out_shape[-1], 3.0 if out_dtype == "uint8" else -2.0, np.float32)
+        kernel = compile_kernels(sch.mod, tgt).jit()
+        out = tvm.runtime.empty(out_shape, out_dtype)
+        kernel["main"](*(tvm.runtime.tensor(v) for v in [*args, scale, offset, residual,
+                                                         out_scale, zero]), out)
+        if tiles_emulated(tgt):
+            amx_emulator.check("int8 layer adding its residual and requantizing in one pass")
+        cols = out_shape[-1]
+        v = exact.astype(np.float32) * scale[:cols] + offset[:cols] + residual.astype(np.float32)
+        if relu:
+            v = np.maximum(v, np.float32(0))
+        want = _quantized(v * out_scale[:cols] + zero, 1.0, 0.0, out_dtype)
+        assert len(np.unique(want)) > 100
+        np.testing.assert_array_equal(out.numpy(), want)

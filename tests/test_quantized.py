@@ -15,7 +15,7 @@ from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.relay_passes.fake_quant import MAX_POOL_QUANTIZED
-from tpp_tvm.relay_passes.lowp_activations import NARROWED, REQUANTIZED
+from tpp_tvm.relay_passes.lowp_activations import NARROWED, REQUANTIZED, REQUANTIZED_RESIDUAL
 from tpp_tvm.relay_passes.quantized import QDQ_IN_FP32
 from tpp_tvm.schedules.gemm_plan import int8_gemm_dtype, runs_on_tiles
 from tpp_tvm.target import host_isa, isa_of, target
@@ -247,8 +247,9 @@ def test_qdq_resnet_adds_its_residuals_quantized(tmp_path, kind: str) -> None:
     # stem convolution writes them and no ReLU or quantize kernel is left after the pool
     narrowed = NARROWED["uint8" if kind == "qdq_u8" else "int8"]
     assert data["rewrites"].get(narrowed) == 2 * 3 + 2 + 2 + 1, data["rewrites"]
-    # all but the block outputs (which add their residual) requantize in one pass
+    # all but the block outputs requantize in one pass; those add their residual in it
     assert data["rewrites"].get(NARROWED[REQUANTIZED]) == 2 * 3 + 2 + 1, data["rewrites"]
+    assert data["rewrites"].get(NARROWED[REQUANTIZED_RESIDUAL]) == 2, data["rewrites"]
     assert data["rewrites"].get(MAX_POOL_QUANTIZED) == 1, data["rewrites"]
     assert data["lowered"].get("tpp.max_pool2d") == 1, data["lowered"]
     assert "tpp.eltwise_relu" not in data["lowered"], data["lowered"]

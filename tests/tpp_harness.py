@@ -18,7 +18,7 @@ from tvm import s_tir
 from tpp_tvm.intrinsics import TPPSpec, amx_emulator, intrinsic
 from tpp_tvm.intrinsics.geometry import contraction_geometry, pool_geometry
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
-from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS, OPERAND_STEPS
+from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS, OPERAND_STEPS, RESIDUAL_QUANT_OPS
 from tpp_tvm.target import host_isa, target, tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
@@ -114,6 +114,11 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
         v = a[0].astype(np.float32) * args[1] + args[2]  # fp32 math, as the TPP states it
         if op == "dequantize":
             return v
+        if op in RESIDUAL_QUANT_OPS:
+            v = v + args[3].astype(np.float32)
+            if op.endswith("_relu"):
+                v = np.maximum(v, np.float32(0))
+            v = v * args[4] + args[5]
         info = np.iinfo(spec.acc_dtype)
         return np.clip(np.rint(v), info.min, info.max)
     if spec.kind == "unary":
@@ -165,9 +170,12 @@ def inputs_for(spec: TPPSpec, shapes, dtypes, rng: np.random.Generator) -> list[
                 dt, (np.iinfo(dt).min, np.iinfo(dt).max))
             out.append(rng.integers(lo, hi + 1, shape).astype(dt))
             continue
-        if spec.kind == "quant" and len(out) in (1, 2):  # scale, offset
-            scale = {"quantize": 20.0, "requantize": 0.03, "dequantize": 0.05}[spec.op]
-            x = rng.uniform(0.5, 1.5, shape) * scale if len(out) == 1 else (
+        if spec.kind == "quant" and len(out) in (1, 2, 4, 5):  # scales, offsets
+            scale = {"quantize": 20.0, "requantize": 0.03, "dequantize": 0.05,
+                     "requantize_add": 0.03, "requantize_add_relu": 0.03}[spec.op]
+            if len(out) >= 4:  # the output's quantization after the residual
+                scale = 1.3
+            x = rng.uniform(0.5, 1.5, shape) * scale if len(out) in (1, 4) else (
                 np.round(rng.uniform(-20, 20, shape)))
             out.append(x.astype(dt))
             continue

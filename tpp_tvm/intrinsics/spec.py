@@ -161,6 +161,20 @@ OPS: dict[str, OpDef] = {
         "Y = saturate(round_half_even(float(X) * S[j] + O[j])); X int32 (an int8 GEMM's "
         "accumulator), Y u8/s8",
     ),
+    "requantize_add": OpDef(
+        "quant",
+        None,
+        "Y = saturate(round_half_even((float(X) * S[j] + O[j] + float(R)) * A[j] + Z[j])); "
+        "X int32 (an int8 GEMM's accumulator), R a u8/s8 residual tile of Y's dtype "
+        "(its scale and zero point folded into S, O), A and Z the output's quantization "
+        "(a residual int8 layer's whole epilogue in one pass)",
+    ),
+    "requantize_add_relu": OpDef(
+        "quant",
+        None,
+        "Y = saturate(round_half_even(max(float(X) * S[j] + O[j] + float(R), 0) * A[j] + "
+        "Z[j])); as requantize_add, with a ReLU after the residual (ResNet's blocks)",
+    ),
     "dequantize": OpDef(
         "quant",
         None,
@@ -233,6 +247,8 @@ POOL_DTYPES = ("float32", "uint8", "int8")
 QUANT_DTYPES = {
     "quantize": (("float32", "uint8"), ("float32", "int8")),
     "requantize": (("int32", "uint8"), ("int32", "int8")),
+    "requantize_add": (("int32", "uint8"), ("int32", "int8")),
+    "requantize_add_relu": (("int32", "uint8"), ("int32", "int8")),
     "dequantize": (("int32", "float32"), ("uint8", "float32"), ("int8", "float32")),
 }
 
@@ -256,6 +272,23 @@ def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
     lo, hi = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0)}[out_dtype]
     v = tirx.max(tirx.min(v, const(v, hi)), const(v, lo))
     return tirx.Cast(vec(out_dtype), tirx.call_llvm_pure_intrin(vec("int32"), "llvm.lrint", v))
+
+
+#: Quantization TPPs that add a residual tile between dequantizing and quantizing
+#: (operands X, S, O, R, A, Z -> Y; see :func:`residual_quant_expr`).
+RESIDUAL_QUANT_OPS = ("requantize_add", "requantize_add_relu")
+
+
+def residual_quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
+                        residual: tirx.Expr, out_scale: tirx.Expr, out_offset: tirx.Expr,
+                        out_dtype: str) -> tirx.Expr:
+    """The math of :data:`RESIDUAL_QUANT_OPS` on one element or one vector."""
+    lanes = dtype_of(x).partition("x")[2]
+    f32 = f"float32x{lanes}" if lanes else "float32"
+    v = tirx.Cast(f32, x) * scale + offset + tirx.Cast(f32, residual)
+    if op.endswith("_relu"):
+        v = tirx.max(v, const(v, 0.0))
+    return quant_expr("quantize", v, out_scale, out_offset, out_dtype)
 
 
 def vnni_factor(dtype: str) -> int:

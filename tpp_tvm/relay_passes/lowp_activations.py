@@ -38,7 +38,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from ..schedules.gemm_te import REQUANTIZE_ROWS
+from ..schedules.gemm_te import REQUANTIZE_ROWS, RESIDUAL_REQUANTIZE_ROWS
 
 #: Rebuilds a producer to write the given dtype (bfloat16, uint8, int8); the flag says
 #: that the quantization it writes clips at 0 (its zero point is the dtype's lowest), so a
@@ -158,8 +158,8 @@ class _LowpActivations(relax.PyExprMutator):
         args = list(call.args[1].fields)
         if quantization is not None:
             args, one_pass = _quantizing_args(args, func, shape[-1], *quantization)
-            if one_pass:  # (no report line where none does)
-                self.rewritten[REQUANTIZED] += 1
+            if one_pass is not None:  # (no report line where none does)
+                self.rewritten[one_pass] += 1
         return relax.call_tir(gv, args, relax.TensorType(shape, dtype))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -185,23 +185,31 @@ _SHORT = {"bfloat16": "bf16", "uint8": "u8", "int8": "s8"}
 
 
 def _quantizing_args(args: list[relax.Expr], func: tirx.PrimFunc, width: int, inv_scale: float,
-                     zero: float) -> tuple[list[relax.Expr], bool]:
+                     zero: float) -> tuple[list[relax.Expr], str | None]:
     """The arguments of ``func``, a producer rebuilt to quantize its output (1/scale
-    ``inv_scale``, zero point ``zero``), from the fp32 producer's ``args``: they and the
-    quantization's rows (``width`` columns); or, where ``func`` requantizes its int32 tile
-    in one pass (its :data:`REQUANTIZE_ROWS` parameters stand where the dequantize rows S, O
-    were), the same arguments with S, O replaced by ``S q`` and ``O q + z``; and whether
-    ``func`` is that one-pass kind."""
+    ``inv_scale``, zero point ``zero``), from the fp32 producer's ``args``, and which
+    one-pass kind ``func`` is (a :data:`NARROWED` key, or None):
+
+    * two passes: the arguments and the quantization's rows (``width`` columns);
+    * requantizing its int32 tile in one pass (:data:`REQUANTIZE_ROWS` stand where the
+      dequantize rows S, O were): S, O replaced by ``S q`` and ``O q + z``;
+    * adding its residual and requantizing in one pass
+      (:data:`RESIDUAL_REQUANTIZE_ROWS`): the residual's scale row replaced by it times q,
+      then the zero point row."""
     names = [str(p.name) for p in func.params]
-    if REQUANTIZE_ROWS[0] not in names:
-        return [*args, relax.const(np.full(width, inv_scale, np.float32)),
-                relax.const(np.full(width, zero, np.float32))], False
-    i = names.index(REQUANTIZE_ROWS[0])
     q = relax.const(np.float32(inv_scale))
+    zeros = relax.const(np.full(width, zero, np.float32))
+    if RESIDUAL_REQUANTIZE_ROWS[0] in names:
+        i = names.index(RESIDUAL_REQUANTIZE_ROWS[0])
+        return [*args[:i], relax.op.multiply(args[i], q), zeros, *args[i + 1:]], \
+            REQUANTIZED_RESIDUAL
+    if REQUANTIZE_ROWS[0] not in names:
+        return [*args, relax.const(np.full(width, inv_scale, np.float32)), zeros], None
+    i = names.index(REQUANTIZE_ROWS[0])
     args[i:i + 2] = [relax.op.multiply(args[i], q),
                      relax.op.add(relax.op.multiply(args[i + 1], q),
                                   relax.const(np.float32(zero)))]
-    return args, True
+    return args, REQUANTIZED
 
 
 def lowp_activations(mod: tvm.IRModule, offers: LowpOffers) -> tuple[tvm.IRModule, Counter]:
@@ -222,9 +230,13 @@ NARROWED = {"bfloat16": "bf16 activations: layers writing bf16 for the next bf16
             "uint8": "int8 activations: layers writing the next int8 layer's quantized input",
             "int8": "int8 activations: layers writing the next int8 layer's quantized input",
             "requantized": "int8 activations: of those, layers requantizing their int32 tile "
-                           "in one pass (nothing between dequantizing and quantizing)"}
+                           "in one pass (nothing between dequantizing and quantizing)",
+            "requantized_residual": "int8 activations: of those, layers adding their "
+                                    "quantized residual and requantizing in one pass"}
 #: The :data:`NARROWED` key of the producers that requantize in one pass.
 REQUANTIZED = "requantized"
+#: The :data:`NARROWED` key of the producers that add a residual and requantize in one pass.
+REQUANTIZED_RESIDUAL = "requantized_residual"
 
 
 def report_narrowed(report, written: Counter) -> None:

@@ -21,6 +21,7 @@ from ..intrinsics.spec import (
     equation_expr,
     equation_operands,
     quant_expr,
+    residual_quant_expr,
 )
 from .gemm_plan import GemmPlan
 
@@ -150,18 +151,43 @@ def int8_epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activatio
     dequantize rows, then the epilogue's). With no step between dequantizing and a u8/s8
     output, one requantize pass over each tile instead of two: its inputs are only the rows
     :data:`REQUANTIZE_ROWS`, ``S q`` and ``O q + z``, the caller having folded the output's
-    quantization (1/scale q, zero point z) into the dequantize rows S, O."""
+    quantization (1/scale q, zero point z) into the dequantize rows S, O.
+
+    Likewise a residual of the output's own dtype with at most a ReLU after it: one
+    ``requantize_add[_relu]`` pass, its inputs the dequantize rows, the residual, then
+    :data:`RESIDUAL_REQUANTIZE_ROWS`: the residual's scale row times q (the caller folds
+    it) and the zero point row."""
     steps = bias or activation or residual or post_activation or gate
-    if out_dtype in ("uint8", "int8") and not steps and c_axes is None and group_axis is None:
+    plain = c_axes is None and group_axis is None
+    if out_dtype in ("uint8", "int8") and not steps and plain:
         scale, offset = (te.placeholder((int(C.shape[-1]),), "float32", name=name)
                          for name in REQUANTIZE_ROWS)
         out = te.compute(valid, lambda *ix: quant_expr(
             "requantize", C[ix], scale[ix[-1]], offset[ix[-1]], out_dtype), name="out_q")
         return [scale, offset], out, [("out_q", (REQUANTIZE, out_dtype))]
+    if out_dtype in ("uint8", "int8") and residual and residual_dtype == out_dtype and plain \
+            and not (bias or activation or gate) and post_activation in (None, "relu"):
+        return _requantize_add_te(C, valid, post_activation == "relu", out_dtype)
     deq_inputs, C, deq_stages = dequantize_te(C, group_axis)
     inputs, out, stages = epilogue_te(C, valid, bias, activation, residual, post_activation,
                                       c_axes, gate, out_dtype, residual_dtype)
     return deq_inputs + inputs, out, deq_stages + stages
+
+
+def _requantize_add_te(C: te.Tensor, valid: tuple[int, ...], relu: bool, out_dtype: str
+                       ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
+    """The one-pass residual epilogue of :func:`int8_epilogue_te`."""
+    width = int(C.shape[-1])
+    scale, offset = (te.placeholder((width,), "float32", name=name)
+                     for name in ("dq_scale", "dq_offset"))
+    res = te.placeholder(valid, out_dtype, name="residual")
+    out_scale = te.placeholder((width,), "float32", name=RESIDUAL_REQUANTIZE_ROWS[0])
+    out_offset = te.placeholder((valid[-1],), "float32", name=RESIDUAL_REQUANTIZE_ROWS[1])
+    op = "requantize_add_relu" if relu else "requantize_add"
+    out = te.compute(valid, lambda *ix: residual_quant_expr(
+        op, C[ix], scale[ix[-1]], offset[ix[-1]], res[ix], out_scale[ix[-1]],
+        out_offset[ix[-1]], out_dtype), name="out_q")
+    return [scale, offset, res, out_scale, out_offset], out, [("out_q", (op, out_dtype))]
 
 
 def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
@@ -237,6 +263,9 @@ QUANTIZE = "quantize"
 REQUANTIZE = "requantize"
 #: A requantizing kernel's row inputs, in place of the dequantize rows (``int8_epilogue_te``).
 REQUANTIZE_ROWS = ("rq_scale", "rq_offset")
+#: A kernel requantizing with its residual in one pass: its rows after the residual, in
+#: place of the residual's scale row and the output's 1/scale and zero point rows.
+RESIDUAL_REQUANTIZE_ROWS = ("rq_residual_scale", "q_offset")
 
 
 def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,

@@ -18,6 +18,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..intrinsics import TPPSpec, intrinsic
 from ..intrinsics.registry import vector_isa
+from ..intrinsics.spec import RESIDUAL_QUANT_OPS
 from .gemm_te import QUANTIZE, REQUANTIZE, TO_BF16
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,8 @@ def fuse_epilogue(sch: s_tir.Schedule, tile_loop: LoopRV, mr: int, nr: int,
             spec = TPPSpec("copy", "float32", m=mr, n=nr, out_dtype="bfloat16")
         elif steps[:1] == (QUANTIZE,):
             spec = TPPSpec("quantize", "float32", m=mr, n=nr, out_dtype=steps[1])
-        elif steps[:1] == (REQUANTIZE,):
-            spec = TPPSpec("requantize", "int32", m=mr, n=nr, out_dtype=steps[1])
+        elif steps[:1] == (REQUANTIZE,) or (steps and steps[0] in RESIDUAL_QUANT_OPS):
+            spec = TPPSpec(steps[0], "int32", m=mr, n=nr, out_dtype=steps[1])
         elif steps:
             spec = TPPSpec("equation", m=mr, n=nr, steps=steps)
         else:
