@@ -13,6 +13,8 @@ vectors), so each vector is one LLVM IR conversion step (``llvm_ir.convert_step`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -35,21 +37,40 @@ def _fixed_lanes(isa: VectorISA, spec: TPPSpec) -> int:
     return isa.static_lanes("float32")
 
 
+@dataclass(frozen=True)
+class _Lanes:
+    """A row of ``n`` elements walked in vectors of ``lanes`` (the fp32 lane count, see
+    the module doc): ``full`` whole vectors, then a masked tail of ``tail`` elements."""
+
+    n: int
+    lanes: int
+
+    @property
+    def full(self) -> int:
+        return self.n // self.lanes
+
+    @property
+    def tail(self) -> int:
+        return self.n % self.lanes
+
+    def at(self, v: tirx.Expr) -> tirx.Expr:
+        return T.ramp(v * self.lanes, 1, self.lanes)
+
+    def mask(self) -> tirx.Expr:
+        return T.ramp(self.full * self.lanes, 1, self.lanes) < T.broadcast(self.n, self.lanes)
+
+    def load(self, elem: tirx.Expr, dtype: str) -> tirx.Expr:
+        """Masked load of the tail's lanes of ``dtype`` from ``elem`` on."""
+        return T.call_llvm_pure_intrin(f"{dtype}x{self.lanes}", "llvm.masked.load",
+                                       T.address_of(elem), self.mask(),
+                                       T.broadcast(tirx.const(0, dtype), self.lanes))
+
+
 def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """quantize / requantize / dequantize: Y = [saturate(round(]X * S[j] + O[j][))]."""
     M, N, dt, odt, op = spec.m, spec.n, spec.dtype, spec.acc_dtype, spec.op
-    L = _fixed_lanes(isa, spec)
-    full, tail = N // L, N % L
-
-    def mask():
-        return T.ramp(full * L, 1, L) < T.broadcast(N, L)
-
-    def load(elem, dtype):
-        return T.call_llvm_pure_intrin(f"{dtype}x{L}", "llvm.masked.load", T.address_of(elem),
-                                       mask(), T.broadcast(tirx.const(0, dtype), L))
-
-    def at(v):
-        return T.ramp(v * L, 1, L)
+    row = _Lanes(N, _fixed_lanes(isa, spec))
+    full, tail, L, at, load, mask = row.full, row.tail, row.lanes, row.at, row.load, row.mask
 
     def f(x, s, o):
         return quant_expr(op, x, s, o, odt)
@@ -83,18 +104,8 @@ def residual_quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     epilogue of ResNet-50's int8 3136 x 256 x 64 GEMM took 163 ns a 32 x 32 block (AMX
     Xeon, 1 thread), more than twice its tile work."""
     M, N, dt, odt, op = spec.m, spec.n, spec.dtype, spec.acc_dtype, spec.op
-    L = _fixed_lanes(isa, spec)
-    full, tail = N // L, N % L
-
-    def mask():
-        return T.ramp(full * L, 1, L) < T.broadcast(N, L)
-
-    def load(elem, dtype):
-        return T.call_llvm_pure_intrin(f"{dtype}x{L}", "llvm.masked.load", T.address_of(elem),
-                                       mask(), T.broadcast(tirx.const(0, dtype), L))
-
-    def at(v):
-        return T.ramp(v * L, 1, L)
+    row = _Lanes(N, _fixed_lanes(isa, spec))
+    full, tail, L, at, load, mask = row.full, row.tail, row.lanes, row.at, row.load, row.mask
 
     def f(x, s, o, r, a, z):
         return residual_quant_expr(op, x, s, o, r, a, z, odt)
