@@ -268,15 +268,15 @@ class Transpose(CPUScheduleRule):
             if Transpose._strided_axis(own, [iv.var for iv in own.iter_vars]) is None:
                 continue  # not the transpose (checked before any inlining: cheap)
             sch = s_tir.Schedule(func)
-            blocks = sch.get_child_blocks(sch.get_sblock("root"))
+            rvs = sch.get_child_blocks(sch.get_sblock("root"))
             try:  # blocks before the transpose inlined into it, blocks after it into it too
-                for before in blocks[:anchor]:
+                for before in rvs[:anchor]:
                     sch.compute_inline(before)
-                for later in reversed(blocks[anchor + 1:]):
+                for later in reversed(rvs[anchor + 1:]):
                     sch.reverse_compute_inline(later)
             except Exception:  # noqa: BLE001 - not a chain of inlinable reshapes
                 continue
-            block = blocks[anchor]
+            block = rvs[anchor]
             iters = [iv.var for iv in sch.get(block).iter_vars]
             if Transpose._strided_axis(sch.get(block), iters) is not None:
                 return sch, block

@@ -178,8 +178,7 @@ def _requantize_add_te(C: te.Tensor, valid: tuple[int, ...], relu: bool, out_dty
                        ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """The one-pass residual epilogue of :func:`int8_epilogue_te`."""
     width = int(C.shape[-1])
-    scale, offset = (te.placeholder((width,), "float32", name=name)
-                     for name in ("dq_scale", "dq_offset"))
+    scale, offset = (te.placeholder((width,), "float32", name=name) for name in DEQUANTIZE_ROWS)
     res = te.placeholder(valid, out_dtype, name="residual")
     out_scale = te.placeholder((width,), "float32", name=RESIDUAL_REQUANTIZE_ROWS[0])
     out_offset = te.placeholder((valid[-1],), "float32", name=RESIDUAL_REQUANTIZE_ROWS[1])
@@ -261,6 +260,8 @@ QUANTIZE = "quantize"
 #: The epilogue step that requantizes an int32 tile (``int8_epilogue_te``), followed by the
 #: int8 dtype.
 REQUANTIZE = "requantize"
+#: An int8 kernel's dequantize rows, scale and offset per output column (``dequantize_te``).
+DEQUANTIZE_ROWS = ("dq_scale", "dq_offset")
 #: A requantizing kernel's row inputs, in place of the dequantize rows (``int8_epilogue_te``).
 REQUANTIZE_ROWS = ("rq_scale", "rq_offset")
 #: A kernel requantizing with its residual in one pass: its rows after the residual, in
@@ -318,8 +319,8 @@ def dequantize_te(C: te.Tensor, group_axis: int | None = None
     convolution's C has its group at ``group_axis``: a row of both per group."""
     width = int(C.shape[-1])
     rows = (int(C.shape[group_axis]),) if group_axis is not None else ()
-    scale = te.placeholder((*rows, width), "float32", name="dq_scale")
-    offset = te.placeholder((*rows, width), "float32", name="dq_offset")
+    scale, offset = (te.placeholder((*rows, width), "float32", name=name)
+                     for name in DEQUANTIZE_ROWS)
 
     def at(row: te.Tensor, ix: tuple) -> tirx.PrimExpr:
         return row[(ix[group_axis], ix[-1]) if rows else (ix[-1],)]
