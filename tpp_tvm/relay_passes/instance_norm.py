@@ -1,18 +1,23 @@
-"""A per-channel norm over time computed channels-first, rewritten channels-last.
+"""A per-channel or per-group norm computed channels-first, rewritten channels-last.
 
 wav2vec2's feature extractor normalizes its first convolution's channels over time (a
-GroupNorm with one group per channel, exported as InstanceNormalization). TVM's importer
-writes it as a layer norm over the last axis of the (channels, time) tensor, followed by
-per-channel scales and shifts and the GELU. Once the convolutions run channels-last, that
-layer norm sits between two layout transposes:
+GroupNorm with one group per channel, exported as InstanceNormalization); BiT's GroupNorms
+normalize 32 groups of an image's channels (exported as InstanceNormalization of the image
+reshaped to (1, 32, C/32 * H * W)). TVM's importer writes both as a layer norm over the
+last axis of the channels-first tensor, followed by per-group and per-channel scales and
+shifts and the activation. Once the convolutions run channels-last, that layer norm sits
+between two layout transposes:
 
-    permute(x (1, T, C)) -> layer_norm over T -> (* k_c, + k_c)... -> act -> permute back
+    permute(x (1, T, C) or (1, H, W, C)) -> reshapes -> layer_norm over each group's row
+    -> (* k, + k)... -> act -> permute back
 
-Both transposes and the three element-wise passes go: the chain becomes
-``act(instance_norm(x, a, b))`` on the channels-last tensor, the scales and shifts folded
-into the norm's per-channel ``a`` and ``b`` (``schedules/instance_norm.py`` runs it as
-column statistics plus one equation TPP). The chain is matched from the transpose back to
-the convolution layout; anything else in it leaves the graph as it is.
+Both transposes and the element-wise passes go: the chain becomes
+``act(instance_norm(x, a, b))`` (a group per channel) or ``act(group_norm(x, a, b))`` on
+the channels-last tensor seen as (1, pixels, C), the scales and shifts folded into the
+norm's per-channel ``a`` and ``b`` (``schedules/instance_norm.py`` runs it as column
+statistics plus one equation TPP: two passes over the tensor instead of BiT's five). The
+chain is matched from the transpose back to the convolution layout; anything else in it
+leaves the graph as it is.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ _ACTIVATIONS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.n
                 "relax.sigmoid", "relax.tanh")
 
 
-def _per_channel(value: np.ndarray, shape: list[int], channels: int) -> np.ndarray | None:
-    """A constant that, broadcast to ``shape`` (.., C, T), varies along C only: its (C,)."""
+def _per_leading_axis(value: np.ndarray, shape: list[int]) -> np.ndarray | None:
+    """A constant that, broadcast to ``shape`` ((1,) A, ...: a batch-1 channels-first
+    tensor), varies along A only: its (A,); A is the channels or the groups of channels."""
+    lead = shape[1:] if len(shape) >= 3 else shape
     try:
-        full = np.broadcast_to(value, shape).reshape(channels, -1)
+        full = np.broadcast_to(value, shape).reshape(lead[0], -1)
     except ValueError:
         return None
     return full[:, 0].copy() if np.all(full == full[:, :1]) else None
@@ -40,7 +47,7 @@ def _per_channel(value: np.ndarray, shape: list[int], channels: int) -> np.ndarr
 
 def _chain(v: relax.Expr, b: dict) -> tuple | None:
     """From the tensor transposed back to channels-last, up to the layer norm: (act op,
-    [(op, (C,) constant) in graph order], layer norm call), or None."""
+    [(op, (A,) constant) in graph order], layer norm call), or None."""
     act, steps, e = None, [], v
     while True:
         call = b.get(e, e)
@@ -50,7 +57,7 @@ def _chain(v: relax.Expr, b: dict) -> tuple | None:
         if op == "relax.nn.layer_norm":
             return act, steps[::-1], call
         shape = static_shape(call)
-        if shape is None or len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+        if shape is None or len(shape) not in (2, 3, 4) or (len(shape) > 2 and shape[0] != 1):
             return None
         if op == "relax.reshape":
             e = call.args[0]
@@ -60,7 +67,7 @@ def _chain(v: relax.Expr, b: dict) -> tuple | None:
             lhs, rhs = call.args
             k = const_value(rhs) if const_value(rhs) is not None else const_value(lhs)
             other = lhs if const_value(rhs) is not None else rhs
-            k = None if k is None else _per_channel(k, shape, shape[-2])
+            k = None if k is None else _per_leading_axis(k, shape)
             if k is None:
                 return None
             steps.append((op, k))
@@ -69,9 +76,14 @@ def _chain(v: relax.Expr, b: dict) -> tuple | None:
             return None
 
 
-def _channels_last_source(ln: relax.Call, b: dict) -> relax.Expr | None:
-    """x (1, T, C) when the layer norm's input is ``permute_dims(x, [0, 2, 1])`` reshaped to
-    (C, T) or (1, C, T) and its gamma and beta are 1 and 0 (a plain per-channel norm)."""
+#: Layout transposes from a channels-last tensor to channels-first, by its rank.
+_TO_CHANNELS_FIRST = {3: [0, 2, 1], 4: [0, 3, 1, 2]}
+
+
+def _channels_last_source(ln: relax.Call, b: dict) -> tuple[relax.Expr, int] | None:
+    """(x, groups) when the layer norm's input is x ((1, T, C) or (1, H, W, C), fp32)
+    transposed to channels-first and reshaped to one row per group of C / groups channels,
+    and its gamma and beta are 1 and 0 (a plain norm of each group)."""
     gamma, beta = const_value(ln.args[1]), const_value(ln.args[2])
     shape = static_shape(ln)
     axes = [int(a) for a in ln.attrs.axes]
@@ -87,46 +99,69 @@ def _channels_last_source(ln: relax.Call, b: dict) -> relax.Expr | None:
         if call.op.name == "relax.reshape":
             e = call.args[0]
             continue
-        if call.op.name != "relax.permute_dims" or [int(a) for a in call.attrs.axes] != [0, 2, 1]:
+        if call.op.name != "relax.permute_dims":
             return None
         x = call.args[0]
         xs = static_shape(x)
-        if xs is None or len(xs) != 3 or xs[0] != 1 or xs[1:] != shape[-1:-3:-1] \
-                or str(x.ty.dtype) != "float32":
+        if xs is None or _TO_CHANNELS_FIRST.get(len(xs)) != [int(a) for a in call.attrs.axes] \
+                or xs[0] != 1 or str(x.ty.dtype) != "float32":
             return None
-        return x
+        channels, total = xs[-1], int(np.prod(xs))
+        groups = total // shape[-1]
+        if groups * shape[-1] != total or channels % groups:
+            return None
+        return x, groups
+
+
+def _channels_first_value(permute: relax.Call, b: dict) -> relax.Expr | None:
+    """The channels-first value ``permute`` makes channels-last again: v (1, C, H, W) of
+    ``permute_dims(v, [0, 2, 3, 1])``, or v (1, C, T) of ``permute_dims(expand_dims(v, 2),
+    [0, 2, 3, 1])`` (a 1-D convolution's input)."""
+    if [int(a) for a in permute.attrs.axes] != [0, 2, 3, 1]:
+        return None
+    arg = permute.args[0]
+    inner = b.get(arg, arg)
+    if isinstance(inner, relax.Call) and isinstance(inner.op, tvm.ir.Op) \
+            and inner.op.name == "relax.expand_dims":
+        return inner.args[0] if [int(a) for a in inner.attrs.axis] == [2] else None
+    shape = static_shape(arg)
+    return arg if shape is not None and len(shape) == 4 else None
 
 
 def channels_last_instance_norm(func: relax.Function) -> relax.Function:
-    """Rewrite each matched chain (module doc) ending in ``permute_dims(expand_dims(v, 2),
-    [0, 2, 3, 1])``, the transpose into a channels-last convolution."""
+    """Rewrite each matched chain (module doc) ending in the transpose into a channels-last
+    convolution (:func:`_channels_first_value`)."""
     b = bindings(func)
-    v = wildcard()
-    pattern = is_op("relax.permute_dims")(is_op("relax.expand_dims")(v))
+    pattern = is_op("relax.permute_dims")(wildcard())
 
     def rewriter(orig: relax.Call, m: dict) -> relax.Expr:
-        expand = m[pattern].args[0] if isinstance(m[pattern].args[0], relax.Call) \
-            else b.get(m[pattern].args[0])
-        if [int(a) for a in orig.attrs.axes] != [0, 2, 3, 1] or expand is None or \
-                [int(a) for a in expand.attrs.axis] != [2]:
-            return orig
-        found = _chain(m[v], b)
-        if found is None:
+        v = _channels_first_value(m[pattern], b)
+        found = None if v is None else _chain(v, b)
+        source = None if found is None else _channels_last_source(found[2], b)
+        if source is None:
             return orig
         act, steps, ln = found
-        x = _channels_last_source(ln, b)
-        if x is None:
-            return orig
-        channels = static_shape(x)[2]
+        x, groups = source
+        xs = static_shape(x)
+        channels = xs[-1]
         scale, shift = np.ones(channels), np.zeros(channels)
         for op, k in steps:
+            if channels % len(k):
+                return orig
+            k = np.repeat(k, channels // len(k))
             if op == "relax.multiply":
                 scale, shift = scale * k, shift * k
             else:
                 shift = shift + k
-        y = relax.op.nn.instance_norm(
-            x, relax.const(scale.astype("float32")), relax.const(shift.astype("float32")),
-            channel_axis=2, axes=[1], epsilon=float(ln.attrs.epsilon))
+        rows = (1, int(np.prod(xs[1:-1])), channels)
+        args = (relax.op.reshape(x, rows), relax.const(scale.astype("float32")),
+                relax.const(shift.astype("float32")))
+        eps = float(ln.attrs.epsilon)
+        if groups == channels:
+            y = relax.op.nn.instance_norm(*args, channel_axis=2, axes=[1], epsilon=eps)
+        else:
+            y = relax.op.nn.group_norm(*args, num_groups=groups, channel_axis=2, axes=[1],
+                                       epsilon=eps)
         if act is not None:
             y = relax.Call(tvm.ir.Op.get(act), [y])
         return relax.op.reshape(y, static_shape(orig))

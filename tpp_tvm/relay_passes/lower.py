@@ -607,11 +607,12 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
 
 def _lower_instance_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                          isa: str) -> relax.Expr:
-    """Channels-last instance norm (+ act): per-channel scale and shift from column
-    statistics, then one equation TPP pass (``scale``, ``bias``, act)."""
+    """Channels-last instance or group norm (+ act): per-channel scale and shift from
+    column statistics, then one equation TPP pass (``scale``, ``bias``, act)."""
     x, root = matched["lhs"], matched["root"]
     _, rows, width = _shape(x)
-    stats = instance_norm_stats_schedule(rows, width, float(root.attrs.epsilon), isa)
+    groups = int(root.attrs.num_groups) if hasattr(root.attrs, "num_groups") else width
+    stats = instance_norm_stats_schedule(rows, width, float(root.attrs.epsilon), isa, groups)
     stats_gv = bb.add_func(as_relax_kernel(stats.mod["main"]),
                            name.replace(".", "_") + "_stats")
     x2 = bb.emit(relax.op.reshape(x, (rows, width)))

@@ -471,8 +471,8 @@ def _rms_norm_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 
 def _instance_norm_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """A channels-last instance norm of one fp32 sample (1, rows, C) over its rows, with
-    constant per-channel gamma and beta."""
+    """A channels-last instance or group norm of one fp32 sample (1, rows, C) over its
+    rows, with constant per-channel gamma and beta."""
     a = ctx.annotated_expr
     x, root = a["lhs"], a["root"]
     if not _static_f32(x) or not isinstance(a["gamma"], tvm.ir.Constant) \
@@ -485,18 +485,20 @@ def _instance_norm_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 
 def instance_norm_patterns() -> list[TPPPattern]:
-    """``act(instance_norm(x, gamma, beta))`` channels-last (``relay_passes/instance_norm.py``
-    writes it): column statistics and one equation TPP."""
+    """``act(instance_norm(x, gamma, beta))`` and ``act(group_norm(...))`` channels-last
+    (``relay_passes/instance_norm.py`` writes them): column statistics and one equation
+    TPP."""
     table = []
-    for activation in (*[a for a in ACTIVATIONS if a not in COMPOSITE_ACTIVATIONS], None):
-        x, gamma, beta = wildcard(), is_const(), is_const()
-        norm = is_op("relax.nn.instance_norm")(x, gamma, beta)
-        out = is_op(activation)(norm) if activation else norm
-        name = "tpp.instance_norm" + (f"_{ACTIVATIONS[activation]}" if activation else "")
-        table.append(TPPPattern(name, out, {"lhs": x, "gamma": gamma, "beta": beta,
-                                            "root": norm, "out": out},
-                                _instance_norm_check, "instance_norm",
-                                ACTIVATIONS.get(activation)))
+    for norm_op in ("instance_norm", "group_norm"):
+        for activation in (*[a for a in ACTIVATIONS if a not in COMPOSITE_ACTIVATIONS], None):
+            x, gamma, beta = wildcard(), is_const(), is_const()
+            norm = is_op(f"relax.nn.{norm_op}")(x, gamma, beta)
+            out = is_op(activation)(norm) if activation else norm
+            name = f"tpp.{norm_op}" + (f"_{ACTIVATIONS[activation]}" if activation else "")
+            table.append(TPPPattern(name, out, {"lhs": x, "gamma": gamma, "beta": beta,
+                                                "root": norm, "out": out},
+                                    _instance_norm_check, "instance_norm",
+                                    ACTIVATIONS.get(activation)))
     return table
 
 
