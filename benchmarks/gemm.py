@@ -93,6 +93,27 @@ def peak_of(impl: str, amx: bool) -> str:
     return f"amx_{low}" if amx else f"{low}_dp"
 
 
+#: The loaded tile loops (``peak.py``'s ``amx_*_l1`` and ``amx_*_l2``), by where the operand
+#: tiles come from.
+TILE_LOAD_LOOPS = {"l1": "L1", "l2": "L2"}
+
+
+def _loaded_tile_text(instr: str, unit: str, all_peaks: dict[str, dict[int, float]]) -> str:
+    """What ``instr``'s tile loop sustains with its four tile loads a step, from each cache
+    level, as a share of the no-load peak (1 thread, or the fewest measured)."""
+    parts = []
+    for suffix, level in TILE_LOAD_LOOPS.items():
+        got, peak = all_peaks.get(f"{instr}_{suffix}", {}), all_peaks.get(instr, {})
+        if got and peak:
+            t = min(got)
+            parts.append(f"from {level} {got[t]:.0f} {unit} ({100 * got[t] / peak[t]:.0f}% of "
+                         f"the peak, {t} thread(s))")
+    return "" if not parts else (
+        " The same loop loading its two A and two B tiles every step (a 2 x 2-tile GEMM "
+        "step's loads) sustains " + ", ".join(parts) + ": the ceiling of a tile kernel whose "
+        "operands stream from that level.")
+
+
 def _host_has_amx() -> bool:
     from tpp_tvm.target import best_isa
 
@@ -521,11 +542,12 @@ def _lowp_table(by_key: dict, shapes: list, threads: list[int],
         "data and no loads).",
         "",
         f"- bf16 (bf16 × bf16, fp32 accumulation and output), GFLOP/s; measured "
-        f"`{'tdpbf16ps' if amx else 'vdpbf16ps'}` peak {peak_text(bf16_peak, 'GFLOP/s')}. "
+        f"`{'tdpbf16ps' if amx else 'vdpbf16ps'}` peak {peak_text(bf16_peak, 'GFLOP/s')}."
+        f"{_loaded_tile_text(bf16_peak, 'GFLOP/s', all_peaks)} "
         "Checked against the float64 product of the bf16-rounded inputs.",
         f"- int8, GOP/s (tpp_tvm u8 × s8 → int32, torch `_int_mm` s8 × s8 → int32); measured "
-        f"`{'tdpbusd' if amx else 'vpdpbusd'}` peak {peak_text(int8_peak, 'GOP/s')}. "
-        "Checked exactly.",
+        f"`{'tdpbusd' if amx else 'vpdpbusd'}` peak {peak_text(int8_peak, 'GOP/s')}."
+        f"{_loaded_tile_text(int8_peak, 'GOP/s', all_peaks)} Checked exactly.",
         "",
         "| M×N×K | threads | tpp_tvm bf16 | % bf16 peak | torch bf16 | tpp_tvm bf16 / torch "
         "bf16 | tpp_tvm bf16 / tpp_tvm fp32 | tpp_tvm int8 | % int8 peak | torch int8 | "
@@ -572,6 +594,8 @@ def run_parent(args: argparse.Namespace, argv: list[str]) -> int:
     impls = args.impls.split(",") if args.impls else list(IMPLS + LOWP_IMPLS)
     amx = _host_has_amx()
     instrs = ["fp32_fma"] + sorted({peak_of(i, amx) for i in impls} - {"fp32_fma"})
+    # on AMX hosts, the tile loops with their operand loads: what a tile kernel can reach
+    instrs += [f"{i}_{at}" for i in instrs if i.startswith("amx_") for at in TILE_LOAD_LOOPS]
     load_before = os.getloadavg()[0]
     print(f"measuring {', '.join(instrs)} peaks on {threads} thread(s) ...", file=sys.stderr)
     all_peaks = {instr: measure_peaks(threads, instr) for instr in instrs}

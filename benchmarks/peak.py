@@ -11,11 +11,18 @@ and int8 (``vpdpbusd``) dot products, and on AMX CPUs the tile products ``tdpbf1
 tiles of random data once and then issues 4 independent tile products per step with no
 loads, the unit's ceiling. Random data, not zeros: on the AMX Xeon this was written on,
 zero tiles ran 4.5x faster than random ones (2830 vs 630 GFLOP/s bf16 with loads), a
-data-dependent throughput (power) no real GEMM sees::
+data-dependent throughput (power) no real GEMM sees. The ``_l1`` and ``_l2`` tile loops
+add what a GEMM step cannot avoid: before its four products, the step loads its two A and
+two B tiles (4 KiB), the same ones every step (L1-resident) or the next 4 KiB of a 1 MiB
+buffer (L2-resident, not L1). They bound what a 2 x 2-tile GEMM kernel can reach: tile
+registers are not renamed, so a load waits for the products still reading the tile it
+overwrites, and its latency is not hidden behind them (AMX Xeon, 1 thread: no loads 3300
+GFLOP/s bf16, from L1 about 2600, from L2 about 1900)::
 
     python benchmarks/peak.py                   # fp32 FMA, 1 and 2 threads
     python benchmarks/peak.py --instr bf16_dp   # vdpbf16ps
     python benchmarks/peak.py --instr amx_bf16  # tdpbf16ps tiles (AMX hosts)
+    python benchmarks/peak.py --instr amx_bf16_l2  # the same with each step's tile loads
 
 The memory side has its own measurement: ``--stream read`` (a vector sum, AVX-512 or AVX2,
 over a buffer several times the L3, each thread its own slice) is the bandwidth a
@@ -36,7 +43,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -53,6 +60,9 @@ class PeakInstruction:
     tile: bool = False
     """An AMX tile product (``tdp*``): the tile loop, not the zmm chains."""
     vector_bits: int = 512
+    tile_buffer: int = 0
+    """Bytes each step of the tile loop loads its four operand tiles from, 4 KiB a step
+    round the buffer (0: no loads, the tiles loaded once before the loop)."""
 
 
 INSTRUCTIONS: dict[str, PeakInstruction] = {
@@ -69,6 +79,14 @@ INSTRUCTIONS: dict[str, PeakInstruction] = {
     # 16 x 16 int32 accumulators x 64 u8*s8 products x (mul + add)
     "amx_int8": PeakInstruction("tdpbusd", 16 * 16 * 64 * 2, unit="GOP/s", tile=True),
 }
+#: Bytes of the tile loops' operand buffers: one step's four tiles (L1), and a buffer in the
+#: L2 of every AMX core but larger than its L1 (48 KiB).
+TILE_STEP_BYTES = 4 * 16 * 64
+TILE_L2_BUFFER = 1024 * 1024
+for _name, _bytes in (("l1", TILE_STEP_BYTES), ("l2", TILE_L2_BUFFER)):
+    for _dtype in ("bf16", "int8"):
+        INSTRUCTIONS[f"amx_{_dtype}_{_name}"] = replace(INSTRUCTIONS[f"amx_{_dtype}"],
+                                                       tile_buffer=_bytes)
 #: Independent tile products per step of the tile loop (C tiles 0-3, A tiles 4-5, B 6-7).
 TILE_PRODUCTS = 4
 
@@ -161,8 +179,9 @@ _TILE_KERNEL = r"""
 #include <unistd.h>
 
 static unsigned char tile_config[64] __attribute__((aligned(64)));
-static unsigned char tile_data[4][16 * 64] __attribute__((aligned(64)));
+static unsigned char tile_data[TILE_BUFFER] __attribute__((aligned(64)));
 static float tile_out[16 * 16] __attribute__((aligned(64)));
+static const unsigned char *volatile tile_sink;
 
 static void setup_tiles(void) {
   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
@@ -170,25 +189,26 @@ static void setup_tiles(void) {
   for (int t = 0; t < 8; ++t) { tile_config[16 + 2 * t] = 64; tile_config[48 + t] = 16; }
   _tile_loadconfig(tile_config);
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  _tile_loadd(4, tile_data[0], 64); _tile_loadd(5, tile_data[1], 64);
-  _tile_loadd(6, tile_data[2], 64); _tile_loadd(7, tile_data[3], 64);
+  _tile_loadd(4, tile_data, 64); _tile_loadd(5, tile_data + 1024, 64);
+  _tile_loadd(6, tile_data + 2048, 64); _tile_loadd(7, tile_data + 3072, 64);
 }
 
 static void kernel(long n) {
+  const unsigned char *p = tile_data;
   for (long i = 0; i < n; ++i) {
     TILE_BODY
   }
   _tile_stored(0, tile_out, 64);
+  tile_sink = p;
 }
 
 static void fill_tiles(void) {  /* a fixed LCG; bf16 exponents kept small (finite) */
   unsigned x = 12345;
-  for (int t = 0; t < 4; ++t)
-    for (int i = 0; i < 16 * 64; ++i) {
-      x = x * 1103515245u + 12345u;
-      tile_data[t][i] = (unsigned char)(x >> 16);
-      if (i % 2) tile_data[t][i] &= 0x3f;
-    }
+  for (long i = 0; i < TILE_BUFFER; ++i) {
+    x = x * 1103515245u + 12345u;
+    tile_data[i] = (unsigned char)(x >> 16);
+    if (i % 2) tile_data[i] &= 0x3f;
+  }
 }
 """
 
@@ -227,9 +247,18 @@ def _tile_source(instr: PeakInstruction) -> str:
     operand tiles hold random bytes (a fixed LCG, bf16 values kept finite) loaded once per
     thread, before the timed loop."""
     builtin = {"tdpbf16ps": "_tile_dpbf16ps", "tdpbusd": "_tile_dpbusd"}[instr.mnemonic]
-    body = " ".join(f"{builtin}({2 * i + j}, {4 + i}, {6 + j});"
-                    for _ in range(UNROLL) for i in range(2) for j in range(2))
-    return (f"#define TILE_BODY {body}\n#define SETUP_THREAD setup_tiles();\n"
+    step = " ".join(f"{builtin}({2 * i + j}, {4 + i}, {6 + j});"
+                    for i in range(2) for j in range(2))
+    buffer = instr.tile_buffer or TILE_STEP_BYTES
+    if instr.tile_buffer:
+        # the step's A tiles (4, 5) and B tiles (6, 7): 1 KiB each, then the next 4 KiB
+        loads = " ".join(f"_tile_loadd({4 + t}, p + {1024 * t}, 64);" for t in range(4))
+        wrap = f"p = p + {TILE_STEP_BYTES} == tile_data + {buffer} ? tile_data : p + " \
+            f"{TILE_STEP_BYTES};"
+        step = f"{loads} {step} {wrap}"
+    body = " ".join(step for _ in range(UNROLL))
+    return (f"#define TILE_BUFFER {buffer}\n#define TILE_BODY {body}\n"
+            "#define SETUP_THREAD setup_tiles();\n"
             "#define MAIN_SETUP fill_tiles();\n"
             + _C_TEMPLATE.replace("KERNEL\n", _TILE_KERNEL + _TIMED_LOOP))
 

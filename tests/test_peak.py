@@ -35,3 +35,23 @@ def test_stream_bandwidth_runs_on_this_cpu(kind: str) -> None:
 def test_fp32_peak_runs_on_this_cpu() -> None:
     gflops = _peak().measure_peak("fp32_fma", threads=1, seconds=0.02)
     assert 1 < gflops < 100_000
+
+
+@pytest.mark.parametrize("name", ["amx_bf16_l1", "amx_int8_l2"])
+def test_tile_loops_with_loads_build_everywhere(name: str) -> None:
+    """The loaded tile loops (a GEMM step's four tile loads before its four products) load
+    every operand tile each step, from the next 4 KiB of their buffer, and compile on any
+    x86 host; they run where the CPU has AMX."""
+    peak = _peak()
+    instr = peak.INSTRUCTIONS[name]
+    source = peak._c_source(instr)
+    for tile in range(4, 8):
+        assert source.count(f"_tile_loadd({tile}, p + {1024 * (tile - 4)}, 64);") == peak.UNROLL
+    assert f"#define TILE_BUFFER {instr.tile_buffer}" in source
+    assert instr.tile_buffer == (peak.TILE_STEP_BYTES if name.endswith("l1")
+                                 else peak.TILE_L2_BUFFER)
+    assert peak._binary(name).exists()
+    if not peak._has_amx():
+        pytest.skip("this CPU has no AMX (amx_tile): the loop was built, not run")
+    ops = peak.measure_peak(name, threads=1, seconds=0.02)
+    assert 1 < ops < 1_000_000  # G(FL)OP/s: ran to the end and timed something real
