@@ -835,11 +835,13 @@ def explicit_auto_pad(graph: onnx.GraphProto) -> int:
 
     TVM's converter emits a separate pad kernel (an opaque ``call_tir``) for ``SAME``
     padding, in front of every such convolution (EfficientNet's depthwise convolutions),
-    where explicit pads are the convolution's own padding and run on its TPP kernel."""
+    where explicit pads are the convolution's own padding and run on its TPP kernel. The
+    pad of a ``ConvInteger`` (``quantize_dynamic``'s, on ``x - zero point`` in int32) also
+    hid the convolution from the int8 kernel patterns: they ran on TVM's default code."""
     shapes = _static_shapes(graph)
     changed = 0
     for node in graph.node:
-        if node.op_type not in ("Conv", "MaxPool", "AveragePool"):
+        if node.op_type not in ("Conv", "ConvInteger", "MaxPool", "AveragePool"):
             continue
         attrs = {a.name: a for a in node.attribute}
         mode = attrs.get("auto_pad")
@@ -847,7 +849,7 @@ def explicit_auto_pad(graph: onnx.GraphProto) -> int:
             continue
         shape = shapes.get(node.input[0])
         kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else None
-        if kernel is None and node.op_type == "Conv":
+        if kernel is None and node.op_type in ("Conv", "ConvInteger"):
             weight = shapes.get(node.input[1])
             kernel = list(weight[2:]) if weight is not None else None
         if shape is None or kernel is None:

@@ -25,7 +25,8 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
   filter goes to the grouped convolution kernel as it is: no slice or concat copies);
 - an explicit zero ``Pad`` of the spatial axes before a convolution (TF-style "same"
   padding, MobileNet's) is the convolution's own padding: the pad no longer sits
-  between layers, where it kept the layout transposes around each convolution.
+  between layers, where it kept the layout transposes around each convolution (a ReLU or
+  a transpose between the pad and the convolution moves above the pad first).
 
 Each rewrite keeps the graph's layouts and dtypes and is exact but for the order of sums
 (and an average pool's 1/window weights, rounded once).
@@ -351,6 +352,23 @@ def _activation_before_pad(call: relax.Call, producer: relax.Expr | None
     return relax.op.nn.pad(inner, producer.attrs.pad_width, "constant", 0.0)
 
 
+def _transpose_before_pad(call: relax.Call, producer: relax.Expr | None
+                          ) -> relax.Expr | None:
+    """permute(pad(x, 0), p) -> pad(permute(x, p), 0), the widths following their axes, so
+    the pad reaches the convolution it feeds: the int8 passes sink an int8 layer's output
+    transpose below the pad after it (to meet its inverse in a dynamically quantized
+    model), which left a QDQ MobileNetV2's pad apart from its depthwise convolution."""
+    if not _zero_pad(producer) or call.attrs.axes is None:
+        return None
+    perm = _ints(call.attrs.axes)
+    width = _ints(producer.attrs.pad_width)
+    if len(width) != 2 * len(perm):
+        return None
+    moved = [w for axis in perm for w in width[2 * axis:2 * axis + 2]]
+    return relax.op.nn.pad(relax.op.permute_dims(producer.args[0], perm), moved, "constant",
+                           0.0)
+
+
 @relax.expr_functor.mutator
 class _Canonicalize(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -364,6 +382,10 @@ class _Canonicalize(relax.PyExprMutator):
         if name in ("relax.nn.relu", "relax.maximum", "relax.minimum") \
                 and isinstance(call.args[0], relax.Var):
             moved = _activation_before_pad(call, self.lookup_binding(call.args[0]))
+            if moved is not None:
+                return self.builder_.normalize(moved)
+        if name == "relax.permute_dims" and isinstance(call.args[0], relax.Var):
+            moved = _transpose_before_pad(call, self.lookup_binding(call.args[0]))
             if moved is not None:
                 return self.builder_.normalize(moved)
         rewrite = _REWRITES.get(name)

@@ -48,7 +48,7 @@ from .lower import (
     lower_tpp_composites,
 )
 from .patterns import pattern_table
-from .quantized import lower_quantized
+from .quantized import SplitFullReductions, lower_quantized
 from .residual_order import OrderResidualOperands
 from .scalar_constants import fold_scalar_constants
 from .transposes import SinkLayoutTransposes
@@ -156,6 +156,8 @@ def partition_passes(isa: str, report: LoweringReport | None = None, threads: in
         relax.transform.DeadCodeElimination(),
         SinkLayoutTransposes,
         fold_constants(),
+        # DynamicQuantizeLinear's range reductions, once no transpose needs to pass them.
+        SplitFullReductions,
         OrderResidualOperands,
         relax.transform.FuseOpsByPattern(
             [p.as_fusion_pattern() for p in pattern_table()],

@@ -113,18 +113,26 @@ class _Emitter:
         self.kernels = 0
         self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8
         self.declined: dict[int, tuple[str, bool]] = {}
+        self.fp32_rewrites = 0  # integer convolutions rewritten in fp32 (no int8 kernel)
 
-    def decline(self, call: relax.Call, why: str, qdq: bool) -> None:
+    def decline(self, call: relax.Call, why: str, in_fp32: bool) -> None:
         """Note that no int8 kernel takes the contraction ``call`` (once per layer, however
-        many epilogue patterns tried it); ``qdq``: it is in the QDQ form."""
+        many epilogue patterns tried it); ``in_fp32``: it runs in fp32 on its dequantized
+        weights instead (a QDQ layer; a ConvInteger rewritten so), else on TVM's code."""
         label = f"{_KERNELS[call.op.name]} ({why})"
-        self.declined[tvm_ffi.structural_hash(call)] = (label, qdq)
+        self.declined[tvm_ffi.structural_hash(call)] = (label, in_fp32)
+
+    def in_fp32(self, call: relax.Call) -> None:
+        """Note that the declined contraction ``call`` runs in fp32 after all."""
+        key = tvm_ffi.structural_hash(call)
+        self.declined[key] = (self.declined[key][0], True)
+        self.fp32_rewrites += 1
 
     def report_declined(self) -> None:
-        """Report the declined layers: QDQ ones run in fp32 on their dequantized weights
-        (fp32 TPPs), integer ones (MatMulInteger, ConvInteger) fall back to TVM."""
-        for label, qdq in self.declined.values():
-            if qdq:
+        """Report the declined layers: those in fp32 on their dequantized weights (fp32
+        TPPs), the others (MatMulInteger) falling back to TVM."""
+        for label, in_fp32 in self.declined.values():
+            if in_fp32:
                 self.report.rewrites[f"{QDQ_IN_FP32}: {label}"] += 1
             else:
                 self.report.fallbacks[label] += 1
@@ -521,7 +529,7 @@ _KERNELS = {"relax.matmul": "tpp.int8_matmul", "relax.nn.conv2d": "tpp.int8_conv
             "relax.nn.conv1d": "tpp.int8_conv1d"}
 
 
-#: How the report names QDQ layers no int8 kernel takes (grouped convolutions, weight zero
+#: How the report names int8 layers no int8 kernel takes (grouped convolutions, weight zero
 #: points...): their dequantized weights fold to constants and the fp32 TPPs run them.
 QDQ_IN_FP32 = "int8 layers run in fp32 on their dequantized weights"
 
@@ -581,7 +589,7 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
             if dtype_of(m[w]) != "int8":
                 return orig
             if wz is not None and np.any(wz):
-                emitter.decline(m[core], "weight zero point", qdq=False)
+                emitter.decline(m[core], "weight zero point", in_fp32=False)
                 return orig
             call, weight = m[core], const_value(m[w])
             epi = variant.value(m, call, weight, bound)
@@ -589,12 +597,38 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
                 return orig
             zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
             out = _emit(emitter, call, m[a_q], zp, weight, m[scale], name, epi, qdq=False)
+            if out is None and variant.pattern is root and op != "relax.matmul":
+                out = _integer_conv_in_fp32(call, m[a_q], zp, weight, m[scale])
+                if out is not None:
+                    emitter.in_fp32(call)
             return orig if out is None else out
         return rewrite
 
     for variant in _with_epilogues(root):  # bindings read once per pass, not per match
         func = rewrite_call(variant.pattern, rewrite_with(variant, bindings(func)), func)
     return func
+
+
+def _integer_conv_in_fp32(call: relax.Call, a_q: relax.Expr, a_zp: relax.Expr, w: np.ndarray,
+                          scale: relax.Expr) -> relax.Expr | None:
+    """``float(conv(a_q - a_zp, W)) * scale`` (a ConvInteger no int8 kernel takes: the
+    depthwise convolutions of MobileNetV2, EfficientNet and ConvNeXt) as the fp32
+    convolution of the dequantized input with the weights as fp32 constants, which the fp32
+    depthwise and grouped TPPs run, its bias and activation fused; the same sums, rounded
+    in fp32. The scale goes onto the input: one value, or one per channel of a depthwise
+    convolution (each output channel reads its input channel alone). None for other
+    scales (left on TVM's integer code)."""
+    size, shape = int(np.prod(shape_of(scale))), shape_of(a_q)
+    groups = int(call.attrs.groups)
+    if size != 1 and not (size == shape[1] == groups == w.shape[0]):
+        return None
+    x = relax.op.subtract(relax.op.astype(a_q, "float32"), relax.op.astype(a_zp, "float32"))
+    s = scale if size == 1 else relax.op.reshape(scale, [1, shape[1]] + [1] * (len(shape) - 2))
+    at = call.attrs
+    conv = relax.op.nn.conv2d if w.ndim == 4 else relax.op.nn.conv1d
+    return conv(relax.op.multiply(x, s), relax.const(w.astype("float32")), at.strides,
+                at.padding, at.dilation, groups, at.data_layout, at.kernel_layout,
+                at.out_layout, "float32")
 
 
 def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
@@ -608,7 +642,7 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
             if dtype_of(m[wq]) != "int8":
                 return orig
             if np.any(const_value(m[z_w])) or shape_of(m[s_a]) not in ([], [1]):
-                emitter.decline(m[core], "weight zero point", qdq=True)
+                emitter.decline(m[core], "weight zero point", in_fp32=True)
                 return orig
             w = const_value(m[wq])
             transposed = w_t in m
@@ -618,7 +652,7 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
                 w = np.ascontiguousarray(w.T)
             axis = int(m[dq_w].attrs.axis) % w.ndim
             if const_value(m[s_w]).size > 1 and axis != (1 - out_axis if transposed else out_axis):
-                emitter.decline(m[core], "per-input-channel weight scales", qdq=True)
+                emitter.decline(m[core], "per-input-channel weight scales", in_fp32=True)
                 return orig
             call = m[core]
             epi = variant.value(m, call, w, bound)
@@ -637,11 +671,18 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
 def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax.Function:
     """``max(x)`` / ``min(x)`` over a whole fp32 tensor (DynamicQuantizeLinear's range)
     through the vectorized partial-reduction kernel, then a 16-element reduction."""
+    if not _calls(func, "relax.quantize"):
+        return func
     x = wildcard()
     pattern = is_op("relax.max")(x) | is_op("relax.min")(x)
 
     def rewrite(orig, m):
-        if orig.attrs.axis is not None or dtype_of(m[x]) != "float32" or not shape_of(m[x]):
+        if dtype_of(m[x]) != "float32" or not shape_of(m[x]):
+            return orig
+        rank = len(shape_of(m[x]))
+        # over every axis, however written (ConvertLayout spells out axis=None)
+        if orig.attrs.axis is not None and \
+                sorted(int(a) % rank for a in orig.attrs.axis) != list(range(rank)):
             return orig
         size = int(np.prod(shape_of(m[x])))
         if size % LANES or size < 64 * LANES:
@@ -694,18 +735,35 @@ def _integer_contractions_in_fp32(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]
     return mutator.builder_.get(), mutator.widened
 
 
-def _quantizes(mod: tvm.IRModule) -> bool:
-    """Whether any Relax function of ``mod`` dequantizes (a quantized model)."""
+def _calls(func: relax.Function, op: str) -> bool:
+    """Whether ``func`` calls the Relax operator ``op``."""
     found = []
 
     def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.dequantize":
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == op:
             found.append(expr)
 
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, visit)
+    relax.analysis.post_order_visit(func.body, visit)
     return bool(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tpp.SplitFullReductions")
+def SplitFullReductions(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - pass name
+    """:func:`split_full_reductions` in every Relax function of a model that quantizes at
+    run time; after the layout passes, so the layout transposes have been sunk through the
+    reductions (a reshape into the reduction kernel's rows stopped them: MobileNetV2's
+    dynamically quantized depthwise layers kept a transpose each)."""
+    bb = relax.BlockBuilder(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            bb.update_func(gv, split_full_reductions(func, bb))
+    return bb.get()
+
+
+def _quantizes(mod: tvm.IRModule) -> bool:
+    """Whether any Relax function of ``mod`` dequantizes (a quantized model)."""
+    return any(isinstance(func, relax.Function) and _calls(func, "relax.dequantize")
+               for func in mod.functions.values())
 
 
 def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads: int = 1,
@@ -731,13 +789,12 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
                                                       report)
             func = rewrite_quantized_contractions(quantize_before_max_pool(func, report),
                                                   emitter)
-            if emitter.kernels:  # a quantized model: its range reductions, its fake quant
+            if emitter.kernels:  # a quantized model: its fake quantization
                 func = sink_transposes(drop_fake_quantization(func, report))
-                func = split_full_reductions(func, bb)
             bb.update_func(gv, func)
     emitter.report_declined()
     if not emitter.kernels:
-        return mod
+        return bb.get() if emitter.fp32_rewrites else mod
     # An int8 layer whose readers all quantize its output alike writes the quantized u8/s8.
     mod, written = lowp_activations(bb.get(), emitter.offers)
     report_narrowed(report, written)

@@ -3,10 +3,12 @@
 The int8 convolution kernels run NHWC inside NCHW graphs (ONNX's layout), so each one is
 wrapped in ``permute_dims`` on the way in and out (``quantized.py``). Between two of them sit
 ops that do not care about layout: the QDQ model's quantize/dequantize, ReLU, the residual
-add, max pooling, a global mean. ``sink_transposes`` moves each transpose below such ops
-(rewriting their axis attributes) so that ``permute(permute(x, p), p⁻¹)`` appears and
-cancels: the network then runs NHWC from the first convolution to the last, as it would
-with ``ConvertLayout``, which does not know the quantization ops. A transpose is only moved
+add, max pooling, a global mean, a constant pad (the explicit padding ``quantize_dynamic``
+puts before a depthwise convolution's quantization). ``sink_transposes`` moves each
+transpose below such ops (rewriting their axis attributes) so that
+``permute(permute(x, p), p⁻¹)`` appears and cancels: the network then runs NHWC from the
+first convolution to the last, as it would with ``ConvertLayout``, which does not know the
+quantization ops. A transpose is only moved
 past an op all of whose tensor inputs can follow it, so no transpose is ever added.
 """
 
@@ -83,6 +85,13 @@ def _move_unary(call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr 
             x, [int(v) for v in a.pool_size], [int(v) for v in a.strides],
             [int(v) for v in a.padding], [int(v) for v in a.dilation], bool(a.ceil_mode),
             bool(a.count_include_pad), layout="NHWC", out_layout="NHWC")
+    if name == "relax.nn.pad" and str(call.attrs.pad_mode) == "constant":
+        # each output axis i is x's axis perm[i]: its (before, after) widths go there
+        width = [int(v) for v in call.attrs.pad_width]
+        moved = [0] * len(width)
+        for i, axis in enumerate(perm):
+            moved[2 * axis:2 * axis + 2] = width[2 * i:2 * i + 2]
+        return relax.op.nn.pad(x, moved, "constant", float(call.attrs.pad_value))
     if name in _FULL_REDUCTIONS and call.attrs.axis is None:
         return relax.Call(call.op, [x], call.attrs, call.ty_args)  # no layout left
     if name == "relax.mean" and bool(call.attrs.keepdims) and call.attrs.axis is not None:
@@ -146,7 +155,7 @@ def sink_transposes(func: relax.Function, perms: list[list[int]] | None = None
     # quantize's scale and zero point) as they are
     unary_patterns = [is_op(op)(transposed, varg_default_wildcard=True) for op in sorted(
         _UNARY | _FULL_REDUCTIONS | {"relax.quantize", "relax.dequantize",
-                                     "relax.nn.max_pool2d", "relax.mean"})]
+                                     "relax.nn.max_pool2d", "relax.mean", "relax.nn.pad"})]
     func = rewrite_call(twice, cancel, func)
     for _ in range(64):  # each round moves every transpose one op further down
         before = func
