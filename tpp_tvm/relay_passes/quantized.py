@@ -685,13 +685,13 @@ def split_full_reductions(func: relax.Function, bb: relax.BlockBuilder) -> relax
                 sorted(int(a) % rank for a in orig.attrs.axis) != list(range(rank)):
             return orig
         size = int(np.prod(shape_of(m[x])))
-        if size % LANES or size < 64 * LANES:
+        if size < 64 * LANES:
             return orig
         op = "max" if orig.op.name == "relax.max" else "min"
         gv = bb.add_func(as_relax_kernel(reduce_all_schedule(size, op).mod["main"]),
                          f"tpp_reduce_all_{op}")
-        rows = relax.op.reshape(m[x], (size // LANES, LANES))
-        part = relax.call_tir(gv, [rows], relax.TensorType((LANES,), "float32"))
+        flat = relax.op.reshape(m[x], (size,))
+        part = relax.call_tir(gv, [flat], relax.TensorType((LANES,), "float32"))
         final = relax.op.max if op == "max" else relax.op.min
         return final(part, keepdims=bool(orig.attrs.keepdims))
 
