@@ -62,28 +62,35 @@ def test_instance_norm_kernels_match_numpy(rows: int, width: int, offset: float,
     checks.assert_close_scaled(out.numpy(), want, 2e-5)
 
 
+def _group_norm_net_report(tmp_path, build, shape: tuple[int, ...]) -> str:
+    """The report of ``build(torch.nn)`` (its second module a GroupNorm, given random
+    weights and biases) exported to ONNX for an input of ``shape`` and compiled, checked
+    against ONNX Runtime (seeded)."""
+    import onnx
+    import torch
+
+    torch.manual_seed(0)
+    net = build(torch.nn)
+    with torch.no_grad():
+        net[1].weight.normal_()
+        net[1].bias.normal_()
+    x = torch.randn(*shape)
+    path = tmp_path / "group_norm.onnx"
+    torch.onnx.export(net, (x,), str(path), opset_version=17, dynamo=False,
+                      input_names=["x"], output_names=["y"])
+    return checks.assert_runs_like_onnxruntime(onnx.load(str(path)), {"x": x.numpy()},
+                                               rtol=1e-4, atol=1e-4).report()
+
+
 @pytest.mark.requires_onnxruntime
 def test_per_channel_group_norm_runs_channels_last(tmp_path) -> None:
     """Conv1d -> GroupNorm(one group per channel) -> GELU -> Conv1d, as wav2vec2's feature
     extractor exports it: one instance-norm kernel with the GELU, and no layout transposes
     but the one that returns the output channels-first."""
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv1d(1, 32, 10, 5, bias=False), torch.nn.GroupNorm(32, 32),
-        torch.nn.GELU(), torch.nn.Conv1d(32, 32, 3, 2, bias=False), torch.nn.GELU())
-    with torch.no_grad():
-        net[1].weight.normal_()
-        net[1].bias.normal_()
-    x = torch.randn(1, 1, 1601)
-    path = tmp_path / "frontend.onnx"
-    torch.onnx.export(net, (x,), str(path), opset_version=17, dynamo=False,
-                      input_names=["x"], output_names=["y"])
-    import onnx
-
-    compiled = checks.assert_runs_like_onnxruntime(onnx.load(str(path)), {"x": x.numpy()},
-                                                   rtol=1e-4, atol=1e-4)
-    report = compiled.report()
+    pytest.importorskip("torch")
+    report = _group_norm_net_report(tmp_path, lambda nn: nn.Sequential(
+        nn.Conv1d(1, 32, 10, 5, bias=False), nn.GroupNorm(32, 32), nn.GELU(),
+        nn.Conv1d(32, 32, 3, 2, bias=False), nn.GELU()), (1, 1, 1601))
     assert "tpp.instance_norm_gelu: 1" in report, report
     assert sum("transpose" in line for line in report.splitlines()) == 1, report
 
@@ -100,23 +107,10 @@ def test_image_group_norm_runs_channels_last(tmp_path, groups: int) -> None:
     of the image reshaped to one row per group, then the per-channel affine): one group
     norm kernel with the ReLU (an instance norm where each channel is a group), no layer
     norm and no layout transposes but the two at the model's edges."""
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.GroupNorm(groups, 32),
-        torch.nn.ReLU(), torch.nn.Conv2d(32, 16, 3, padding=1, bias=False))
-    with torch.no_grad():
-        net[1].weight.normal_()
-        net[1].bias.normal_()
-    x = torch.randn(1, 3, 14, 12)
-    path = tmp_path / "group_norm.onnx"
-    torch.onnx.export(net, (x,), str(path), opset_version=17, dynamo=False,
-                      input_names=["x"], output_names=["y"])
-    import onnx
-
-    compiled = checks.assert_runs_like_onnxruntime(onnx.load(str(path)), {"x": x.numpy()},
-                                                   rtol=1e-4, atol=1e-4)
-    report = compiled.report()
+    pytest.importorskip("torch")
+    report = _group_norm_net_report(tmp_path, lambda nn: nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.GroupNorm(groups, 32), nn.ReLU(),
+        nn.Conv2d(32, 16, 3, padding=1, bias=False)), (1, 3, 14, 12))
     kernel = "tpp.group_norm_relu" if groups < 32 else "tpp.instance_norm_relu"
     assert f"{kernel}: 1" in report, report
     assert "layer_norm" not in report, report
