@@ -115,3 +115,15 @@ def test_image_group_norm_runs_channels_last(tmp_path, groups: int) -> None:
     assert f"{kernel}: 1" in report, report
     assert "layer_norm" not in report, report
     assert sum("transpose" in line for line in report.splitlines()) <= 2, report
+
+
+@pytest.mark.requires_onnxruntime
+def test_group_norm_of_a_channels_first_input_runs_channels_last(tmp_path) -> None:
+    """A GroupNorm reading a channels-first image that no transpose made (BiT's first block
+    norm reads the max pooling) and whose result nothing transposes back (its last norm is
+    the model's output): still one group-norm kernel, no layer norm."""
+    pytest.importorskip("torch")
+    report = _group_norm_net_report(tmp_path, lambda nn: nn.Sequential(
+        nn.Identity(), nn.GroupNorm(8, 32), nn.ReLU()), (1, 32, 9, 7))
+    assert "tpp.group_norm_relu: 1" in report, report
+    assert "layer_norm" not in report, report
