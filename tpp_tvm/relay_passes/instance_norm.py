@@ -29,6 +29,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm_ffi import structural_equal
 
 from .exprs import bindings, const_value, static_shape, use_counts
+from .transposes import TO_NCHW, TO_NHWC
 
 #: Activations that may end the chain, by Relax op (their TPP names are the patterns').
 _ACTIVATIONS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu",
@@ -78,7 +79,7 @@ def _chain(v: relax.Expr, b: dict) -> tuple | None:
 
 
 #: Layout transposes from a channels-last tensor to channels-first, by its rank.
-_TO_CHANNELS_FIRST = {3: [0, 2, 1], 4: [0, 3, 1, 2]}
+_TO_CHANNELS_FIRST = {3: [0, 2, 1], 4: TO_NCHW}
 
 
 def _channels_last_source(ln: relax.Call, b: dict
@@ -114,7 +115,7 @@ def _channels_last_source(ln: relax.Call, b: dict
             if not reshaped or first is None or len(first) != 4:
                 return None
             xs = [first[0], *first[2:], first[1]]
-            x = relax.op.permute_dims(e, _inverse(_TO_CHANNELS_FIRST[4]))
+            x = relax.op.permute_dims(e, TO_NHWC)
         if xs[0] != 1 or str(e.ty.dtype) != "float32":  # (x and the view e alike)
             return None
         channels, total = xs[-1], int(np.prod(xs))
@@ -122,10 +123,6 @@ def _channels_last_source(ln: relax.Call, b: dict
         if groups * shape[-1] != total or channels % groups:
             return None
         return x, xs, groups
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    return [int(i) for i in np.argsort(perm)]
 
 
 def _channels_first_value(permute: relax.Call, b: dict) -> relax.Expr | None:
