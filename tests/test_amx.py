@@ -374,6 +374,28 @@ def test_row_blocked_tile_gemm_runs_like_numpy() -> None:
     np.testing.assert_allclose(kernel(a, b), want, rtol=1e-4, atol=1e-2)
 
 
+def test_tile_gemms_of_many_rows_stream_b_with_rows_outer() -> None:
+    """A tile GEMM of at least 8 row tiles whose A row tile fits the L1d and B half the L2
+    runs rows outer even where B is the bigger operand (it ran panels outer before), and
+    still computes the exact product; with fewer row tiles (a 128-token layer's cold
+    weights), a bigger row tile or a B past the L2, panels stay outer."""
+    import numpy as np
+
+    from tpp_tvm.kernels import build_gemm
+    from tpp_tvm.schedules.gemm_plan import tile_rows_outer, weights_outer
+
+    m, n, k = 256, 1024, 256  # 8 row tiles of 32 x 256 u8 (8 KiB); B 256 KiB
+    assert tile_rows_outer(m // 32, 32 * k, k * n) and weights_outer(m * k // 4, k * n // 4)
+    assert not tile_rows_outer(4, 32 * k, k * n)
+    assert not tile_rows_outer(8, 64 * 1024, k * n)
+    assert not tile_rows_outer(8, 32 * k, 64 << 20)
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    kernel = build_gemm(m, n, k, dtype="int8", target=h.tile_target(1))
+    np.testing.assert_array_equal(kernel(a, b), a.astype(np.int64) @ b.astype(np.int64))
+
+
 def test_exported_emulated_tile_model_runs_in_a_fresh_process(tmp_path) -> None:
     """A model exported with emulated tiles records it in its sidecar: a fresh process that
     only loads it links the tile model before the library and gets the same result."""

@@ -33,6 +33,7 @@ from .gemm_plan import (
     register_tile_isa,
     row_block,
     runs_on_tiles,
+    tile_rows_outer,
     weights_outer,
 )
 from .gemm_te import WEIGHTS, gemm_te
@@ -130,7 +131,9 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
         return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
                                    [b] if batched else [], io, ii, jo, ji, red[0])
     elem = 4 // prec.vnni
-    if weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
+    rows_outer = threads is not None and tile_rows_outer(plan.mp // mr, mr * k * elem,
+                                                         k * plan.np_ * elem)
+    if not rows_outer and weights_outer(plan.mp * k * elem // 4, k * plan.np_ * elem // 4):
         mc = row_block(plan.mp, k * elem, mr) if threads is not None else None
         if mc is not None:  # tiles: a row block of A stays in L2 while all panels pass
             ioo, io = sch.split(io, [None, mc // mr])
