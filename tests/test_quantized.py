@@ -562,11 +562,14 @@ class _Feeds(quantization.CalibrationDataReader):
         return next(self.batches, None)
 
 
-def test_qdq_transformer_attention_stays_one_kernel(tmp_path) -> None:
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_qdq_transformer_attention_stays_one_kernel(tmp_path, precision: str) -> None:
     """A static-QDQ BERT layer: the u8 quantization of the softmax output clips at 0, which
     would otherwise be exposed as a ReLU (softmax is never negative, so none is) between
     the softmax and the second matmul and split the fused attention into two batched
-    matmuls and a softmax."""
+    matmuls and a softmax. With ``precision="bf16"`` on a tile target the int8 layers stay
+    int8 and the attention, which the QDQ model leaves in fp32, runs on bf16 tiles, as
+    accurate against fp32 as ONNX Runtime's int8 run."""
     fp32 = models.GENERATORS["bert"](layers=1, hidden=64, heads=2, intermediate=128, seq=32)
     src, dst = str(tmp_path / "bert.onnx"), str(tmp_path / "bert_qdq.onnx")
     onnx.save(fp32, src)
@@ -574,9 +577,15 @@ def test_qdq_transformer_attention_stays_one_kernel(tmp_path) -> None:
                                  activation_type=quantization.QuantType.QUInt8,
                                  weight_type=quantization.QuantType.QInt8)
     model = onnx.load(dst)
-    compiled = compile_onnx(model)
+    if precision == "float32":
+        compiled = compile_onnx(model)
+    else:
+        compiled = compile_onnx(model, precision=precision, target=h.tile_target())
     lowered = compiled.report_data["lowered"]
-    assert lowered.get("tpp.attention_mask") == 1, lowered
+    attention = "tpp.attention_mask" + (" [bf16, amx]" if precision == "bf16" else "")
+    assert lowered.get(attention) == 1, lowered
+    if precision == "bf16":
+        assert sum(n for k, n in lowered.items() if k.endswith("[int8, amx]")) >= 4, lowered
     assert not any(k.startswith(("tpp.bmm", "tpp.softmax")) for k in lowered), lowered
     inputs = models.example_inputs(fp32)
     exact = run_onnxruntime(fp32, inputs)[0]
