@@ -315,9 +315,10 @@ def tile_rows_outer(row_tiles: int, a_tile_bytes: int, b_bytes: int) -> bool:
     The tile loads then keep A's strided tile rows in L1 and stream the contiguous packed
     B panels from L2, which they sustain better than the other way round (the AMX Xeon,
     1 thread, hot operands, rows outer against panels outer: int8 1024^3 1908 -> 3301
-    GOP/s, bf16 512^3 1574 -> 1683 GFLOP/s). The first row tile reads B cold from memory,
-    without the next-panel prefetch panels outer has: with few row tiles that costs more
-    than it saves (int8 BERT, 128 rows, 576 KiB weights: 5.34 -> 5.85 ms a model call)."""
+    GOP/s, bf16 512^3 1574 -> 1683 GFLOP/s). In a model the weights are cold: the first
+    row tile reads all of B from memory before any of it is reused, which with few row
+    tiles costs more than the streaming saves (int8 BERT, 4 row tiles, 576 KiB weights:
+    5.34 -> 5.85 ms a model call; ResNet-50's 7-tile layers: within noise)."""
     l1 = host_isa().l1d_bytes or 48 * 1024
     l2 = host_isa().l2_bytes or 1024 * 1024
     return (row_tiles >= STREAMED_B_ROW_TILES and 3 * a_tile_bytes <= 2 * l1
