@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import tpp_harness as h
 import tvm
@@ -20,7 +21,7 @@ from tpp_tvm.errors import UnsupportedDTypeError, UnsupportedShapeError
 from tpp_tvm.intrinsics import TPPSpec
 from tpp_tvm.intrinsics.registry import implements, low_precision_catalogue
 from tpp_tvm.intrinsics.spec import QUANT_DTYPES
-from tpp_tvm.target import host_isa
+from tpp_tvm.target import host_isa, target
 
 DOT_DTYPES = [("bfloat16", None), ("uint8", "int8")]
 
@@ -138,6 +139,68 @@ def test_quantize_rounds_half_to_even_and_saturates() -> None:
             mod(*tensors)
             np.testing.assert_array_equal(tensors[-1].numpy(),
                                           [row * (n // 5) for row in want])
+
+
+#: Values a quantization must round half to even and saturate (1e10, 3e9: beyond int32).
+_EDGES = [2.5, 3.5, -0.5, 300.0, -7.0, 0.5, 1.5, 254.5, 255.5, 128.0, 1e10, -1e10, 3e9, -3e9,
+          126.5, -128.5]
+
+
+def _quantized(x: np.ndarray, dtype: str) -> np.ndarray:
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    return np.clip(np.rint(x.astype(np.float64)), lo, hi).astype(dtype)
+
+
+@pytest.mark.requires_avx512
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_rows_of_32_quantize_with_packs(dtype: str) -> None:
+    """Rows of whole 32-column chunks (every int8 tile epilogue) narrow with
+    ``vpackssdw`` + a byte pack + ``vpermd``, not a ``vpmovdb`` per vector, with the same
+    rounding and saturation (below the range by the packs' saturation alone)."""
+    spec = TPPSpec("quantize", "float32", m=3, n=64, out_dtype=dtype)
+    asm = h.assembly(spec)
+    assert "vpackssdw" in asm and "vpermd" in asm and "vpmovdb" not in asm
+    mod, _, _ = h.build(spec)
+    x = np.resize(np.array(_EDGES, "float32"), (3, 64)) * np.float32(1.0)
+    x[1] = -x[1]
+    args = [x, np.ones(64, "float32"), np.zeros(64, "float32"), np.zeros((3, 64), dtype)]
+    tensors = [tvm.runtime.tensor(v) for v in args]
+    mod(*tensors)
+    np.testing.assert_array_equal(tensors[-1].numpy(), _quantized(x, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_packs_have_an_any_cpu_form(dtype: str) -> None:
+    """The packs' generic form (what an emulated tile kernel's epilogue compiles to on a
+    host without AVX-512) computes what the instructions do: both against numpy, and
+    against each other where the host has AVX-512."""
+    import tvm_ffi
+
+    from tpp_tvm.intrinsics import precision_template
+    from tpp_tvm.intrinsics.registry import vector_isa
+
+    spec = TPPSpec("requantize", "int32", m=2, n=32, out_dtype=dtype)
+    func = precision_template.quant_impl(spec, vector_isa("avx512"))
+
+    def generic(call):
+        form = precision_template.generic_form(call)
+        return call if form is None else form
+
+    forms = {"generic": func.with_body(tvm_ffi.structural_map(func.body,
+                                                              [(tvm.ir.Call, generic)]))}
+    if host_isa().avx512f and host_isa().avx512bw:
+        forms["avx512"] = func
+    assert "packssdw" not in forms["generic"].script()
+    rng = np.random.default_rng(5)
+    x = rng.integers(-70000, 70000, (2, 32)).astype("int32")
+    scale = rng.uniform(0.001, 0.01, 32).astype("float32")
+    offset = rng.uniform(-20, 150, 32).astype("float32")
+    want = _quantized(x * scale.astype(np.float64) + offset, dtype)
+    for name, f in forms.items():
+        built = tvm.compile(tvm.IRModule({"main": f}), target=target(num_cores=1)).jit()
+        tensors = [tvm.runtime.tensor(v) for v in (x, scale, offset, np.zeros((2, 32), dtype))]
+        built(*tensors)
+        np.testing.assert_array_equal(tensors[-1].numpy(), want, err_msg=name)
 
 
 @pytest.mark.requires_avx2

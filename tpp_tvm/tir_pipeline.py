@@ -52,7 +52,7 @@ from tvm import s_tir, tirx
 from tvm.runtime import Executable
 from tvm.tirx import compilation_pipeline
 
-from tpp_tvm.intrinsics import vector_math
+from tpp_tvm.intrinsics import precision_template, vector_math
 from tpp_tvm.intrinsics.amx import (
     TILE_CONFIG_ATTR,
     configure_tiles_per_task,
@@ -288,8 +288,11 @@ def emulate_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
 
 
 def _generic_call(call: tvm.ir.Call) -> tvm.ir.Call | tirx.Expr:
-    generic = vector_math.generic_form(call)
-    return call if generic is None else generic
+    for form in (vector_math.generic_form, precision_template.generic_form):
+        generic = form(call)
+        if generic is not None:
+            return generic
+    return call
 
 
 def _runs_avx512_dot_products(target: tvm.target.Target | None) -> bool:

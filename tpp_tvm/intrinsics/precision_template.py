@@ -15,13 +15,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
 from .geometry import whole
 from .llvm_ir import CONVERSIONS, convert_step, module_text
-from .spec import TPPSpec, quant_expr, residual_quant_expr
+from .spec import (
+    TPPSpec,
+    const,
+    dtype_of,
+    quant_expr,
+    residual_quant_expr,
+    residual_sum_expr,
+    scaled_expr,
+)
 from .vector_isa import VectorISA
 
 
@@ -66,6 +75,75 @@ class _Lanes:
                                        T.broadcast(tirx.const(0, dtype), self.lanes))
 
 
+#: The AVX-512 byte pack after ``packssdw`` by output type (saturating to u8 or s8).
+_BYTE_PACKS = {"uint8": "llvm.x86.avx512.packuswb.512", "int8": "llvm.x86.avx512.packsswb.512"}
+#: Dword order that undoes the packs' interleave of 128-bit lanes (lane k holds 4 bytes of
+#: the first vector, then 4 of the second, twice): the row's 32 bytes in order.
+_PACK_ORDER = [0, 4, 8, 12, 1, 5, 9, 13]
+
+
+def _packs_rows(spec: TPPSpec, isa: VectorISA) -> bool:
+    """Whether a quantizing TPP narrows its rows 32 values at a time with AVX-512 packs:
+    u8/s8 out and whole 32-column chunks (every int8 tile epilogue)."""
+    return isa.name == "avx512" and spec.acc_dtype in _BYTE_PACKS and spec.n % 32 == 0
+
+
+def _packed_row(values: tuple[tirx.Expr, tirx.Expr], out_dtype: str) -> tirx.Expr:
+    """Two fp32x16 vectors (32 values of a row) rounded to nearest even and saturated to
+    ``out_dtype`` as 32 bytes: clamped from above, converted (``vcvtps2dq``), narrowed by
+    ``packssdw`` and a byte pack, whose saturation is the clamp from below, and put in
+    order by one ``vpermd``.
+
+    Against a clamp on both sides and a ``vpmovdb`` per vector, this saves a quarter of
+    the vector-port uops after the scaling (7 -> 5.5 a vector); those uops do not overlap
+    the tile products. (Packing two rows with one byte pack would save more, but LLVM
+    splits the pack per stored row again.)"""
+    hi = 255.0 if out_dtype == "uint8" else 127.0
+    a, b = (tirx.call_llvm_pure_intrin("int32x16", "llvm.lrint", tirx.min(v, const(v, hi)))
+            for v in values)
+    words = tirx.call_llvm_pure_intrin("int16x32", "llvm.x86.avx512.packssdw.512", a, b)
+    packed = tirx.call_llvm_pure_intrin(f"{out_dtype}x64", _BYTE_PACKS[out_dtype], words,
+                                        words)
+    return T.reinterpret(f"{out_dtype}x32",
+                         tirx.Shuffle([T.reinterpret("int32x16", packed)], _PACK_ORDER))
+
+
+def _lane_pairs(width: int, lanes: int = 4) -> list[int]:
+    """Shuffle indices of an x86 pack: per 128-bit lane, ``width`` narrowed elements of the
+    first operand, then ``width`` of the second (concatenated after the first)."""
+    return [half * width * lanes + lane * width + i
+            for lane in range(lanes) for half in (0, 1) for i in range(width)]
+
+
+#: The packs :func:`_packed_row` uses, by LLVM name: saturation bounds and narrowed lanes
+#: per 128-bit lane (their any-CPU form, see :func:`generic_form`).
+_PACKS = {"llvm.x86.avx512.packssdw.512": (-32768, 32767, 4),
+          "llvm.x86.avx512.packuswb.512": (0, 255, 8),
+          "llvm.x86.avx512.packsswb.512": (-128, 127, 8)}
+
+
+def generic_form(call: tirx.Call) -> tirx.Expr | None:
+    """The any-CPU form of an AVX-512 pack a quantizing TPP put in ``call`` (saturate,
+    narrow, interleave per 128-bit lane as the instruction does), None for other calls:
+    the int8 tile epilogues beside emulated tiles then compile for an AVX2 host."""
+    if call.op.name != "tirx.call_llvm_pure_intrin":
+        return None
+    pack = next((p for name, p in _PACKS.items()
+                 if int(call.args[0].value) == _llvm_id(name)), None)
+    if pack is None:
+        return None
+    lo, hi, width = pack
+    narrow = dtype_of(call).partition("x")[0]
+    halves = [tirx.Cast(f"{narrow}x{4 * width}",
+                        tirx.max(tirx.min(v, const(v, hi)), const(v, lo)))
+              for v in call.args[1:]]
+    return tirx.Shuffle(halves, _lane_pairs(width))
+
+
+def _llvm_id(name: str) -> int:
+    return int(tvm.target.codegen.llvm_lookup_intrinsic_id(name))
+
+
 def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """quantize / requantize / dequantize: Y = [saturate(round(]X * S[j] + O[j][))]."""
     M, N, dt, odt, op = spec.m, spec.n, spec.dtype, spec.acc_dtype, spec.op
@@ -74,6 +152,28 @@ def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     def f(x, s, o):
         return quant_expr(op, x, s, o, odt)
+
+    if op != "dequantize" and _packs_rows(spec, isa):
+        def chunk(X, S, Off, i, c):
+            def col(h):
+                return T.ramp(c * 32 + h * 16, 1, 16)
+            return _packed_row(tuple(scaled_expr(X[i, col(h)], S[col(h)], Off[col(h)])
+                                     for h in (0, 1)), odt)
+
+        @T.prim_func(s_tir=True)
+        def packed(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), **_mat(dt))
+            S = T.match_buffer(s, (N,), "float32", offset_factor=1)
+            Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
+            Y = T.match_buffer(y, (M, N), **_mat(odt))
+            with T.sblock("root"):
+                T.reads(X[0:M, 0:N], S[0:N], Off[0:N])
+                T.writes(Y[0:M, 0:N])
+                for i in T.serial(M):
+                    for c in T.serial(N // 32):
+                        Y[i, T.ramp(c * 32, 1, 32)] = chunk(X, S, Off, i, c)
+
+        return packed
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
@@ -109,6 +209,34 @@ def residual_quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     def f(x, s, o, r, a, z):
         return residual_quant_expr(op, x, s, o, r, a, z, odt)
+
+    if _packs_rows(spec, isa):
+        def chunk(X, S, Off, R, A, Z, i, c):
+            def col(h):
+                return T.ramp(c * 32 + h * 16, 1, 16)
+            return _packed_row(tuple(
+                scaled_expr(residual_sum_expr(op, X[i, col(h)], S[col(h)], Off[col(h)],
+                                              R[i, col(h)]), A[col(h)], Z[col(h)])
+                for h in (0, 1)), odt)
+
+        @T.prim_func(s_tir=True)
+        def packed(x: T.handle, s: T.handle, o: T.handle, r: T.handle, a: T.handle,
+                   z: T.handle, y: T.handle):
+            X = T.match_buffer(x, (M, N), **_mat(dt))
+            S = T.match_buffer(s, (N,), "float32", offset_factor=1)
+            Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
+            R = T.match_buffer(r, (M, N), **_mat(odt))
+            A = T.match_buffer(a, (N,), "float32", offset_factor=1)
+            Z = T.match_buffer(z, (N,), "float32", offset_factor=1)
+            Y = T.match_buffer(y, (M, N), **_mat(odt))
+            with T.sblock("root"):
+                T.reads(X[0:M, 0:N], S[0:N], Off[0:N], R[0:M, 0:N], A[0:N], Z[0:N])
+                T.writes(Y[0:M, 0:N])
+                for i in T.serial(M):
+                    for c in T.serial(N // 32):
+                        Y[i, T.ramp(c * 32, 1, 32)] = chunk(X, S, Off, R, A, Z, i, c)
+
+        return packed
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, s: T.handle, o: T.handle, r: T.handle, a: T.handle, z: T.handle,

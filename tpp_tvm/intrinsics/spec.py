@@ -253,6 +253,14 @@ QUANT_DTYPES = {
 }
 
 
+def scaled_expr(x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr) -> tirx.Expr:
+    """``float(x) * scale + offset`` on an element or a vector: the value a quantization
+    TPP rounds and saturates (or a dequantization returns)."""
+    lanes = dtype_of(x).partition("x")[2]
+    v = tirx.Cast(f"float32x{lanes}" if lanes else "float32", x) if _elem(x) != "float32" else x
+    return v * scale + offset
+
+
 def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
                out_dtype: str) -> tirx.Expr:
     """The math of a quantization TPP on one element or one vector (``out_dtype`` is the
@@ -265,8 +273,7 @@ def quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
     bounds are integers, so rounding commutes with the clamp."""
     lanes = dtype_of(x).partition("x")[2]
     vec = (lambda d: f"{d}x{lanes}") if lanes else (lambda d: d)
-    v = tirx.Cast(vec("float32"), x) if _elem(x) != "float32" else x
-    v = v * scale + offset
+    v = scaled_expr(x, scale, offset)
     if op == "dequantize":
         return v
     lo, hi = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0)}[out_dtype]
@@ -283,12 +290,20 @@ def residual_quant_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Ex
                         residual: tirx.Expr, out_scale: tirx.Expr, out_offset: tirx.Expr,
                         out_dtype: str) -> tirx.Expr:
     """The math of :data:`RESIDUAL_QUANT_OPS` on one element or one vector."""
+    return quant_expr("quantize", residual_sum_expr(op, x, scale, offset, residual),
+                      out_scale, out_offset, out_dtype)
+
+
+def residual_sum_expr(op: str, x: tirx.Expr, scale: tirx.Expr, offset: tirx.Expr,
+                      residual: tirx.Expr) -> tirx.Expr:
+    """The fp32 sum :data:`RESIDUAL_QUANT_OPS` quantize: ``float(x) * scale + offset +
+    float(residual)``, rectified for the ``_relu`` op."""
     lanes = dtype_of(x).partition("x")[2]
     f32 = f"float32x{lanes}" if lanes else "float32"
     v = tirx.Cast(f32, x) * scale + offset + tirx.Cast(f32, residual)
     if op.endswith("_relu"):
         v = tirx.max(v, const(v, 0.0))
-    return quant_expr("quantize", v, out_scale, out_offset, out_dtype)
+    return v
 
 
 def vnni_factor(dtype: str) -> int:
