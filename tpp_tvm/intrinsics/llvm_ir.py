@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import tvm
+
 from ..errors import UnsupportedDTypeError
 
 _LLVM_TYPES = {"float32": "float", "bfloat16": "bfloat", "int32": "i32", "int16": "i16",
@@ -507,3 +509,9 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     declares = ("declare void @llvm.x86.ldtilecfg(ptr)",
                 "declare void @llvm.x86.tilerelease()", *declares)
     return IRFunction(wrapper, "\n".join(body), declares, AMX_FEATURES)
+
+
+def intrinsic_id(name: str) -> int:
+    """LLVM's id of the intrinsic ``name``: what a ``call_llvm_pure_intrin`` holds as its
+    first argument (for passes that recognize the calls a TPP body made)."""
+    return int(tvm.target.codegen.llvm_lookup_intrinsic_id(name))

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import UnsupportedDTypeError
 from .geometry import whole
-from .llvm_ir import CONVERSIONS, convert_step, module_text
+from .llvm_ir import CONVERSIONS, convert_step, intrinsic_id, module_text
 from .spec import (
     TPPSpec,
     const,
@@ -82,6 +81,11 @@ _BYTE_PACKS = {"uint8": "llvm.x86.avx512.packuswb.512", "int8": "llvm.x86.avx512
 _PACK_ORDER = [0, 4, 8, 12, 1, 5, 9, 13]
 
 
+def _half_chunk(c: tirx.Expr, h: int) -> tirx.Expr:
+    """Columns of vector ``h`` (0, 1) of 32-column chunk ``c``: one fp32x16 operand."""
+    return T.ramp(c * 32 + h * 16, 1, 16)
+
+
 def _packs_rows(spec: TPPSpec, isa: VectorISA) -> bool:
     """Whether a quantizing TPP narrows its rows 32 values at a time with AVX-512 packs:
     u8/s8 out and whole 32-column chunks (every int8 tile epilogue)."""
@@ -129,7 +133,7 @@ def generic_form(call: tirx.Call) -> tirx.Expr | None:
     if call.op.name != "tirx.call_llvm_pure_intrin":
         return None
     pack = next((p for name, p in _PACKS.items()
-                 if int(call.args[0].value) == _llvm_id(name)), None)
+                 if int(call.args[0].value) == intrinsic_id(name)), None)
     if pack is None:
         return None
     lo, hi, width = pack
@@ -138,10 +142,6 @@ def generic_form(call: tirx.Call) -> tirx.Expr | None:
                         tirx.max(tirx.min(v, const(v, hi)), const(v, lo)))
               for v in call.args[1:]]
     return tirx.Shuffle(halves, _lane_pairs(width))
-
-
-def _llvm_id(name: str) -> int:
-    return int(tvm.target.codegen.llvm_lookup_intrinsic_id(name))
 
 
 def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
@@ -155,10 +155,8 @@ def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     if op != "dequantize" and _packs_rows(spec, isa):
         def chunk(X, S, Off, i, c):
-            def col(h):
-                return T.ramp(c * 32 + h * 16, 1, 16)
-            return _packed_row(tuple(scaled_expr(X[i, col(h)], S[col(h)], Off[col(h)])
-                                     for h in (0, 1)), odt)
+            cols = [_half_chunk(c, h) for h in (0, 1)]
+            return _packed_row(tuple(scaled_expr(X[i, j], S[j], Off[j]) for j in cols), odt)
 
         @T.prim_func(s_tir=True)
         def packed(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
@@ -212,12 +210,10 @@ def residual_quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     if _packs_rows(spec, isa):
         def chunk(X, S, Off, R, A, Z, i, c):
-            def col(h):
-                return T.ramp(c * 32 + h * 16, 1, 16)
+            cols = [_half_chunk(c, h) for h in (0, 1)]
             return _packed_row(tuple(
-                scaled_expr(residual_sum_expr(op, X[i, col(h)], S[col(h)], Off[col(h)],
-                                              R[i, col(h)]), A[col(h)], Z[col(h)])
-                for h in (0, 1)), odt)
+                scaled_expr(residual_sum_expr(op, X[i, j], S[j], Off[j], R[i, j]), A[j], Z[j])
+                for j in cols), odt)
 
         @T.prim_func(s_tir=True)
         def packed(x: T.handle, s: T.handle, o: T.handle, r: T.handle, a: T.handle,

@@ -370,15 +370,15 @@ def generic_form(call: tirx.Call) -> Expr | None:
     if call.op.name != "tirx.call_llvm_pure_intrin":
         return None
     intrinsic = int(call.args[0].value)
-    if intrinsic == _llvm_id(_RCP14):
+    if intrinsic == intrinsic_id(_RCP14):
         return const(call.args[1], 1.0) / call.args[1]
-    if intrinsic == _llvm_id(_SCALEF):
+    if intrinsic == intrinsic_id(_SCALEF):
         return _times_pow2(call.args[1], call.args[2])
     return None
 
 
 @functools.cache
-def _llvm_id(name: str) -> int:
+def intrinsic_id(name: str) -> int:
     return int(tvm.target.codegen.llvm_lookup_intrinsic_id(name))
 
 
