@@ -511,6 +511,7 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     return IRFunction(wrapper, "\n".join(body), declares, AMX_FEATURES)
 
 
+@functools.cache
 def intrinsic_id(name: str) -> int:
     """LLVM's id of the intrinsic ``name``: what a ``call_llvm_pure_intrin`` holds as its
     first argument (for passes that recognize the calls a TPP body made)."""

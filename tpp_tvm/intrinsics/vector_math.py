@@ -62,7 +62,6 @@ of their own, so the k slices do not copy the argument's tree.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -72,6 +71,7 @@ import tvm
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
 
+from .llvm_ir import intrinsic_id
 from .spec import OPS, QUICK_GELU_SCALE, const, dtype_of
 
 Expr = tirx.Expr
@@ -375,11 +375,6 @@ def generic_form(call: tirx.Call) -> Expr | None:
     if intrinsic == intrinsic_id(_SCALEF):
         return _times_pow2(call.args[1], call.args[2])
     return None
-
-
-@functools.cache
-def intrinsic_id(name: str) -> int:
-    return int(tvm.target.codegen.llvm_lookup_intrinsic_id(name))
 
 
 def exp(x: Expr) -> Expr:
