@@ -153,25 +153,11 @@ def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     def f(x, s, o):
         return quant_expr(op, x, s, o, odt)
 
-    if op != "dequantize" and _packs_rows(spec, isa):
-        def chunk(X, S, Off, i, c):
-            cols = [_half_chunk(c, h) for h in (0, 1)]
-            return _packed_row(tuple(scaled_expr(X[i, j], S[j], Off[j]) for j in cols), odt)
+    packs = op != "dequantize" and _packs_rows(spec, isa)
 
-        @T.prim_func(s_tir=True)
-        def packed(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
-            X = T.match_buffer(x, (M, N), **_mat(dt))
-            S = T.match_buffer(s, (N,), "float32", offset_factor=1)
-            Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
-            Y = T.match_buffer(y, (M, N), **_mat(odt))
-            with T.sblock("root"):
-                T.reads(X[0:M, 0:N], S[0:N], Off[0:N])
-                T.writes(Y[0:M, 0:N])
-                for i in T.serial(M):
-                    for c in T.serial(N // 32):
-                        Y[i, T.ramp(c * 32, 1, 32)] = chunk(X, S, Off, i, c)
-
-        return packed
+    def chunk(X, S, Off, i, c):
+        cols = [_half_chunk(c, h) for h in (0, 1)]
+        return _packed_row(tuple(scaled_expr(X[i, j], S[j], Off[j]) for j in cols), odt)
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, s: T.handle, o: T.handle, y: T.handle):
@@ -183,14 +169,18 @@ def quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
             T.reads(X[0:M, 0:N], S[0:N], Off[0:N])
             T.writes(Y[0:M, 0:N])
             for i in T.serial(M):
-                for v in T.serial(full):
-                    Y[i, at(v)] = f(X[i, at(v)], S[at(v)], Off[at(v)])
-                if tail > 0:
-                    T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.masked.store",
-                        f(load(X[i, full * L], dt), load(S[full * L], "float32"),
-                          load(Off[full * L], "float32")),
-                        T.address_of(Y[i, full * L]), mask()))
+                if packs:  # decided while parsing: the packed rows or the vectors and tail
+                    for c in T.serial(N // 32):
+                        Y[i, T.ramp(c * 32, 1, 32)] = chunk(X, S, Off, i, c)
+                else:
+                    for v in T.serial(full):
+                        Y[i, at(v)] = f(X[i, at(v)], S[at(v)], Off[at(v)])
+                    if tail > 0:
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.masked.store",
+                            f(load(X[i, full * L], dt), load(S[full * L], "float32"),
+                              load(Off[full * L], "float32")),
+                            T.address_of(Y[i, full * L]), mask()))
 
     return impl
 
@@ -208,31 +198,13 @@ def residual_quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     def f(x, s, o, r, a, z):
         return residual_quant_expr(op, x, s, o, r, a, z, odt)
 
-    if _packs_rows(spec, isa):
-        def chunk(X, S, Off, R, A, Z, i, c):
-            cols = [_half_chunk(c, h) for h in (0, 1)]
-            return _packed_row(tuple(
-                scaled_expr(residual_sum_expr(op, X[i, j], S[j], Off[j], R[i, j]), A[j], Z[j])
-                for j in cols), odt)
+    packs = _packs_rows(spec, isa)
 
-        @T.prim_func(s_tir=True)
-        def packed(x: T.handle, s: T.handle, o: T.handle, r: T.handle, a: T.handle,
-                   z: T.handle, y: T.handle):
-            X = T.match_buffer(x, (M, N), **_mat(dt))
-            S = T.match_buffer(s, (N,), "float32", offset_factor=1)
-            Off = T.match_buffer(o, (N,), "float32", offset_factor=1)
-            R = T.match_buffer(r, (M, N), **_mat(odt))
-            A = T.match_buffer(a, (N,), "float32", offset_factor=1)
-            Z = T.match_buffer(z, (N,), "float32", offset_factor=1)
-            Y = T.match_buffer(y, (M, N), **_mat(odt))
-            with T.sblock("root"):
-                T.reads(X[0:M, 0:N], S[0:N], Off[0:N], R[0:M, 0:N], A[0:N], Z[0:N])
-                T.writes(Y[0:M, 0:N])
-                for i in T.serial(M):
-                    for c in T.serial(N // 32):
-                        Y[i, T.ramp(c * 32, 1, 32)] = chunk(X, S, Off, R, A, Z, i, c)
-
-        return packed
+    def chunk(X, S, Off, R, A, Z, i, c):
+        cols = [_half_chunk(c, h) for h in (0, 1)]
+        return _packed_row(tuple(
+            scaled_expr(residual_sum_expr(op, X[i, j], S[j], Off[j], R[i, j]), A[j], Z[j])
+            for j in cols), odt)
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, s: T.handle, o: T.handle, r: T.handle, a: T.handle, z: T.handle,
@@ -248,16 +220,20 @@ def residual_quant_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
             T.reads(X[0:M, 0:N], S[0:N], Off[0:N], R[0:M, 0:N], A[0:N], Z[0:N])
             T.writes(Y[0:M, 0:N])
             for i in T.serial(M):
-                for v in T.serial(full):
-                    Y[i, at(v)] = f(X[i, at(v)], S[at(v)], Off[at(v)], R[i, at(v)], A[at(v)],
-                                    Z[at(v)])
-                if tail > 0:
-                    T.evaluate(T.call_llvm_intrin(
-                        "void", "llvm.masked.store",
-                        f(load(X[i, full * L], dt), load(S[full * L], "float32"),
-                          load(Off[full * L], "float32"), load(R[i, full * L], odt),
-                          load(A[full * L], "float32"), load(Z[full * L], "float32")),
-                        T.address_of(Y[i, full * L]), mask()))
+                if packs:  # decided while parsing, as in quant_impl
+                    for c in T.serial(N // 32):
+                        Y[i, T.ramp(c * 32, 1, 32)] = chunk(X, S, Off, R, A, Z, i, c)
+                else:
+                    for v in T.serial(full):
+                        Y[i, at(v)] = f(X[i, at(v)], S[at(v)], Off[at(v)], R[i, at(v)],
+                                        A[at(v)], Z[at(v)])
+                    if tail > 0:
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.masked.store",
+                            f(load(X[i, full * L], dt), load(S[full * L], "float32"),
+                              load(Off[full * L], "float32"), load(R[i, full * L], odt),
+                              load(A[full * L], "float32"), load(Z[full * L], "float32")),
+                            T.address_of(Y[i, full * L]), mask()))
 
     return impl
 
