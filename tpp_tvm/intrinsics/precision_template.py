@@ -74,8 +74,14 @@ class _Lanes:
                                        T.broadcast(tirx.const(0, dtype), self.lanes))
 
 
-#: The AVX-512 byte pack after ``packssdw`` by output type (saturating to u8 or s8).
-_BYTE_PACKS = {"uint8": "llvm.x86.avx512.packuswb.512", "int8": "llvm.x86.avx512.packsswb.512"}
+#: The AVX-512 packs :func:`_packed_row` uses, by LLVM name: saturation bounds and
+#: narrowed lanes per 128-bit lane (their any-CPU form, see :func:`generic_form`).
+_PACKS = {"llvm.x86.avx512.packssdw.512": (-32768, 32767, 4),
+          "llvm.x86.avx512.packuswb.512": (0, 255, 8),
+          "llvm.x86.avx512.packsswb.512": (-128, 127, 8)}
+_WORD_PACK, _U8_PACK, _S8_PACK = _PACKS
+#: The byte pack after the word pack by output type (saturating to u8 or s8).
+_BYTE_PACKS = {"uint8": _U8_PACK, "int8": _S8_PACK}
 #: Dword order that undoes the packs' interleave of 128-bit lanes (lane k holds 4 bytes of
 #: the first vector, then 4 of the second, twice): the row's 32 bytes in order.
 _PACK_ORDER = [0, 4, 8, 12, 1, 5, 9, 13]
@@ -105,7 +111,7 @@ def _packed_row(values: tuple[tirx.Expr, tirx.Expr], out_dtype: str) -> tirx.Exp
     hi = 255.0 if out_dtype == "uint8" else 127.0
     a, b = (tirx.call_llvm_pure_intrin("int32x16", "llvm.lrint", tirx.min(v, const(v, hi)))
             for v in values)
-    words = tirx.call_llvm_pure_intrin("int16x32", "llvm.x86.avx512.packssdw.512", a, b)
+    words = tirx.call_llvm_pure_intrin("int16x32", _WORD_PACK, a, b)
     packed = tirx.call_llvm_pure_intrin(f"{out_dtype}x64", _BYTE_PACKS[out_dtype], words,
                                         words)
     return T.reinterpret(f"{out_dtype}x32",
@@ -117,13 +123,6 @@ def _lane_pairs(width: int, lanes: int = 4) -> list[int]:
     first operand, then ``width`` of the second (concatenated after the first)."""
     return [half * width * lanes + lane * width + i
             for lane in range(lanes) for half in (0, 1) for i in range(width)]
-
-
-#: The packs :func:`_packed_row` uses, by LLVM name: saturation bounds and narrowed lanes
-#: per 128-bit lane (their any-CPU form, see :func:`generic_form`).
-_PACKS = {"llvm.x86.avx512.packssdw.512": (-32768, 32767, 4),
-          "llvm.x86.avx512.packuswb.512": (0, 255, 8),
-          "llvm.x86.avx512.packsswb.512": (-128, 127, 8)}
 
 
 def generic_form(call: tirx.Call) -> tirx.Expr | None:
