@@ -7,6 +7,8 @@ import checks
 import numpy as np
 import pytest
 import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
@@ -14,7 +16,7 @@ from tpp_tvm.schedules.conv import ConvShape
 from tpp_tvm.schedules.depthwise import (
     depthwise_conv_schedule,
     interior_pixel_blocks,
-    pixel_block,
+    pixel_blocking,
 )
 from tpp_tvm.tir_pipeline import compile_kernels
 
@@ -39,6 +41,8 @@ def _reference(x, w, shape: ConvShape):
     ConvShape(1, 1, 1, 16, 16, 3, 3, 1, (1, 1, 1, 1)),     # one pixel: every tap but one pads
     ConvShape(1, 13, 13, 16, 16, 3, 3, 1, (1, 1, 1, 1)),   # prime width: one-pixel blocks
     ConvShape(1, 5, 3, 16, 16, 5, 5, 2, (2, 2, 2, 2)),     # window wider than the input
+    ConvShape(1, 19, 19, 40, 40, 3, 3, 1, (1, 1, 1, 1)),   # 2.5 vectors, 8-pixel blocks + 3
+    ConvShape(1, 10, 9, 7, 7, 3, 3, 2, (1, 1, 1, 1)),      # fewer channels than one vector
 ])
 @pytest.mark.parametrize("epilogue", ["none", "bias_relu", "bias_residual", "bias_silu_residual"])
 def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
@@ -100,21 +104,49 @@ def test_depthwise_writes_the_next_int8_layers_input(dtype: str, zero: float,
     assert hi in outs[dtype] and (activation is not None or lo in outs[dtype])  # saturated
 
 
-def test_channels_off_the_vector_width_are_refused_clearly() -> None:
-    from tpp_tvm.errors import UnsupportedShapeError
+def _run(shape: ConvShape, seed: int, **opts) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's output for random operands, and the float64 reference."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((shape.n, shape.h, shape.w, shape.c)).astype("float32")
+    w = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
+    bias = rng.standard_normal(shape.c).astype("float32")
+    sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, **opts)
+    lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
+    out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
+    args = [x, w] + ([bias] if opts.get("bias") else [])
+    lib(*[tvm.runtime.tensor(a) for a in args], out)
+    want = _reference(x, w, shape) + (bias if opts.get("bias") else 0)
+    return out.numpy(), want
 
-    with pytest.raises(UnsupportedShapeError, match="19 channels"):
-        depthwise_conv_schedule(ConvShape(1, 8, 8, 19, 19, 3, 3, 1, (1, 1, 1, 1)))
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(c=st.sampled_from([1, 3, 5, 8, 13, 17, 24, 31, 58, 72, 116]),
+       w=st.sampled_from([1, 2, 7, 11, 17, 19]),
+       k=st.sampled_from([2, 3, 5]), stride=st.sampled_from([1, 2, 3]),
+       pad=st.sampled_from([0, 1, 2]))
+def test_any_channel_count_width_and_window(c: int, w: int, k: int, stride: int,
+                                            pad: int) -> None:
+    """The kernel takes every size: channel counts off the vector width (and below one
+    vector), prime widths (a tail pixel block), any window, stride and padding."""
+    shape = ConvShape(1, w + 2, w, c, c, k, k, stride, (pad, pad, pad, pad))
+    if shape.oh < 1 or shape.ow < 1:
+        return
+    out, want = _run(shape, c * w + k, bias=True)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
-def test_pixel_block_divides_the_row() -> None:
-    assert pixel_block(56) == 8 and pixel_block(7) == 7 and pixel_block(13) == 1
+def test_pixel_blocking_splits_evenly_or_keeps_a_tail() -> None:
+    assert pixel_blocking(56) == (8, 0) and pixel_blocking(7) == (7, 0)
+    assert pixel_blocking(75) == (5, 0) and pixel_blocking(14) == (7, 0)
+    assert pixel_blocking(13) == (8, 5) and pixel_blocking(19) == (8, 3)
+    assert pixel_blocking(38) == (8, 6)
 
 
 @pytest.mark.requires_onnxruntime
-@pytest.mark.parametrize("stride", [1, 2])
-def test_onnx_depthwise_conv_with_bias_and_relu_runs_on_the_tpp_kernel(stride: int) -> None:
-    c = 24
+@pytest.mark.parametrize(("stride", "c"), [(1, 24), (2, 24), (1, 58)])
+def test_onnx_depthwise_conv_with_bias_and_relu_runs_on_the_tpp_kernel(stride: int,
+                                                                       c: int) -> None:
+    """ShuffleNetV2's 58 channels (not whole vectors) run on the kernel too."""
     rng = np.random.default_rng(stride)
     w = rng.standard_normal((c, 1, 3, 3)).astype("float32")
     b = rng.standard_normal(c).astype("float32")
@@ -140,7 +172,7 @@ def test_interior_pixel_blocks_are_exactly_those_without_padding_taps(
     """The unchecked blocks must never read a padding column, and every block left checked
     must need a check (else the kernel pays tests it does not need)."""
     shape = ConvShape(1, 4, w, 16, 16, 3, s, stride, (1, left, 1, right))
-    jb = pixel_block(shape.ow)
+    jb, _ = pixel_blocking(shape.ow)
     first, last = interior_pixel_blocks(shape, jb)
 
     def inside(block: int) -> bool:

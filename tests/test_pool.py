@@ -52,6 +52,41 @@ def test_global_avg_pool_matches_numpy() -> None:
     np.testing.assert_allclose(out.numpy(), x.mean(axis=1), rtol=1e-5, atol=1e-6)
 
 
-def test_pool_without_a_block_size_is_a_clear_error() -> None:
-    with pytest.raises(UnsupportedShapeError, match="output pixels"):
-        max_pool_schedule(PoolShape(1, 26, 26, 8, 2, 2, 2), "avx512")  # 13 pixels: prime
+@pytest.mark.parametrize("sh", [
+    PoolShape(1, 26, 26, 8, 2, 2, 2),                # 13 output pixels: prime
+    PoolShape(1, 35, 35, 7, 3, 3, 2),                # Inception-v3's 17, odd channels
+    PoolShape(1, 3, 3, 5, 3, 3, 1),                  # one output pixel
+    PoolShape(2, 23, 23, 3, 3, 3, 2, (1, 1, 1, 1)),  # 12 pixels after padding, batch 2
+])
+def test_max_pool_takes_any_output_width(sh: PoolShape) -> None:
+    """A width no block divides is padded to whole blocks; the extra pixels are dropped."""
+    test_max_pool_matches_numpy(sh)
+
+
+def test_global_avg_pool_of_one_channel_is_a_clear_error() -> None:
+    with pytest.raises(UnsupportedShapeError, match="49 x 1"):
+        global_avg_pool_schedule(1, 49, 1, checks.VECTOR_ISA)
+
+
+@pytest.mark.requires_onnxruntime
+def test_onnx_pools_of_any_size_run_on_tpp_kernels() -> None:
+    """Inception-v3's 3x3 stride-2 max pooling to 17 pixels a row and a global average
+    pooling of a 1x1 image (VGG's head) run without a fallback."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(3).standard_normal((24, 24, 1, 1)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"]),
+             helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[35, 35]),
+             helper.make_node("GlobalAveragePool", ["m"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 35, 35])],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(4).standard_normal((1, 24, 35, 35)).astype("float32")
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)
+    assert "Fallbacks to TVM: none" in compiled.report()
+    assert "tpp.max_pool2d" in compiled.report()

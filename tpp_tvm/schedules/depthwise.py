@@ -59,10 +59,9 @@ class RowTaps:
         self.sh, self.w, self.bias, self.residual, self.out = sh, w, bias, residual, out
         self.quantization = quantization
         self.lanes = vector_isa(isa).schedule_lanes("float32")
-        self.vec = f"float32x{self.lanes}"
         self.act = vector_fn(activation) if activation else None
         self.post = vector_fn(post_activation) if post_activation else None
-        self.jb = pixel_block(sh.ow)
+        self.jb, self.tail = pixel_blocking(sh.ow)
         # A long-chain activation (SiLU) runs on EQUATION_GROUP pixels' vectors at once, so
         # their dependent chains interleave, with the AVX-512 forms (vrcp14ps, not vdivps).
         self.grouped = not vector_isa(isa).scalable and bool(
@@ -89,61 +88,68 @@ class RowTaps:
         return cls(sh, isa, w, bias_t, res_t, out, activation, post_activation, quantization)
 
     def row(self, b: tirx.PrimExpr, i: tirx.PrimExpr, read: Callable, c0: tirx.PrimExpr,
-            vectors: int) -> None:
-        """Output row ``(b, i)`` for channels ``[c0, c0 + vectors * lanes)``; ``read(b, row,
-        col, kc)`` is the input vector of the ``kc``-th of those vectors."""
+            vectors: int, lanes: int | None = None) -> None:
+        """Output row ``(b, i)`` for channels ``[c0, c0 + vectors * lanes)`` (``lanes``: the
+        ISA's by default; fewer for a channel count below one vector); ``read(b, row, col,
+        kc)`` is the input vector of the ``kc``-th of those vectors."""
+        lanes = lanes or self.lanes
         first, last = interior_pixel_blocks(self.sh, self.jb)
-        self._pixel_blocks(b, i, 0, first, True, read, c0, vectors)
-        self._pixel_blocks(b, i, first, last, False, read, c0, vectors)
-        self._pixel_blocks(b, i, last, self.sh.ow // self.jb, True, read, c0, vectors)
+        blocks = self.sh.ow // self.jb
+        for lo, hi, checked in ((0, first, True), (first, last, False), (last, blocks, True)):
+            self._pixel_blocks(b, i, lo, hi, self.jb, 0, checked, read, c0, vectors, lanes)
+        if self.tail:  # the row's last pixels, fewer than a block: their own register block
+            self._pixel_blocks(b, i, 0, 1, self.tail, blocks * self.jb, True, read, c0,
+                               vectors, lanes)
 
-    def _pixel_blocks(self, b, i, lo: int, hi: int, checked: bool, read: Callable, c0,
-                      vectors: int) -> None:
-        """Pixel blocks [lo, hi) of the row: taps, then the epilogue."""
-        sh, jb, lanes = self.sh, self.jb, self.lanes
+    def _pixel_blocks(self, b, i, lo: int, hi: int, jb: int, start: int, checked: bool,
+                      read: Callable, c0, vectors: int, lanes: int) -> None:
+        """Pixel blocks [lo, hi) of ``jb`` pixels from pixel ``start`` of the row: taps,
+        then the epilogue."""
+        sh = self.sh
         if hi <= lo:
             return
         top, left = sh.pad[0], sh.pad[1]
         with T.serial(lo, hi) as jo, T.serial(0, vectors) as kc:
             lane = tirx.Ramp(c0 + kc * lanes, 1, lanes)
-            acc = T.alloc_buffer((jb,), self.vec, scope="local")
+            acc = T.alloc_buffer((jb,), f"float32x{lanes}", scope="local")
             with T.unroll(0, jb) as aj:
                 T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [aj])
             with T.serial(0, sh.r) as ry:
                 row = i * sh.stride + ry - top
                 with T.If(tirx.all(row >= 0, row < sh.h)), T.Then():
                     with T.serial(0, sh.s) as rx, T.unroll(0, jb) as aj:
-                        col = (jo * jb + aj) * sh.stride + rx - left
+                        col = (start + jo * jb + aj) * sh.stride + rx - left
                         fma = acc[aj] + read(b, row, col, kc) * self.w[ry, rx, lane]
                         if checked:
                             with T.If(tirx.all(col >= 0, col < sh.w)), T.Then():
                                 T.buffer_store(acc, fma, [aj])
                         else:
                             T.buffer_store(acc, fma, [aj])
+            first_pixel = start + jo * jb
             groups = ([list(range(g, min(g + EQUATION_GROUP, jb)))
                        for g in range(0, jb, EQUATION_GROUP)] if self.grouped else None)
             if groups:
                 for pixels in groups:
-                    self._epilogue(b, i, jo, lane, acc, pixels)
+                    self._epilogue(b, i, first_pixel, lane, lanes, acc, pixels)
             else:
                 with T.unroll(0, jb) as aj:
-                    self._epilogue(b, i, jo, lane, acc, [aj])
+                    self._epilogue(b, i, first_pixel, lane, lanes, acc, [aj])
 
-    def _epilogue(self, b, i, jo, lane, acc, pixels: list) -> None:
-        """Bias, activation, residual and store of accumulators ``pixels`` of the block."""
-        jb = self.jb
+    def _epilogue(self, b, i, first_pixel, lane, lanes: int, acc, pixels: list) -> None:
+        """Bias, activation, residual and store of accumulators ``pixels`` of the block
+        whose first pixel is ``first_pixel``."""
 
         def store(value, aj):
             if self.quantization is not None:  # the next int8 layer's input, quantized
                 scale, offset = self.quantization
                 value = quant_expr("quantize", value, scale[lane], offset[lane],
                                    str(self.out.dtype))
-            T.buffer_store(self.out, value, [b, i, jo * jb + aj, lane])
+            T.buffer_store(self.out, value, [b, i, first_pixel + aj, lane])
 
         res = None if self.residual is None else (
-            lambda aj: self.residual[b, i, jo * jb + aj, lane])
+            lambda aj: self.residual[b, i, first_pixel + aj, lane])
         bias = None if self.bias is None else self.bias[lane]
-        apply_epilogue([acc[aj] for aj in pixels], pixels, self.lanes, bias, self.act, res,
+        apply_epilogue([acc[aj] for aj in pixels], pixels, lanes, bias, self.act, res,
                        self.post, store)
 
 
@@ -194,18 +200,17 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
     tripled the memory traffic of a layer that is bound by it (MobileNetV2's 112x112x96,
     stride 2: 0.17 -> 0.085 ms on one Zen 5 core, warm cache).
 
-    Channels are the vector lanes of ``isa``: the channel count must be a multiple of them
-    (every depthwise layer of MobileNet, EfficientNet and ConvNeXt is); others stay on TVM."""
+    Channels are the vector lanes of ``isa``. A channel count that is not whole vectors
+    (Xception's 728, MobileNetV3's 72 and 120) ends with one vector overlapping the last
+    whole one: it recomputes a few channels with the same result instead of masking lanes,
+    so every FMA stays one full-width instruction. Fewer channels than one vector run on
+    a vector of that many lanes."""
     sh = shape
     if sh.oc != sh.c:
         raise UnsupportedShapeError(
             f"depthwise conv2d: {sh.c} input channels but {sh.oc} outputs (multiplier 1 only)")
     if sh.r * sh.s < 2:
         raise UnsupportedShapeError("depthwise conv2d: a 1x1 window is a channel scale")
-    lanes = vector_isa(isa).schedule_lanes("float32")
-    if sh.c % lanes:
-        raise UnsupportedShapeError(
-            f"depthwise conv2d: {sh.c} channels; the kernel takes multiples of {lanes}")
     forms = avx512_forms() if isa == "avx512" else nullcontext()
     with forms, IRBuilder() as builder, T.prim_func():
         T.func_name("main")
@@ -213,20 +218,35 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
         x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, sh.c), "float32"))
         taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation,
                                out_dtype)
+        whole, rest = divmod(sh.c, taps.lanes)
 
-        def read(b, row, col, kc):
-            return x[b, row, col, tirx.Ramp(kc * taps.lanes, 1, taps.lanes)]
+        def reader(c0: int, lanes: int) -> Callable:
+            return lambda b, row, col, kc: x[b, row, col, tirx.Ramp(c0 + kc * lanes, 1, lanes)]
 
         with T.parallel(0, sh.n * sh.oh) as rows:
-            taps.row(rows // sh.oh, rows % sh.oh, read, 0, sh.c // taps.lanes)
+            b, i = rows // sh.oh, rows % sh.oh
+            if whole:
+                taps.row(b, i, reader(0, taps.lanes), 0, whole)
+            if rest:
+                c0, lanes = (sh.c - taps.lanes, taps.lanes) if whole else (0, sh.c)
+                taps.row(b, i, reader(c0, lanes), c0, 1, lanes)
     return s_tir.Schedule(builder.get())
 
 
 #: Output pixels per register block: independent accumulators, so the taps' FMAs overlap
 #: instead of waiting on one another (one accumulator ran at the FMA latency, 4x slower).
 MAX_PIXEL_BLOCK = 8
+#: The smallest block a row is split into evenly before it takes a tail block instead.
+MIN_EVEN_BLOCK = 4
 
 
-def pixel_block(ow: int) -> int:
-    """The largest divisor of the output width up to :data:`MAX_PIXEL_BLOCK`."""
-    return next(b for b in range(min(MAX_PIXEL_BLOCK, ow), 0, -1) if ow % b == 0)
+def pixel_blocking(ow: int) -> tuple[int, int]:
+    """(block, tail): blocks of the largest divisor of the output width in
+    [:data:`MIN_EVEN_BLOCK`, :data:`MAX_PIXEL_BLOCK`], else of :data:`MAX_PIXEL_BLOCK`
+    pixels and one tail block of the rest (a prime width such as Xception's 19 keeps
+    8-pixel blocks instead of falling to one pixel at a time)."""
+    if ow <= MAX_PIXEL_BLOCK:
+        return ow, 0
+    even = next((b for b in range(MAX_PIXEL_BLOCK, MIN_EVEN_BLOCK - 1, -1) if ow % b == 0),
+                None)
+    return (even, 0) if even else (MAX_PIXEL_BLOCK, ow % MAX_PIXEL_BLOCK)

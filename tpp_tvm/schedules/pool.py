@@ -34,12 +34,15 @@ class PoolShape(SlidingWindow):
     pad: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
-def _divisor_block(extent: int, limit: int) -> int:
-    for b in range(min(limit, extent), 1, -1):
-        if extent % b == 0:
-            return b
-    raise UnsupportedShapeError(f"pooling: {extent} output pixels have no block size in [2, "
-                                f"{limit}]")
+def pixel_tile(extent: int, limit: int = 8) -> tuple[int, int]:
+    """(block, padded extent): the largest block in [2, ``limit``] dividing ``extent``, else
+    the block that pads it least (Inception-v3's 17 output pixels: blocks of 6 over 18; the
+    extra pixel is computed and dropped)."""
+    even = next((b for b in range(min(limit, extent), 1, -1) if extent % b == 0), None)
+    if even:
+        return even, extent
+    block = min(range(limit, 1, -1), key=lambda b: -(-extent // b) * b)
+    return block, -(-extent // block) * block
 
 
 def max_pool_schedule(shape: PoolShape, isa: str, dtype: str = "float32") -> s_tir.Schedule:
@@ -48,13 +51,13 @@ def max_pool_schedule(shape: PoolShape, isa: str, dtype: str = "float32") -> s_t
     sh = shape
     if sh.r * sh.s < 2:
         raise UnsupportedShapeError("max pooling with a 1x1 window is a copy")
-    mr = _divisor_block(sh.ow, 8)
+    mr, owp = pixel_tile(sh.ow)
     nc = 64 if sh.c > 64 and sh.c % 64 == 0 else sh.c
     c, st = sh.c, sh.stride
     lowest = tirx.min_value(dtype)
     X = te.placeholder((sh.n, sh.h, sh.w * c), dtype, name="data")
     hp = (sh.oh - 1) * st + sh.r
-    wp = max((sh.ow - 1) * st + sh.s, sh.w)
+    wp = max((owp - 1) * st + sh.s, sh.w)
     top, left = sh.pad[0], sh.pad[1]
     if (hp, wp) != (sh.h, sh.w) or top or left:
 
@@ -69,12 +72,18 @@ def max_pool_schedule(shape: PoolShape, isa: str, dtype: str = "float32") -> s_t
         Xp = X
     r = te.reduce_axis((0, sh.r), "r")
     s = te.reduce_axis((0, sh.s), "s")
-    out = te.compute(
-        (sh.n, sh.oh, sh.ow, c),
+    pool = te.compute(
+        (sh.n, sh.oh, owp, c),
         lambda n, y, x, ch: te.max(Xp[n, y * st + r, x * (st * c) + s * c + ch], axis=[r, s]),
         name="pool",
     )
+    out = pool if owp == sh.ow else te.compute(
+        (sh.n, sh.oh, sh.ow, c), lambda n, y, x, ch: pool[n, y, x, ch], name="crop")
     sch = s_tir.Schedule(te.create_prim_func([X, out]))
+    if owp != sh.ow:  # the padded rows' pixels that exist, copied out row by row
+        n, y, x, ch = sch.get_loops(sch.get_sblock("crop"))
+        sch.parallel(sch.fuse(n, y))
+        sch.vectorize(sch.fuse(x, ch))
     blk = sch.get_sblock("pool")
     n, y, x, ch, rl, sl = sch.get_loops(blk)
     xo, xi = sch.split(x, [None, mr])
@@ -102,7 +111,7 @@ def global_avg_pool_schedule(n: int, pixels: int, c: int, isa: str) -> s_tir.Sch
     sch.parallel(b)
     sch.compute_at(sch.get_sblock("row_sum"), b)
     loops = sch.get_loops(sch.get_sblock("row_sum"))
-    if pixels < 2 or c < 2 or not try_tensorize(
+    if pixels < 2 or not try_tensorize(
         sch, loops[1], TPPSpec("reduce_add_rows", m=pixels, n=c), isa, "pixel sum"
     ):
         raise UnsupportedShapeError(f"global average pooling of {pixels} x {c}: no TPP tile")
