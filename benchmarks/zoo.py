@@ -17,6 +17,13 @@ Correctness is the max abs error relative to max |ORT output|::
     python benchmarks/zoo.py --models gpt2,vit --threads 1 --rounds 10
     python benchmarks/zoo.py --precision bf16 --models bert,distilbert,gpt2,vit
     python benchmarks/zoo.py --set more              # 14 more architectures: zoo_more.md
+    python benchmarks/zoo.py --set breadth           # timm/torchvision: zoo_breadth.md
+
+Every peer flushes denormals as tpp_tvm's kernels do (ONNX Runtime
+``session.set_denormal_as_zero``, OpenVINO ``CPU_DENORMALS_OPTIMIZATION``,
+``torch.set_flush_denormal``). An fp32 row whose tpp_tvm output is further than
+``FP32_TOLERANCE`` from ONNX Runtime's is marked wrong, left out of the geometric means,
+and makes the run exit non-zero.
 
 ``--precision bf16`` compiles tpp_tvm with ``precision="bf16"`` (AMX tiles on AMX hosts) and
 runs OpenVINO with ``INFERENCE_PRECISION_HINT=bf16``; ONNX Runtime (fp32) stays as the
@@ -51,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from breadth import builders as breadth_builders
 from harness import keep_fastest
 
 HERE = Path(__file__).resolve().parent
@@ -236,8 +244,15 @@ MORE_MODELS: dict[str, ZooModel] = {m.name: m for m in [
     ZooModel("gru", "GRU (2 layers, 80 -> 256, 100 steps)", _recurrent("GRU"),
              _features("x", 100, 80), "2"),
 ]}
-SETS = {"main": MODELS, "more": MORE_MODELS}
-ALL_MODELS = {**MODELS, **MORE_MODELS}
+#: Image architectures from timm and torchvision (``--set breadth``, :mod:`breadth`).
+BREADTH_MODELS: dict[str, ZooModel] = {
+    name: ZooModel(name, title, build, _image(size), "all")
+    for name, (title, build, size) in breadth_builders().items()}
+SETS = {"main": MODELS, "more": MORE_MODELS, "breadth": BREADTH_MODELS}
+ALL_MODELS = {**MODELS, **MORE_MODELS, **BREADTH_MODELS}
+#: Largest max |tpp_tvm - ORT| / max |ORT| of a correct fp32 row: a row above it is marked
+#: wrong, left out of the means, and the run exits non-zero.
+FP32_TOLERANCE = 1e-4
 
 
 class _FirstOutput:
@@ -253,8 +268,12 @@ class _FirstOutput:
 
             def forward(self, *args):
                 out = self.inner(*args)
+                if isinstance(out, torch.Tensor):
+                    return out
                 if isinstance(out, (tuple, list)):
                     return out[0]
+                if isinstance(out, dict) and "last_hidden_state" not in out:
+                    return next(iter(out.values()))  # torchvision segmentation: "out"
                 return out.last_hidden_state
 
         return Wrapped().eval()
@@ -335,9 +354,9 @@ def compile_all(names: list[str], precision: ZooPrecision = PRECISIONS["float32"
             compiled = tpp_tvm.compile_onnx(str(path), precision=precision.tpp_tvm)
             entry["compile_s"] = round(time.perf_counter() - t0, 1)
             compiled.export(str(_library(name, precision)))
-            report = compiled.report()
             entry["fallbacks"] = sum(compiled.report_data.get("fallbacks", {}).values())
-            entry["report"] = report
+            entry["default_pct"] = _default_code_share(compiled, ALL_MODELS[name])
+            entry["report"] = compiled.report()
         except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying why
             entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
         print(f"[zoo] {name}: {entry.get('error') or str(entry['compile_s']) + ' s'}",
@@ -346,12 +365,23 @@ def compile_all(names: list[str], precision: ZooPrecision = PRECISIONS["float32"
     return info
 
 
+def _default_code_share(compiled, model: ZooModel) -> float:
+    """Percent of a profiled run spent in functions left on TVM's default code."""
+    feeds = model.inputs(np.random.default_rng(1))
+    times = {symbol: ms for symbol, ms, _ in compiled.profile(**feeds, repeat=2)}
+    rest = compiled.report_data.get("default_scheduled", [])
+    total = sum(times.values()) or 1.0
+    return round(100 * sum(times.get(symbol, 0.0) for symbol in rest) / total, 1)
+
+
 def _ort_session(path: str, threads: int):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    # tpp_tvm's kernels flush denormals; every peer gets its switch for the same.
+    opts.add_session_config_entry("session.set_denormal_as_zero", "1")
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
@@ -372,7 +402,7 @@ def _runners(name: str, threads: int, impls: list[str],
     if "openvino" in impls:
         import openvino as ov
 
-        config: dict = {"INFERENCE_NUM_THREADS": threads}
+        config: dict = {"INFERENCE_NUM_THREADS": threads, "CPU_DENORMALS_OPTIMIZATION": True}
         if precision.openvino_hint:
             config["INFERENCE_PRECISION_HINT"] = precision.openvino_hint
         ov_model = ov.Core().compile_model(path, "CPU", config)
@@ -382,6 +412,7 @@ def _runners(name: str, threads: int, impls: list[str],
         import torch
 
         torch.set_num_threads(threads)
+        torch.set_flush_denormal(True)
         module = _FirstOutput(ALL_MODELS[name].build())
 
         def run_torch(feeds):
@@ -468,14 +499,15 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
              "Median ms of the rounds, one process per runtime (with --passes, the fastest "
              "of the alternating passes); ratios are peer time / "
              f"tpp_tvm time (> 1: tpp_tvm faster); err is {err_text}.", ""]
-    failures = []
+    failures: list[str] = []
+    wrong_rows: list[str] = []
     for t in threads:
         lines += [f"## {t} thread{'s' if t > 1 else ''}", "",
                   f"| model | layers | {tpp_title} | {ort_title} | {ov_title} | "
                   "torch | ORT/tpp | OV/tpp | err |" + (" ORT err |" if quantized else "")
-                  + " compile s | fallbacks |",
+                  + " compile s | fallbacks | default % |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if quantized else "")
-                  + "---:|---:|"]
+                  + "---:|---:|---:|"]
         ort_ratios, ov_ratios = [], []
         for name, entry in info.items():
             cells = {impl: by.get((name, impl, t)) for impl in IMPLS}
@@ -484,6 +516,11 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                          f"{'s' if t > 1 else ''}: {c['error']}"
                          for impl, c in cells.items() if c and "error" in c]
             tpp = ms["tpp_tvm"]
+            wrong = _wrong(cells["tpp_tvm"], precision)
+            if wrong:
+                wrong_rows.append(f"- {entry['title']}, {t} thread{'s' if t > 1 else ''}: "
+                                  f"err {cells['tpp_tvm']['rel_err']:.1e}")
+                tpp = None  # no ratio for a wrong output
             ratio_ort = ms["onnxruntime"] / tpp if tpp and ms["onnxruntime"] else None
             ratio_ov = ms["openvino"] / tpp if tpp and ms["openvino"] else None
             if ratio_ort:
@@ -493,6 +530,8 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
             def fmt(impl: str) -> str:
                 if cells[impl] and "error" in cells[impl]:
                     return "fails"
+                if impl == "tpp_tvm" and wrong:
+                    return f"**wrong** ({ms[impl]:.2f})"
                 return "–" if ms[impl] is None else f"{ms[impl]:.2f}"
 
             def ratio(value: float | None) -> str:
@@ -507,21 +546,34 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                          f"{fmt('onnxruntime')} | {fmt('openvino')} | {fmt('torch')} "
                          f"| {ratio(ratio_ort)} | {ratio(ratio_ov)} | {err('tpp_tvm')} |"
                          + (f" {err('onnxruntime')} |" if quantized else "")
-                         + f" {entry.get('compile_s', '–')} | {entry.get('fallbacks', '–')} |")
+                         + f" {entry.get('compile_s', '–')} | {entry.get('fallbacks', '–')} |"
+                         + f" {entry.get('default_pct', '–')} |")
         g_ort, g_ov = _geomean(ort_ratios), _geomean(ov_ratios)
         lines += ["", f"Geometric mean over the models that ran: ORT/tpp_tvm "
                   f"{'–' if g_ort is None else f'{g_ort:.2f}'}, OpenVINO/tpp_tvm "
                   f"{'–' if g_ov is None else f'{g_ov:.2f}'}.", ""]
     if failures:
         lines += ["Runtimes that failed (the cell says `fails`):", "", *failures, ""]
+    if wrong_rows:
+        lines += [f"Wrong outputs (err above {FP32_TOLERANCE:g}; left out of the means):", "",
+                  *wrong_rows, ""]
+    lines += ["`default %`: share of a profiled tpp_tvm run in functions left on TVM's "
+              "default code (no TPP kernel).", ""]
     return "\n".join(lines) + "\n"
+
+
+def _wrong(cell: dict | None, precision: str) -> bool:
+    """An fp32 tpp_tvm output further from ONNX Runtime's than :data:`FP32_TOLERANCE`."""
+    return (precision == "float32" and bool(cell) and "rel_err" in cell
+            and cell["rel_err"] > FP32_TOLERANCE)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--set", default="main", choices=list(SETS),
                         help="main: the twelve architectures; more: operators and forms "
-                             "beyond them (writes zoo_more.md)")
+                             "beyond them (writes zoo_more.md); breadth: timm and "
+                             "torchvision image architectures (zoo_breadth.md)")
     parser.add_argument("--models", help="comma-separated names (default: the whole set)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=10)
@@ -577,12 +629,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "zoo" + ("_more" if args.set == "more" else "") + precision.suffix
+    stem = "zoo" + ("" if args.set == "main" else f"_{args.set}") + precision.suffix
     (args.out / f"{stem}.json").write_text(json.dumps(
         {"cpu": cpu, "precision": args.precision, "rows": rows, "models": info}, indent=1))
     (args.out / f"{stem}.md").write_text(render(rows, info, threads, cpu, args.precision))
     print((args.out / f"{stem}.md").read_text())
-    return 0
+    wrong = [r for r in rows if r.get("impl") == "tpp_tvm" and _wrong(r, args.precision)]
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
