@@ -96,3 +96,41 @@ def test_residual_of_two_convolutions_fuses_into_the_single_use_one():
     lowered = compiled.report_data["lowered"]
     assert lowered.get("tpp.conv2d_bias_residual") == 1, lowered
     assert not [k for k in lowered if "eltwise_add" in k], lowered
+
+
+def test_hardswish_is_an_epilogue_of_every_contraction_family():
+    """MobileNetV3's HardSwish (and its squeeze-excite HardSigmoid, as min/max) after a
+    convolution, a depthwise convolution and a dense layer: one kernel each, no
+    activation pass of its own, against ORT."""
+    import checks
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    c = 40
+    consts = {"w": rng.standard_normal((c, c, 1, 1)) * 0.5, "b": rng.standard_normal(c),
+              "wd": rng.standard_normal((c, 1, 3, 3)), "wm": rng.standard_normal((c, 24)),
+              "bm": rng.standard_normal(24)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"]),
+             helper.make_node("HardSwish", ["h"], ["a"]),
+             helper.make_node("Conv", ["a", "wd", "b"], ["d"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["d"], ["e"]),
+             helper.make_node("HardSigmoid", ["e"], ["g"], alpha=1 / 6),
+             helper.make_node("Mul", ["e", "g"], ["eg"]),
+             helper.make_node("GlobalAveragePool", ["eg"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["mm"]),
+             helper.make_node("Add", ["mm", "bm"], ["mb"]),
+             helper.make_node("HardSwish", ["mb"], ["y"])]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "hs", [helper.make_tensor_value_info("x", f, [1, c, 14, 14])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, c, 14, 14)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    lowered = compiled.report_data["lowered"]
+    for kernel in ("conv2d_bias_hardswish", "depthwise_conv2d_bias_hardswish",
+                   "dense_bias_hardswish"):
+        assert lowered.get(f"tpp.{kernel}") == 1, lowered

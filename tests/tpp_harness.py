@@ -66,6 +66,7 @@ UNARY = {
     "copy": lambda x: x,
     "relu": lambda x: np.maximum(x, 0),
     "relu6": lambda x: np.clip(x, 0, 6),
+    "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
     "silu": lambda x: x / (1 + np.exp(-x)),
     "quick_gelu": lambda x: x / (1 + np.exp(-1.702 * x)),
     "gelu": _gelu,

@@ -1070,12 +1070,46 @@ def _variadic(binary: str, mean: bool = False) -> Callable[..., Any]:
     return convert
 
 
+def _hardswish(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """HardSwish as ``x * (min(max(x + 3, 0), 6) / 6)``: TVM's converter clips with
+    ``R.clip``, an opaque kernel no epilogue pattern or layout pass sees through, so
+    MobileNetV3's activations ran as kernels of their own after each convolution."""
+    from tvm import relax
+
+    x = inputs[0]
+    if str(x.ty.dtype) != "float32":
+        return None
+
+    def c(value: float) -> Any:
+        return relax.const(value, "float32")
+
+    clipped = relax.op.minimum(relax.op.maximum(relax.op.add(x, c(3.0)), c(0.0)), c(6.0))
+    return bb.normalize(relax.op.multiply(x, relax.op.divide(clipped, c(6.0))))
+
+
+def _hardsigmoid(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """HardSigmoid as ``min(max(alpha x + beta, 0), 1)``, for the same reason as
+    :func:`_hardswish` (squeeze-excite gates of mobile CNNs)."""
+    from tvm import relax
+
+    x = inputs[0]
+    if str(x.ty.dtype) != "float32":
+        return None
+    alpha = relax.const(float(attrs.get("alpha", 0.2)), "float32")
+    beta = relax.const(float(attrs.get("beta", 0.5)), "float32")
+    linear = relax.op.add(relax.op.multiply(x, alpha), beta)
+    return bb.normalize(relax.op.minimum(relax.op.maximum(linear, relax.const(0.0, "float32")),
+                                         relax.const(1.0, "float32")))
+
+
 #: Converters for ONNX ops TVM's importer lacks or converts into opaque kernels, by op
 #: type; one returning None leaves the node to TVM's converter.
 _EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
     "QLinearMatMul": _qlinear_matmul,
     "ConvInteger": _conv_integer,
     "Clip": _clip,
+    "HardSwish": _hardswish,
+    "HardSigmoid": _hardsigmoid,
     "Pad": _pad,
     "InstanceNormalization": _instance_norm,
     "Einsum": _einsum,

@@ -401,8 +401,8 @@ def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Exp
     w_rsc = matched["weight"].value.numpy()[:, :, 0, :]  # HWIO with I = 1
     r, s, c = w_rsc.shape
     shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
-    expand_act = matched_activation(matched["expand_act"])
-    act = matched_activation(matched["act"]) if "act" in matched else None
+    expand_act = matched_activation(matched, "expand_act")
+    act = matched_activation(matched, "act") if "act" in matched else None
     unit = vector_unit(isa)
     lanes = unit.schedule_lanes("float32")
     # bf16 off tiles: the fused fp32 kernel (MobileNetV2 on Zen 5, 1 thread: 3.25 ms as a

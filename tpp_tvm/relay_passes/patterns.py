@@ -35,10 +35,17 @@ ACTIVATIONS: dict[str, str] = {
     "relu6": "relu6",
     # CLIP's x * sigmoid(1.702 x), scale checked by activation_constants_hold.
     "quick_gelu": "quick_gelu",
+    # x * (min(max(x + 3, 0), 6) / 6) as the importer writes HardSwish (frontend's
+    # converter), constants checked by activation_constants_hold.
+    "hardswish": "hardswish",
 }
 
 #: Activations written as several Relax ops (not one op with that name).
-COMPOSITE_ACTIVATIONS = ("relu6", "quick_gelu")
+COMPOSITE_ACTIVATIONS = ("relu6", "quick_gelu", "hardswish")
+#: The constants of a composite activation's pattern, by annotation suffix, as float32.
+#: (HardSwish's own keys: in :func:`_any_activation` every alternative annotates one dict.)
+_ACTIVATION_CONSTANTS = {"_lo": 0.0, "_hi": 6.0, "_scale": float(np.float32(QUICK_GELU_SCALE)),
+                         "_hs_lo": 0.0, "_hs_hi": 6.0, "_shift": 3.0, "_div": 6.0}
 
 
 def activation_pattern(op: str, x: DFPattern, ann: dict | None = None, key: str = "act"
@@ -50,6 +57,15 @@ def activation_pattern(op: str, x: DFPattern, ann: dict | None = None, key: str 
         if ann is not None:
             ann[key + "_lo"], ann[key + "_hi"] = lo, hi
         return is_op("relax.minimum")(is_op("relax.maximum")(x, lo), hi)
+    if op == "hardswish":
+        lo, hi, shift, div = is_const(), is_const(), is_const(), is_const()
+        if ann is not None:
+            ann.update({key + "_hs_lo": lo, key + "_hs_hi": hi, key + "_shift": shift,
+                        key + "_div": div})
+        gate = is_op("relax.divide")(
+            is_op("relax.minimum")(is_op("relax.maximum")(is_op("relax.add")(x, shift), lo),
+                                   hi), div)
+        return is_op("relax.multiply")(x, gate) | is_op("relax.multiply")(gate, x)
     if op == "quick_gelu":
         scale = is_const()
         if ann is not None:
@@ -61,16 +77,12 @@ def activation_pattern(op: str, x: DFPattern, ann: dict | None = None, key: str 
 
 
 def activation_constants_hold(a: dict) -> bool:
-    """Every ReLU6 annotated as an activation clips at exactly [0, 6], every quick GELU
-    scales by 1.702 (as float32 writes it)."""
-    for key in ("act", "post_act"):
-        if key + "_lo" in a and [scalar_value(a[key + "_lo"]),
-                                 scalar_value(a[key + "_hi"])] != [0.0, 6.0]:
-            return False
-        if key + "_scale" in a and scalar_value(a[key + "_scale"]) != \
-                float(np.float32(QUICK_GELU_SCALE)):
-            return False
-    return True
+    """Every composite activation's constants are its own: ReLU6 clips at exactly [0, 6],
+    HardSwish shifts by 3, clips at [0, 6] and divides by 6, quick GELU scales by 1.702 (as
+    float32 writes it)."""
+    return all(scalar_value(a[key + suffix]) == value
+               for key in ("act", "post_act")
+               for suffix, value in _ACTIVATION_CONSTANTS.items() if key + suffix in a)
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,10 @@ def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
     call = a["root"]
     attrs = call.attrs
     if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
+        return False
+    # The scaled-input entry's multiply matches either operand order, so ``lhs`` may be the
+    # other factor, a scalar (MaxViT: a tensor times a scalar constant before a convolution).
+    if not _static_f32(a["lhs"]) or len(a["lhs"].ty.shape.values) != 4:
         return False
     if any(int(d) != 1 for d in attrs.dilation):
         return False
@@ -274,10 +290,13 @@ def _any_activation(x: DFPattern, ann: dict, key: str) -> DFPattern:
     return out
 
 
-def matched_activation(expr: relax.Expr) -> str:
-    """The unary TPP an activation matched by :func:`_any_activation` computes."""
-    op = expr.op.name
-    return {"relax.minimum": "relu6", "relax.multiply": "quick_gelu"}.get(op) or ACTIVATIONS[op]
+def matched_activation(matched: dict, key: str) -> str:
+    """The unary TPP the activation annotated ``key`` by :func:`_any_activation` computes
+    (a composite one is told by which of its constants matched)."""
+    for suffix, op in (("_shift", "hardswish"), ("_scale", "quick_gelu"), ("_lo", "relu6")):
+        if key + suffix in matched:
+            return op
+    return ACTIVATIONS[matched[key].op.name]
 
 
 def _expansion_check(a: dict, out_channels: int) -> bool:
