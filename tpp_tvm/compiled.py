@@ -373,7 +373,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     ``precision="bf16"``: matmuls with constant weights run in bf16 (see ``build``).
     ``tune_logs``: a folder made by ``tpp_tvm.tune``, ``"shipped"`` (the logs in
     ``tune_logs/`` for this CPU) or None (default: hand schedules only — per-subgraph wins
-    measured in isolation did not hold in a whole BERT-base model, see README).
+    measured in isolation did not hold in a whole BERT-base model, see docs/guide.md, Tuning).
     """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
