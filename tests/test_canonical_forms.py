@@ -285,6 +285,28 @@ def test_ragged_transpose_is_vectorized_and_partitioned() -> None:
     np.testing.assert_array_equal(out.numpy(), a.T)
 
 
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_resized_logits_back_to_nchw_build_with_int64_indices(mode: str) -> None:
+    """A segmentation head's logits (DeepLabV3's, LR-ASPP's: 21 classes) resized to the
+    image and transposed back to NCHW in one kernel. The resize's float-to-int64 source
+    index keeps the loops int64 through ``NarrowDataType``, and TVM's ``LoopPartition``
+    replaced the ragged width's one-tile tail loop by an int32 0: the build failed with
+    "mismatched types int32 vs int64". Against ONNX Runtime."""
+    c, size, out = 21, 9, 20  # 20 pixels a row: one whole 16-wide tile and a ragged one
+    weight = RNG.standard_normal((c, 5, 1, 1)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["logits"]),
+             helper.make_node("Resize", ["logits", "", "", "sizes"], ["y"], mode=mode,
+                              coordinate_transformation_mode="half_pixel")]
+    graph = helper.make_graph(
+        nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "w"),
+         numpy_helper.from_array(np.array([1, c, out, out], "int64"), "sizes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": RNG.standard_normal((1, 5, size, size)).astype("float32")}
+    checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("before", [False, True], ids=["nhwc", "rows"])
 def test_grouped_transpose_keeps_the_input_axes(before: bool) -> None:
     """A GroupNorm's NHWC input transposed to NCHW and grouped to (G, C/G * H * W) in one
@@ -451,3 +473,62 @@ def test_einsum_runs_as_a_matmul(equation, a_shape, b_shape) -> None:
     w = RNG.standard_normal(b_shape).astype("float32")
     report = _check(_model(node, list(a_shape), w), list(a_shape))
     assert "einsum" not in report, report
+
+
+@pytest.mark.parametrize("widths", [(48, 48), (24, 40, 8), (16, 32, 64, 16)])
+def test_channel_concats_are_partitioned_at_their_seams(widths: tuple[int, ...]) -> None:
+    """A concatenation along the channels (and the batch norm fused onto it: DenseNet,
+    MixNet) runs as one loop a source: no select between the inputs is left in the built
+    code, whole-vector seams vectorize, others go to LLVM; the result is exact."""
+    from tvm import te, tirx, topi
+
+    from tpp_tvm.schedules.default import Injective
+
+    inputs = [te.placeholder((1, 5, 7, w), name=f"x{i}") for i, w in enumerate(widths)]
+    scale = te.placeholder((sum(widths),), name="scale")
+    cat = topi.concatenate(inputs, axis=3)
+    y = te.compute(cat.shape, lambda n, h, w, c: cat[n, h, w, c] * scale[c], name="y")
+    func = te.create_prim_func([*inputs, scale, y])
+    tgt = tpp_tvm.target(num_cores=1)
+    sch = Injective().apply(func, tgt, False)
+    assert sch is not None
+    lowered = tvm.tirx.transform.StmtSimplify()(
+        tvm.s_tir.transform.LowerOpaqueBlock()(
+            tvm.s_tir.transform.ConvertBlocksToOpaque()(sch.mod)))
+    assert "if_then_else" not in lowered.script(), lowered.script()
+    if all(w % 16 == 0 for w in widths):
+        assert "T.vectorized" in sch.mod.script()
+    lib = tvm.compile(sch.mod, target=tgt).jit()
+    xs = [RNG.standard_normal((1, 5, 7, w)).astype("float32") for w in widths]
+    ss = RNG.standard_normal(sum(widths)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, 5, 7, sum(widths)), "float32"))
+    lib(*[tvm.runtime.tensor(a) for a in (*xs, ss)], out)
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(xs, axis=3) * ss)
+
+
+@pytest.mark.requires_onnxruntime
+def test_batch_norm_after_a_concat_is_one_product_and_sum() -> None:
+    """MixNet's block: two depthwise convolutions, concatenated, then a batch norm the
+    exporter could not fold: x * scale + shift (no division), against ORT."""
+    import checks
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = 24
+    consts = {"w1": RNG.standard_normal((c, 1, 3, 3)), "w2": RNG.standard_normal((c, 1, 5, 5)),
+              "s": RNG.random(2 * c) + 0.5, "b": RNG.standard_normal(2 * c),
+              "m": RNG.standard_normal(2 * c), "v": RNG.random(2 * c) + 0.5}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], group=c, pads=[1] * 4),
+             helper.make_node("Conv", ["x", "w2"], ["b2"], group=c, pads=[2] * 4),
+             helper.make_node("Concat", ["a", "b2"], ["cat"], axis=1),
+             helper.make_node("BatchNormalization", ["cat", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "mix", [helper.make_tensor_value_info("x", f, [1, c, 15, 15])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": RNG.standard_normal((1, c, 15, 15)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    rest = compiled.report_data.get("default_scheduled", [])
+    assert rest and not [k for k in rest if "divide" in k or "subtract" in k], rest

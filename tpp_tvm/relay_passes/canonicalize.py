@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, rewrite_call, wildcard
@@ -206,6 +207,34 @@ def fold_output_scales(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def fold_batch_norms(func: relax.Function) -> relax.Function:
+    """``(x - mean) / std * gamma + beta`` (a batch norm as ``DecomposeOpsForInference``
+    writes it, constants folded) → ``x * scale + shift``: two operations an element and no
+    division. A batch norm the exporter could not fold into a convolution (after DenseNet's
+    and MixNet's concatenations) divided every element (``vdivps``) in TVM's code."""
+    x, mean, std, gamma, beta = wildcard(), is_const(), is_const(), is_const(), is_const()
+    pattern = is_op("relax.add")(is_op("relax.multiply")(
+        is_op("relax.divide")(is_op("relax.subtract")(x, mean), std), gamma), beta)
+
+    def rewriter(orig, m):
+        values = [const_value(m[p]) for p in (mean, std, gamma, beta)]
+        out = static_shape(orig)
+        if any(v is None or v.dtype != "float32" for v in values) or out is None:
+            return orig
+        mu, sigma, g, b = (v.astype("float64") for v in values)
+        try:
+            scale = g / sigma
+            shift = b - mu * scale
+            if np.broadcast_shapes(scale.shape, shift.shape, tuple(out)) != tuple(out):
+                return orig
+        except ValueError:  # constants that do not broadcast together
+            return orig
+        return relax.op.add(relax.op.multiply(m[x], relax.const(scale.astype("float32"))),
+                            relax.const(np.asarray(shift, "float32")))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 #: Element-wise ops a reshape commutes with that a GEMM epilogue can take.
 EPILOGUE_UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
                    "relax.nn.silu", "relax.tanh")
@@ -266,6 +295,6 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
         if isinstance(func, relax.Function):
             func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(drop_identity_casts(func))))
             func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
-            func = fold_output_scales(func)
+            func = fold_batch_norms(fold_output_scales(func))
             mod[gv] = sink_dense_reshapes(func)
     return mod
