@@ -480,7 +480,7 @@ def test_channel_concats_are_partitioned_at_their_seams(widths: tuple[int, ...])
     """A concatenation along the channels (and the batch norm fused onto it: DenseNet,
     MixNet) runs as one loop a source: no select between the inputs is left in the built
     code, whole-vector seams vectorize, others go to LLVM; the result is exact."""
-    from tvm import te, tirx, topi
+    from tvm import te, topi
 
     from tpp_tvm.schedules.default import Injective
 
@@ -532,3 +532,44 @@ def test_batch_norm_after_a_concat_is_one_product_and_sum() -> None:
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     rest = compiled.report_data.get("default_scheduled", [])
     assert rest and not [k for k in rest if "divide" in k or "subtract" in k], rest
+
+
+def test_reductions_over_outer_axes_keep_the_channels_as_lanes() -> None:
+    """ConvNeXt-V2's response norm: the sum of x² over H and W per channel of NHWC data is
+    scheduled (channel vectors in parallel, x² inlined, no full-size intermediate); the
+    mean over those sums then scales every pixel in one vectorized pass; both exact."""
+    from tvm import te
+
+    from tpp_tvm.schedules.default import BroadcastReduction, ColumnReduction
+
+    tgt = tpp_tvm.target(num_cores=1)
+    x = te.placeholder((1, 12, 10, 48), name="x")
+    sq = te.compute(x.shape, lambda n, h, w, c: x[n, h, w, c] * x[n, h, w, c], name="sq")
+    kh, kw = te.reduce_axis((0, 12)), te.reduce_axis((0, 10))
+    g = te.compute((1, 1, 1, 48), lambda n, a, b, c: te.sum(sq[n, kh, kw, c], axis=[kh, kw]),
+                   name="g")
+    sch = ColumnReduction().apply(te.create_prim_func([x, g]), tgt, False)
+    assert sch is not None and "T.vectorized" in sch.mod.script()
+    assert "sq" not in {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    xs = RNG.standard_normal((1, 12, 10, 48)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, 1, 1, 48), "float32"))
+    tvm.compile(sch.mod, target=tgt).jit()(tvm.runtime.tensor(xs), out)
+    np.testing.assert_allclose(out.numpy(), (xs.astype("float64") ** 2).sum((1, 2), keepdims=True),
+                               rtol=1e-5)
+
+    gs = te.placeholder((1, 1, 1, 48), name="gs")
+    k = te.reduce_axis((0, 48))
+    total = te.compute((1, 1, 1, 1), lambda n, a, b, c: te.sum(gs[n, a, b, k], axis=k), name="t")
+    nx = te.compute((1, 1, 1, 48), lambda n, a, b, c: gs[n, a, b, c] / (total[n, a, b, 0] + 1.0),
+                    name="nx")
+    y = te.compute(x.shape, lambda n, h, w, c: x[n, h, w, c] * nx[0, 0, 0, c] + x[n, h, w, c],
+                   name="y")
+    sch = BroadcastReduction().apply(te.create_prim_func([x, gs, y]), tgt, False)
+    assert sch is not None
+    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert blocks == ["t", "nx", "y"] and "T.parallel" in sch.mod.script(), blocks
+    gv = RNG.random((1, 1, 1, 48)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    tvm.compile(sch.mod, target=tgt).jit()(tvm.runtime.tensor(xs), tvm.runtime.tensor(gv), out)
+    want = xs * (gv / (gv.sum() + 1.0)) + xs
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
