@@ -479,6 +479,104 @@ def test_window_padding_computed_with_mod_folds(fmod: int) -> None:
     np.testing.assert_array_equal(got, np.pad(x, [(0, 0)] * 3 + [(0, right)]))
 
 
+def _f32(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.float32), name)
+
+
+def _chunked_blocks(blocks: int) -> onnx.ModelProto:
+    """``blocks`` times ``u, v = x.chunk(2, -1); x = cat(u + v, u)`` as torch exports it:
+    the halves' bounds computed from ``Shape(x)`` (gMLP's gating unit, EVA-02's SwiGLU)."""
+    n = helper.make_node
+    nodes, x = [], "x"
+    for b in range(blocks):
+        nodes += [n("Shape", [x], [f"s{b}"]),
+                  n("Gather", [f"s{b}", "last"], [f"d{b}"], axis=0),
+                  n("Add", [f"d{b}", "one"], [f"e{b}"]),
+                  n("Div", [f"e{b}", "two"], [f"h{b}"]),  # (d + 1) // 2, torch's chunk
+                  n("Slice", [x, "zero", f"h{b}", "axis"], [f"u{b}"]),
+                  n("Slice", [x, f"h{b}", f"d{b}", "axis"], [f"v{b}"]),
+                  n("Add", [f"u{b}", f"v{b}"], [f"a{b}"]),
+                  n("Concat", [f"a{b}", f"u{b}"], [f"x{b}"], axis=-1)]
+        x = f"x{b}"
+    nodes.append(n("Relu", [x], ["y"]))
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                  [_i64("last", [-1]), _i64("one", [1]), _i64("two", [2]), _i64("zero", [0]),
+                   _i64("axis", [-1])])
+
+
+def test_shape_chains_fold_through_every_block() -> None:
+    """Each block's chunk bounds come from the previous block's sliced output, whose shape
+    is known only once the bounds are constants. Folding stopped after 8 rounds of shape
+    inference, one block a round, and TVM's converter failed on the ninth block's
+    ``Gather`` of a shape (timm's gMLP-S16, EVA-02-Tiny). Now one round folds them all."""
+    model = _chunked_blocks(12)
+    cleaned = frontend.clean_model(model)
+    left = {n.op_type for n in cleaned.graph.node}
+    assert not left & {"Shape", "Gather", "Div"}, left
+    x = {"x": np.random.default_rng(0).standard_normal((1, 5, 8)).astype(np.float32)}
+    expected = ort_ref.run_onnxruntime(model, x)[0]
+    np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("size,kernel", [(10, 3), (9, 3), (10, 1)])
+def test_same_padding_computed_with_clip_folds(size: int, kernel: int) -> None:
+    """TF-style "same" padding (timm's ``pad_same``, MaxViT-TF) computed from the static
+    input size: ``max((ceil(x / s) - 1) * s + k - x, 0)`` exported with a ``Clip`` for the
+    max, split into ``total // 2`` before and the rest after. ``Clip`` did not fold and TVM's
+    converter refused the pads ("Dynamic pads are not supported yet")."""
+    n = helper.make_node
+    stride = 2
+    nodes = [n("Shape", ["x"], ["s"], start=2, end=3),
+             n("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             n("Div", ["sf", "stride"], ["q"]),
+             n("Ceil", ["q"], ["qc"]),
+             n("Sub", ["qc", "one"], ["q1"]),
+             n("Mul", ["q1", "stride"], ["span"]),
+             n("Add", ["span", "k"], ["need"]),
+             n("Sub", ["need", "sf"], ["total_raw"]),
+             n("Clip", ["total_raw", "zero_f", ""], ["total"]),  # max(., 0): no upper bound
+             n("Div", ["total", "two"], ["half"]),
+             n("Floor", ["half"], ["before_f"]),
+             n("Sub", ["total", "before_f"], ["after_f"]),
+             n("Cast", ["before_f"], ["before"], to=TensorProto.INT64),
+             n("Cast", ["after_f"], ["after"], to=TensorProto.INT64),
+             n("Concat", ["zeros", "before", "before", "zeros", "after", "after"], ["pads"],
+               axis=0),
+             n("Pad", ["x", "pads"], ["padded"]),
+             n("Conv", ["padded", "w"], ["y"], strides=[stride, stride])]
+    weight = np.random.default_rng(1).standard_normal((4, 3, kernel, kernel)).astype("float32")
+    model = _model(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [_f32("stride", [float(stride)]), _f32("one", [1.0]), _f32("k", [float(kernel)]),
+         _f32("zero_f", 0.0), _f32("two", [2.0]), _i64("zeros", [0, 0]),
+         numpy_helper.from_array(weight, "w")])
+    assert [n.op_type for n in frontend.clean_model(model).graph.node] == ["Pad", "Conv"]
+    x = {"x": np.random.default_rng(0).standard_normal((1, 3, size, size)).astype(np.float32)}
+    expected = ort_ref.run_onnxruntime(model, x)[0]
+    np.testing.assert_allclose(_run_tvm(frontend.from_onnx(model), x), expected, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_unfoldable_shape_names_where_static_shapes_stop() -> None:
+    """A shape that is known only at run time (``NonZero``'s count) cannot be folded; the
+    error names the failing node and where static shape inference stopped: the op, its
+    node name and its input shapes, not only TVM's "shape_of expects a tensor input"."""
+    n = helper.make_node
+    nodes = [n("NonZero", ["x"], ["nz"], name="where_positive"),
+             n("Shape", ["nz"], ["s"], name="count_shape"),
+             n("Gather", ["s", "last"], ["count"], axis=0, name="count"),
+             n("Reshape", ["x", "count"], ["y"], name="flat")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [_i64("last", [-1])])
+    with pytest.raises(ModelLoadError) as info:
+        frontend.from_onnx(model)
+    message = str(info.value)
+    assert "NonZero node 'where_positive' (input shapes [6])" in message, message
+
+
 @pytest.mark.parametrize("shape", [[1, 16, 197], [2, 8, 5, 7]])
 def test_instance_norm_imports_as_a_row_wise_layer_norm(shape) -> None:
     """torch's GroupNorm export (wav2vec2): InstanceNormalization becomes a layer norm over
@@ -666,3 +764,53 @@ def test_quantized_constants_fold_but_weights_stay_quantized() -> None:
     w2_dq = np.clip(np.rint(w2 / np.float32(0.1)), -128, 127) * np.float32(0.1)
     want = (x @ (w.astype(np.float32) * np.float32(0.1))) * scale + x @ w2_dq
     np.testing.assert_allclose(compile_onnx(model)(x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+#: Real exports that failed to import or build (issue 49): (source, name, input pixels).
+REAL_EXPORTS = [("timm", "gmlp_s16_224", 224), ("timm", "eva02_tiny_patch14_224", 224),
+                ("timm", "maxvit_tiny_tf_224", 224),
+                ("segmentation", "deeplabv3_mobilenet_v3_large", 224),
+                ("segmentation", "lraspp_mobilenet_v3_large", 224)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source,name,size", REAL_EXPORTS, ids=[e[1] for e in REAL_EXPORTS])
+def test_real_exports_compile_and_match_onnxruntime(source: str, name: str, size: int,
+                                                    tmp_path, monkeypatch) -> None:
+    """timm's gMLP-S16 and EVA-02-Tiny (chunks computed from shapes in every block),
+    MaxViT-T-TF ("same" pads computed with Clip), torchvision's DeepLabV3 and LR-ASPP
+    (logits resized and transposed to NCHW in one int64-indexed kernel): random weights,
+    exported by torch at batch 1, compiled and run against ONNX Runtime."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    for stub in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        # the registry's torchvision is a CUDA build: skip registering its C ops' fakes
+        monkeypatch.setitem(sys.modules, stub, sys.modules.get(stub, types.ModuleType(stub)))
+    timm = pytest.importorskip("timm")
+    torchvision = pytest.importorskip("torchvision")
+    from tpp_tvm.compiled import compile_onnx
+
+    torch.manual_seed(0)
+    if source == "timm":
+        # the exporter fails on scaled_dot_product_attention's traced is_causal
+        monkeypatch.setattr(timm.layers.config, "_USE_FUSED_ATTN", 0)
+        model = timm.create_model(name, pretrained=False).eval()
+    else:
+        model = getattr(torchvision.models.segmentation, name)(
+            weights=None, weights_backbone=None).eval()
+    with torch.no_grad():  # timm zero-initializes heads: give them weights to compare
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0, 0.02)
+    x = torch.randn(1, 3, size, size)
+    path = tmp_path / f"{name}.onnx"
+    torch.onnx.export(model, x, str(path), opset_version=17, dynamo=False,
+                      input_names=["x"])
+    feeds = {"x": x.numpy()}
+    want = ort_ref.run_onnxruntime(onnx.load(str(path)), feeds)
+    compiled = compile_onnx(path)
+    got = compiled(**feeds)
+    for g, w in zip(got, want, strict=True):
+        assert np.abs(g - w).max() <= 1e-4 * np.abs(w).max(), name
+    assert not compiled.report_data.get("fallbacks"), compiled.report()

@@ -15,8 +15,10 @@ ONNX level (:func:`clean_model`):
    ``Squeeze``, ``Concat``, ``Cast``, ``Reshape``, ``Slice``, ``Transpose``, ``Expand``,
    ``Range``, ``Identity``, ``ReduceMean``, ``BatchNormalization`` (BiT's weight
    standardization: training mode over the weights, extra outputs unread) and elementwise
-   arithmetic (``Ceil``, ``Floor``, ``Sqrt``, ``Pow`` too)/comparison over constants are
-   evaluated. Exports with dynamic axes compute
+   arithmetic (``Ceil``, ``Floor``, ``Sqrt``, ``Pow``, ``Clip`` too)/comparison over
+   constants are evaluated; a node that does not fold has its outputs' shapes inferred at
+   once (``tpp_tvm.onnx_static``), so a chain through many blocks folds in one pass.
+   Exports with dynamic axes compute
    every ``Reshape`` target from ``Shape -> Gather -> Unsqueeze -> Concat`` chains (MobileViT
    with ``Cast``s to float and ``Ceil`` in between); once folded, the Relax module has
    static reshapes and no shape tensors. It also removes the ``ConstantOfShape`` with an empty
@@ -67,6 +69,7 @@ from tpp_tvm.errors import (
     UnsupportedShapeError,
     describe_tvm_error,
 )
+from tpp_tvm.onnx_static import MAX_SHAPE_DATA, StaticTypes, static_shapes, why_not_static
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +82,6 @@ _KNOWN_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
 _DIRECT_OPS = frozenset({"If", "Constant"})
 # Folding never creates a constant larger than this (unless an input already is that large).
 _MAX_FOLD_ELEMENTS = 1 << 20
-_MAX_FOLD_ROUNDS = 8
-# Shape inference sees the values of initializers up to this size (shape vectors, scalars,
-# axes); larger ones, the weights, only by type and shape.
-_MAX_SHAPE_DATA = 1 << 12
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
@@ -328,6 +327,8 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "Equal": np.equal,
     "Less": np.less,
     "Greater": np.greater,
+    "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
     "Not": np.logical_not,
     "And": np.logical_and,
     "Or": np.logical_or,
@@ -349,6 +350,8 @@ def _fold_node(
         return np.asarray(mod(x, inputs[1])).astype(x.dtype)
     if op == "Cast":
         return x.astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    if op == "Clip":
+        return _clip_constant(x, inputs[1:], attrs)
     if op == "ConstantOfShape":
         value = attrs.get("value")
         fill = numpy_helper.to_array(value).reshape(-1) if value is not None else None
@@ -387,6 +390,20 @@ def _fold_node(
     if op in ("QuantizeLinear", "DequantizeLinear"):
         return _quantize_constant(op, inputs)
     return None
+
+
+def _clip_constant(x: np.ndarray, bounds: list[np.ndarray | None], attrs: dict[str, Any]
+                   ) -> np.ndarray:
+    """Clip of a constant; a bound is an optional input (opset 11+) or attribute (older).
+    TF-style "same" padding (timm's ``pad_same``: MaxViT-TF, EfficientNet-TF) takes
+    ``max(total, 0)`` of the pad as a Clip with no upper bound."""
+    lo = bounds[0] if bounds and bounds[0] is not None else attrs.get("min")
+    hi = bounds[1] if len(bounds) > 1 and bounds[1] is not None else attrs.get("max")
+    if lo is not None:
+        x = np.maximum(x, np.asarray(lo, x.dtype))
+    if hi is not None:
+        x = np.minimum(x, np.asarray(hi, x.dtype))
+    return np.asarray(x)
 
 
 def _quantize_constant(op: str, inputs: list[np.ndarray | None]) -> np.ndarray | None:
@@ -437,6 +454,7 @@ _FOLDABLE = frozenset(
     {
         "Identity",
         "Cast",
+        "Clip",
         "ConstantOfShape",
         "Gather",
         "Unsqueeze",
@@ -470,20 +488,6 @@ def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
-    """Shapes of all values whose inferred shape is fully static."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        ttype = value.type.tensor_type
-        if value.type.HasField("tensor_type") and ttype.HasField("shape"):
-            dims = ttype.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
-                shapes[value.name] = tuple(d.dim_value for d in dims)
-    for tensor in graph.initializer:
-        shapes[tensor.name] = tuple(tensor.dims)
-    return shapes
-
-
 def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -514,8 +518,13 @@ def _rename_inputs(node: onnx.NodeProto, alias: Mapping[str, str]) -> None:
             output.name = alias.get(output.name, output.name)
 
 
-def _fold_once(graph: onnx.GraphProto) -> list[str]:
+def _fold_once(graph: onnx.GraphProto,
+               opset_imports: Iterable[onnx.OperatorSetIdProto] = ()) -> list[str]:
     """Fold what can be folded in one pass; returns the op types folded.
+
+    A node that does not fold gets its outputs' shapes inferred from what this pass knows
+    (:class:`~tpp_tvm.onnx_static.StaticTypes`), so a ``Shape`` downstream of a fold folds
+    in the same pass.
 
     A folded ``Identity`` of a constant, or a fold that repeats an earlier one (same op,
     attributes and inputs), becomes another name for the existing constant rather than a
@@ -523,7 +532,7 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
     copying the weights per layer took ALBERT-xxlarge from 0.8 GB past protobuf's 2 GiB."""
     protos = {t.name: t for t in graph.initializer}
     cache: dict[str, np.ndarray] = {}
-    shapes = _static_shapes(graph)
+    known = StaticTypes(graph, opset_imports)
     outputs = {o.name for o in graph.output}
     alias: dict[str, str] = {}
     seen: dict[tuple[Any, ...], str] = {}
@@ -546,18 +555,20 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
         out = node.output[0] if not any(o in read for o in node.output[1:]) else ""
         if node.domain not in ("", "ai.onnx") or not out:
             kept.append(node)
+            known.infer(node, const)  # a Split's outputs too
             continue
         if (node.op_type == "Identity" and out not in outputs
                 and (node.input[0] in protos or node.input[0] in cache)):
             alias[out] = node.input[0]
             folded.append(node.op_type)
             continue
-        value = _try_fold(node, const, shapes)
+        value = _try_fold(node, const, known.shapes)
         if value is not None and node.op_type == "DequantizeLinear" and value.size > 1 \
                 and (node.input[0] not in quantized or out in weights):
             value = None  # a weight's dequantization: the int8 kernel's input
         if value is None:
             kept.append(node)
+            known.infer(node, const)
             continue
         if node.op_type == "QuantizeLinear":
             quantized.add(out)
@@ -570,7 +581,7 @@ def _fold_once(graph: onnx.GraphProto) -> list[str]:
         if key is not None:
             seen[key] = out
         cache[out] = value
-        shapes[out] = value.shape
+        known.add_constant(out, value)
     if not folded:
         return folded
 
@@ -681,7 +692,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     if fits_protobuf(model):
         path.write_bytes(model.SerializeToString())
         return path
-    light, weights = _split_weights(model, _MAX_SHAPE_DATA)
+    light, weights = _split_weights(model, MAX_SHAPE_DATA)
     data = path.with_name(path.name + ".data")
     with data.open("wb") as out:
         for tensor in weights:
@@ -715,14 +726,14 @@ def _inline_functions(model: onnx.ModelProto) -> None:
 
 def _infer_shapes(model: onnx.ModelProto) -> None:
     """Infer every value's shape afresh, in place, on a weightless copy
-    (:func:`_weightless`; initializers up to :data:`_MAX_SHAPE_DATA` elements keep their
+    (:func:`_weightless`; initializers up to :data:`MAX_SHAPE_DATA` elements keep their
     values for data propagation). The previous round's ``value_info`` is dropped first:
     inference keeps an existing entry, so a dimension it could not know before a fold
     (``unk__0`` from an ``Add`` whose other input was a computed position-id gather, in
     transformers' DistilBERT) would stay unknown after the fold made it static, and the
     ``Shape`` nodes reading it would never fold."""
     del model.graph.value_info[:]
-    light = _weightless(model, _MAX_SHAPE_DATA)
+    light = _weightless(model, MAX_SHAPE_DATA)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference is an aid to folding, not a requirement
@@ -774,10 +785,12 @@ def clean_model(
     del model.graph.input[:]
     model.graph.input.extend(real)
 
+    # Until nothing folds (each round removes nodes, so this ends): a cap on the rounds
+    # left deep models' later blocks unfolded.
     folded: list[str] = []
-    for _ in range(_MAX_FOLD_ROUNDS):
+    while True:
         _infer_shapes(model)
-        done = _fold_once(model.graph)
+        done = _fold_once(model.graph, model.opset_import)
         if not done:
             break
         folded += done
@@ -800,7 +813,7 @@ def inference_dropout_as_identity(graph: onnx.GraphProto) -> int:
     used = {name for node in graph.node for name in node.input}
     used |= {out.name for out in graph.output}
     consts = {t.name for t in graph.initializer}
-    shapes = _static_shapes(graph)
+    shapes = static_shapes(graph)
     replaced = 0
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -838,7 +851,7 @@ def explicit_auto_pad(graph: onnx.GraphProto) -> int:
     where explicit pads are the convolution's own padding and run on its TPP kernel. The
     pad of a ``ConvInteger`` (``quantize_dynamic``'s, on ``x - zero point`` in int32) also
     hid the convolution from the int8 kernel patterns: they ran on TVM's default code."""
-    shapes = _static_shapes(graph)
+    shapes = static_shapes(graph)
     changed = 0
     for node in graph.node:
         if node.op_type not in ("Conv", "ConvInteger", "MaxPool", "AveragePool"):
@@ -1126,8 +1139,12 @@ def _importer_class() -> type:
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
     class Importer(ONNXGraphImporter):
-        """TVM's importer, with conversion failures naming the node that failed, and the
-        converters of :data:`_EXTRA_CONVERTERS`."""
+        """TVM's importer, with conversion failures naming the node that failed (and where
+        static shapes stopped, when that is why), and the converters of
+        :data:`_EXTRA_CONVERTERS`."""
+
+        #: The cleaned graph being converted, for :func:`~tpp_tvm.onnx_static.why_not_static`.
+        onnx_graph: onnx.GraphProto | None = None
 
         def _check_for_unsupported_ops(self, graph: onnx.GraphProto) -> None:
             pass  # from_onnx checked the model against TVM's table plus ours already
@@ -1145,8 +1162,11 @@ def _importer_class() -> type:
                 raise
             except Exception as exc:
                 node = attrs.get("tvm_custom", {}).get("name", "?")
+                why = why_not_static(self.onnx_graph, node) \
+                    if self.onnx_graph is not None else ""
                 raise ModelLoadError(
-                    f"TVM's ONNX converter failed on {op_name} node {node!r}: {exc}"
+                    f"TVM's ONNX converter failed on {op_name} node {node!r}: "
+                    f"{describe_tvm_error(exc)}" + (f" ({why})" if why else "")
                 ) from exc
 
     return Importer
@@ -1173,6 +1193,7 @@ def from_onnx(
         v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input
     }
     importer = _importer_class()(shapes, "float32", keep_params_in_input=False, sanitize=True)
+    importer.onnx_graph = model.graph
     # TVM's importer prints every input of a failing node to stdout; our error names the node.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Renaming name")
