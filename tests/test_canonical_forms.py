@@ -573,3 +573,26 @@ def test_reductions_over_outer_axes_keep_the_channels_as_lanes() -> None:
     tvm.compile(sch.mod, target=tgt).jit()(tvm.runtime.tensor(xs), tvm.runtime.tensor(gv), out)
     want = xs * (gv / (gv.sum() + 1.0)) + xs
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_1x1_convolution_is_a_channel_scale(stride: int) -> None:
+    """MobileOne's and FastViT's scale branch (a depthwise convolution by a 1x1 filter) is
+    a per-channel product, strided first: no convolution left on TVM's code, against ORT."""
+    import checks
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = 20
+    consts = {"w": RNG.standard_normal((c, 1, 1, 1)), "b": RNG.standard_normal(c)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["s"], group=c, strides=[stride] * 2),
+             helper.make_node("Relu", ["s"], ["y"])]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "scale", [helper.make_tensor_value_info("x", f, [1, c, 9, 9])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": RNG.standard_normal((1, c, 9, 9)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]

@@ -189,3 +189,25 @@ def test_depthwise_silu_uses_the_avx512_forms() -> None:
     sch = depthwise_conv_schedule(shape, bias=True, activation="silu")
     asm = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
     assert "vdivps" not in asm and "vrcp14ps" in asm and "vscalefps" in asm
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize(("multiplier", "c"), [(2, 24), (3, 5)])
+def test_channel_multipliers_run_on_the_depthwise_kernel(multiplier: int, c: int) -> None:
+    """FastViT's 7x7 stride-2 convolution of 48 channels into 96 (one input channel a group,
+    two filters each) runs on the depthwise kernel over the repeated input channels."""
+    rng = np.random.default_rng(multiplier)
+    oc = c * multiplier
+    w = rng.standard_normal((oc, 1, 7, 7)).astype("float32")
+    b = rng.standard_normal(oc).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[3, 3, 3, 3],
+                              strides=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 19, 19])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, c, 19, 19)).astype("float32")
+    compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
+    assert compiled.report_data["lowered"].get("tpp.depthwise_conv2d_bias") == 1
+    assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]

@@ -23,6 +23,8 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
 - a grouped convolution with more than one channel per group and a filter computed at run
   time is ``groups`` ordinary convolutions on channel slices, concatenated (a constant
   filter goes to the grouped convolution kernel as it is: no slice or concat copies);
+- a depthwise convolution by a 1x1 filter is a per-channel product (re-parameterised
+  models' scale branches);
 - an explicit zero ``Pad`` of the spatial axes before a convolution (TF-style "same"
   padding, MobileNet's) is the convolution's own padding: the pad no longer sits
   between layers, where it kept the layout transposes around each convolution (a ReLU or
@@ -313,6 +315,32 @@ def _split_groups(call: relax.Call) -> relax.Expr | None:
     return relax.op.concat(convs, axis=1)
 
 
+def _channel_scale(call: relax.Call) -> relax.Expr | None:
+    """A depthwise convolution with a 1x1 constant filter (no padding) is a product of each
+    channel by its weight, the input strided first: MobileOne's and FastViT's scale
+    branches. The depthwise kernel needs two taps; TVM left it a scalar loop nest."""
+    attrs = call.attrs
+    x, w = call.args
+    shape, w_np = static_shape(x), const_value(w)
+    if shape is None or w_np is None or not _conv_layouts(attrs, "NCHW", "OIHW"):
+        return None
+    c = shape[1]
+    if int(attrs.groups) != c or w_np.shape != (c, 1, 1, 1) or any(_ints(attrs.padding)) \
+            or any(d != 1 for d in _ints(attrs.dilation)) or _out_dtype(attrs) not in (
+                None, str(w_np.dtype)):
+        return None
+    strides = _ints(attrs.strides)
+    if any(st != 1 for st in strides):
+        x = relax.op.strided_slice(x, axes=[2, 3], begin=[0, 0], end=shape[2:],
+                                   strides=strides)
+    return relax.op.multiply(x, relax.const(w_np.reshape(1, c, 1, 1)))
+
+
+def _conv2d(call: relax.Call) -> relax.Expr | None:
+    scale = _channel_scale(call)
+    return scale if scale is not None else _split_groups(call)
+
+
 _REWRITES = {
     "relax.nn.avg_pool2d": _avg_pool,
     "relax.nn.max_pool2d": _global_pool,
@@ -321,7 +349,7 @@ _REWRITES = {
     "relax.nn.conv1d": _conv1d_as_conv2d,
     "relax.nn.conv3d": _conv3d_as_conv2d,
     "relax.einsum": _einsum_as_matmul,
-    "relax.nn.conv2d": _split_groups,
+    "relax.nn.conv2d": _conv2d,
 }
 
 

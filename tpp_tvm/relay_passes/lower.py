@@ -362,10 +362,15 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
 
 def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                      isa: str) -> relax.Expr:
-    """NHWC depthwise conv2d with its epilogue: channels as vector lanes, taps as FMAs."""
+    """NHWC depthwise conv2d with its epilogue: channels as vector lanes, taps as FMAs. A
+    channel multiplier m (FastViT's 7x7 stride-2 stem of each stage: 48 channels to 96)
+    repeats each input channel m times first: then output channel k reads input k."""
     x, weight, call = matched["lhs"], matched["weight"], matched["root"]
     w_rsc = weight.value.numpy()[:, :, 0, :]  # HWIO with I = 1
     r, s, c = w_rsc.shape
+    multiplier = c // _shape(x)[3]
+    if multiplier > 1:
+        x = bb.emit(relax.op.repeat(x, multiplier, axis=3))
     shape = _conv_shape(x, call.attrs, c, r, s)
     options = {"bias": "bias" in matched, "activation": matched.get("activation"),
                "residual": "residual" in matched,

@@ -159,8 +159,8 @@ def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 
 def _depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """An NHWC depthwise convolution (one HWIO filter per channel, multiplier 1, no
-    dilation, square stride, a window of 2 taps or more)."""
+    """An NHWC depthwise convolution (one input channel a group, HWIO filters, any channel
+    multiplier, no dilation, square stride, a window of 2 taps or more)."""
     a = ctx.annotated_expr
     attrs = a["root"].attrs
     if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
@@ -171,9 +171,9 @@ def _depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
         return False
     c = int(a["lhs"].ty.shape.values[3])
     r, s, i, o = (int(d) for d in a["weight"].ty.shape.values)
-    if int(attrs.groups) != c or (i, o) != (1, c) or r * s < 2:
+    if int(attrs.groups) != c or i != 1 or o % c or r * s < 2:
         return False
-    return _epilogue_check(a, c)
+    return _epilogue_check(a, o)
 
 
 def _epilogue_check(a: dict, n: int) -> bool:
