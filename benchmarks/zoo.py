@@ -483,6 +483,30 @@ def compile_all(names: list[str], precision: ZooPrecision = PRECISIONS["float32"
     return info
 
 
+def compile_parallel(names: list[str], precision: str, jobs: int) -> dict[str, dict]:
+    """:func:`compile_all` split over ``jobs`` processes (exports first, in this one, so
+    two processes never write the same file); model order kept."""
+    if jobs <= 1 or len(names) < 2:
+        return compile_all(names, PRECISIONS[precision])
+    for name in names:
+        try:
+            model_file(name, PRECISIONS[precision])
+        except Exception as exc:  # noqa: BLE001 - compile_all reports it as the row's error
+            print(f"[zoo] {name}: export failed: {exc}", file=sys.stderr, flush=True)
+    shares = [names[k::jobs] for k in range(jobs)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--models", ",".join(share),
+                               "--compile-worker", "--precision", precision],
+                              stdout=subprocess.PIPE, text=True) for share in shares if share]
+    info: dict[str, dict] = {}
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode == 0:
+            info.update(json.loads(out.strip().splitlines()[-1]))
+    return {name: info.get(name, {"title": ALL_MODELS[name].title,
+                                  "layers": ALL_MODELS[name].layers,
+                                  "error": "the compile worker died"}) for name in names}
+
+
 def _default_code_share(compiled, model: ZooModel) -> float:
     """Percent of a profiled run spent in functions left on TVM's default code."""
     feeds = model.inputs(np.random.default_rng(1))
@@ -700,7 +724,13 @@ def main(argv: list[str] | None = None) -> int:
                              "keep each one's fastest pass (drift on shared machines)")
     parser.add_argument("--out", type=Path, help="results folder (default: results/<cpu>)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--impls", default=",".join(IMPLS), help=argparse.SUPPRESS)
+    parser.add_argument("--compile-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="compile the models in this many processes (timing stays one "
+                             "process at a time)")
+    parser.add_argument("--impls", default=",".join(IMPLS),
+                        help="runtimes to time (default: all; tpp_tvm and onnxruntime needed "
+                             "for the ratios)")
     parser.add_argument("--precision", default="float32", choices=list(PRECISIONS),
                         help="bf16: tpp_tvm precision='bf16' against OpenVINO bf16; int8 / "
                              "int8-dynamic: every runtime on ONNX Runtime's static QDQ / "
@@ -715,8 +745,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_worker(names, args.worker, args.rounds, args.impls.split(","),
                                     precision)))
         return 0
+    if args.compile_worker:
+        print(json.dumps(compile_all(names, precision)))
+        return 0
     threads = [int(t) for t in args.threads.split(",")]
-    info = compile_all(names, precision)
+    info = compile_parallel(names, args.precision, args.jobs)
     ok = [n for n in names if "error" not in info[n]]
     rows: list[dict] = []
     for t in threads:
@@ -725,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
         # OpenVINO's spin after each call) take cores from the next one in the same
         # process (ORT ran BERT slower at 2 threads than at 1; with OpenVINO loaded,
         # tpp_tvm and ORT ran EfficientNet 1.5x slower at 1 thread).
-        groups = [[impl] for impl in IMPLS if not (args.precision != "float32" and impl == "torch")]
+        groups = [[impl] for impl in args.impls.split(",")
+                  if not (args.precision != "float32" and impl == "torch")]
         for _ in range(args.passes):
             for impls in groups:
                 cmd = [sys.executable, __file__, "--models", ",".join(ok), "--rounds",
