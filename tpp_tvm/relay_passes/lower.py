@@ -634,14 +634,19 @@ def _lower_instance_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr],
 
 def _lower_max_pool(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str,
                     isa: str) -> relax.Expr:
-    """NHWC max pooling: the pool_max TPP over each window."""
+    """NHWC max pooling: the pool_max TPP over each window. In ceil mode (SqueezeNet's) the
+    last, partial windows are those of a bottom/right padding wide enough to hold them:
+    the kernel pads with the dtype's lowest value, which no maximum selects."""
     x, call = matched["lhs"], matched["root"]
     n, h, w, c = _shape(x)
     attrs = call.attrs
     pad = [int(p) for p in attrs.padding]
-    pad = pad * 2 if len(pad) == 2 else pad
-    shape = PoolShape(n, h, w, c, int(attrs.pool_size[0]), int(attrs.pool_size[1]),
-                      int(attrs.strides[0]), tuple(pad))
+    top, left, bottom, right = pad * 2 if len(pad) == 2 else pad
+    r, s, stride = int(attrs.pool_size[0]), int(attrs.pool_size[1]), int(attrs.strides[0])
+    _, oh, ow, _ = _shape(call)
+    bottom = max(bottom, (oh - 1) * stride + r - h - top)
+    right = max(right, (ow - 1) * stride + s - w - left)
+    shape = PoolShape(n, h, w, c, r, s, stride, (top, left, bottom, right))
     dtype = str(x.ty.dtype)
     sch = max_pool_schedule(shape, isa, dtype)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))

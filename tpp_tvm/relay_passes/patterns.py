@@ -586,9 +586,8 @@ def eltwise_patterns() -> list[TPPPattern]:
 
 
 def _pool_check(ctx: relax.transform.PatternCheckContext) -> bool:
-    """NHWC pooling on a static fp32 tensor: max pooling without dilation or ceil mode
-    (also of u8/s8: a quantized model's activations), or a mean over the two spatial
-    axes."""
+    """NHWC pooling on a static fp32 tensor: max pooling without dilation (also of u8/s8:
+    a quantized model's activations; ceil mode too), or a mean over the two spatial axes."""
     a = ctx.annotated_expr
     x, call = a["lhs"], a["root"]
     attrs = call.attrs
@@ -597,7 +596,7 @@ def _pool_check(ctx: relax.transform.PatternCheckContext) -> bool:
         return False
     if hasattr(attrs, "pool_size"):
         return (str(attrs.layout) == "NHWC" and str(attrs.out_layout) in ("NHWC", "")
-                and not attrs.ceil_mode and all(int(d) == 1 for d in attrs.dilation)
+                and all(int(d) == 1 for d in attrs.dilation)
                 and int(attrs.strides[0]) == int(attrs.strides[1]))
     axes = sorted(int(ax) % 4 for ax in attrs.axis) if attrs.axis is not None else []
     return axes == [1, 2]
