@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +33,12 @@ import pytest
 from tpp_tvm.cross import missing_tools
 from tpp_tvm.cross.toolchain import PACKAGES
 from tpp_tvm.target import host_isa
+
+# Where the bench extra installed the registry's torchvision (a CUDA build), importing it
+# beside the CPU torch dies registering fakes for its C ops, and ``transformers`` imports
+# it: empty modules under the two names that register them let the model code import.
+for _name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules.setdefault(_name, types.ModuleType(_name))
 
 
 @dataclass(frozen=True)
