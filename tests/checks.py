@@ -1,5 +1,5 @@
-"""Checks the test modules share: tolerances, "runs like ONNX Runtime", a plain LLVM target,
-free ports.
+"""Checks the test modules share: tolerances, "runs like ONNX Runtime", small fp32 ONNX
+graphs, a plain LLVM target, free ports.
 
 TPP-level helpers (one TPP built and run, its numpy reference) are in ``tpp_harness.py``;
 what a test needs from the machine is a ``requires_*`` marker (``conftest.py``).
@@ -55,6 +55,22 @@ def assert_runs_like_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.
 #: AMX hosts (AMX targets run their vector kernels there), ``avx2`` on AVX2-only x86 CPUs,
 #: ``sve`` on SVE hosts. Tests that build a vector kernel for the host target name it.
 VECTOR_ISA = register_tile_isa(isa_of(tpp_tvm.target()))
+
+
+def onnx_model(nodes: list[onnx.NodeProto], inputs: Mapping[str, list[int]],
+               consts: Mapping[str, np.ndarray] | None = None,
+               outputs: tuple[str, ...] = ("y",)) -> onnx.ModelProto:
+    """An opset-17 model of ``nodes``: fp32 ``inputs`` (name -> shape), ``consts`` as fp32
+    initializers, ``outputs`` of inferred shape."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v)
+                     for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in outputs],
+        [numpy_helper.from_array(np.asarray(v, "float32"), k)
+         for k, v in (consts or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def plain_llvm(num_cores: int | None = None) -> tvm.target.Target:

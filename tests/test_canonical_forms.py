@@ -511,7 +511,7 @@ def test_batch_norm_after_a_concat_is_one_product_and_sum() -> None:
     """MixNet's block: two depthwise convolutions, concatenated, then a batch norm the
     exporter could not fold: x * scale + shift (no division), against ORT."""
     import checks
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     c = 24
     consts = {"w1": RNG.standard_normal((c, 1, 3, 3)), "w2": RNG.standard_normal((c, 1, 5, 5)),
@@ -522,12 +522,7 @@ def test_batch_norm_after_a_concat_is_one_product_and_sum() -> None:
              helper.make_node("Concat", ["a", "b2"], ["cat"], axis=1),
              helper.make_node("BatchNormalization", ["cat", "s", "b", "m", "v"], ["bn"]),
              helper.make_node("Relu", ["bn"], ["y"])]
-    f = TensorProto.FLOAT
-    graph = helper.make_graph(
-        nodes, "mix", [helper.make_tensor_value_info("x", f, [1, c, 15, 15])],
-        [helper.make_tensor_value_info("y", f, None)],
-        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = checks.onnx_model(nodes, {"x": [1, c, 15, 15]}, consts)
     feeds = {"x": RNG.standard_normal((1, c, 15, 15)).astype("float32")}
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     rest = compiled.report_data.get("default_scheduled", [])
@@ -581,18 +576,13 @@ def test_a_depthwise_1x1_convolution_is_a_channel_scale(stride: int) -> None:
     """MobileOne's and FastViT's scale branch (a depthwise convolution by a 1x1 filter) is
     a per-channel product, strided first: no convolution left on TVM's code, against ORT."""
     import checks
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     c = 20
     consts = {"w": RNG.standard_normal((c, 1, 1, 1)), "b": RNG.standard_normal(c)}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["s"], group=c, strides=[stride] * 2),
              helper.make_node("Relu", ["s"], ["y"])]
-    f = TensorProto.FLOAT
-    graph = helper.make_graph(
-        nodes, "scale", [helper.make_tensor_value_info("x", f, [1, c, 9, 9])],
-        [helper.make_tensor_value_info("y", f, None)],
-        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = checks.onnx_model(nodes, {"x": [1, c, 9, 9]}, consts)
     feeds = {"x": RNG.standard_normal((1, c, 9, 9)).astype("float32")}
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]

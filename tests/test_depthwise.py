@@ -202,11 +202,7 @@ def test_channel_multipliers_run_on_the_depthwise_kernel(multiplier: int, c: int
     b = rng.standard_normal(oc).astype("float32")
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[3, 3, 3, 3],
                               strides=[2, 2])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 19, 19])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = checks.onnx_model(nodes, {"x": [1, c, 19, 19]}, {"w": w, "b": b})
     x = rng.standard_normal((1, c, 19, 19)).astype("float32")
     compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-4)
     assert compiled.report_data["lowered"].get("tpp.depthwise_conv2d_bias") == 1

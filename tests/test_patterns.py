@@ -104,7 +104,7 @@ def test_hardswish_is_an_epilogue_of_every_contraction_family():
     activation pass of its own, against ORT."""
     import checks
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     rng = np.random.default_rng(5)
     c = 40
@@ -122,12 +122,7 @@ def test_hardswish_is_an_epilogue_of_every_contraction_family():
              helper.make_node("MatMul", ["f", "wm"], ["mm"]),
              helper.make_node("Add", ["mm", "bm"], ["mb"]),
              helper.make_node("HardSwish", ["mb"], ["y"])]
-    f = TensorProto.FLOAT
-    graph = helper.make_graph(
-        nodes, "hs", [helper.make_tensor_value_info("x", f, [1, c, 14, 14])],
-        [helper.make_tensor_value_info("y", f, None)],
-        [numpy_helper.from_array(np.asarray(v, "float32"), k) for k, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = checks.onnx_model(nodes, {"x": [1, c, 14, 14]}, consts)
     feeds = {"x": rng.standard_normal((1, c, 14, 14)).astype("float32")}
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     lowered = compiled.report_data["lowered"]

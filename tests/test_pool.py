@@ -72,7 +72,7 @@ def test_global_avg_pool_of_one_channel_is_a_clear_error() -> None:
 def test_onnx_pools_of_any_size_run_on_tpp_kernels() -> None:
     """Inception-v3's 3x3 stride-2 max pooling to 17 pixels a row and a global average
     pooling of a 1x1 image (VGG's head) run without a fallback."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     w = np.random.default_rng(3).standard_normal((24, 24, 1, 1)).astype("float32")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
@@ -80,12 +80,7 @@ def test_onnx_pools_of_any_size_run_on_tpp_kernels() -> None:
              helper.make_node("GlobalAveragePool", ["p"], ["g"]),
              helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[35, 35]),
              helper.make_node("GlobalAveragePool", ["m"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 35, 35])],
-        [helper.make_tensor_value_info("g", TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = checks.onnx_model(nodes, {"x": [1, 24, 35, 35]}, {"w": w}, ("g", "y"))
     x = np.random.default_rng(4).standard_normal((1, 24, 35, 35)).astype("float32")
     compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)
     assert "Fallbacks to TVM: none" in compiled.report()
@@ -97,17 +92,13 @@ def test_onnx_pools_of_any_size_run_on_tpp_kernels() -> None:
 def test_ceil_mode_max_pooling_runs_on_the_tpp_kernel(side: int) -> None:
     """SqueezeNet's 3x3 stride-2 max pooling in ceil mode: the partial last windows are
     padded with the lowest value, against ORT."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     w = np.random.default_rng(1).standard_normal((24, 24, 1, 1)).astype("float32")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),  # NHWC, as in a model
              helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
                               ceil_mode=1)]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, side, side])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = checks.onnx_model(nodes, {"x": [1, 24, side, side]}, {"w": w})
     x = np.random.default_rng(side).standard_normal((1, 24, side, side)).astype("float32")
     compiled = checks.assert_runs_like_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5)
     assert compiled.report_data["lowered"].get("tpp.max_pool2d") == 1
