@@ -293,3 +293,23 @@ def test_require_features_names_what_is_missing() -> None:
     tt.require_features(tgt, ["avx512f", "avx512vnni"], "x")
     with pytest.raises(UnsupportedISAError, match="avx512bf16.*icelake-server"):
         tt.require_features(tgt, ["avx512bf16"], "a bf16 kernel")
+
+
+@pytest.mark.parametrize(("files", "want"), [
+    ({"cpu.max": "150000 100000\n"}, 2),            # cgroup v2: 1.5 CPUs rounds up
+    ({"cpu.max": "max 100000\n"}, None),            # v2, no limit
+    ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),                                     # no cgroup files
+])
+def test_cpu_quota_reads_the_containers_limit(tmp_path, files: dict, want) -> None:
+    """The default thread count follows a container's CPU quota, not the host's cores."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert tt.cpu_quota(tmp_path) == want
+
+
+def test_physical_cores_are_capped_by_the_quota(monkeypatch) -> None:
+    monkeypatch.setattr(tt, "cpu_quota", lambda: 1)
+    assert tt.physical_core_count() == 1

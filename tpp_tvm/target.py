@@ -51,6 +51,9 @@ unit (``intrinsics/amx_emulator.py``): for testing tile kernels on CPUs without 
 
 _CPUINFO = Path("/proc/cpuinfo")
 _SYS_CPU = Path("/sys/devices/system/cpu")
+#: The CPU bandwidth limit a container runtime sets: cgroup v2's ``cpu.max`` ("quota period"
+#: or "max period"), else cgroup v1's quota and period files.
+_CGROUP = Path("/sys/fs/cgroup")
 
 # Linux constants for the two OS queries below (asm/prctl.h, linux/prctl.h).
 _SYS_ARCH_PRCTL = 158
@@ -224,12 +227,33 @@ def read_cache_sizes(cache_dir: Path = _SYS_CPU / "cpu0" / "cache") -> dict[str,
     return sizes
 
 
+def cpu_quota(root: Path = _CGROUP) -> int | None:
+    """CPUs' worth of time this process's cgroup may use (its quota over its period, rounded
+    up), or None where no limit is set: a container given 2 CPUs on a 64-core host still
+    sees 64 in its affinity mask, and a pool of 64 threads there waits on the scheduler."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:  # "max": no limit
+        return None
+    return max(1, -(-q // p)) if q > 0 and p > 0 else None
+
+
 def physical_core_count() -> int:
-    """Physical cores in this process's CPU affinity set (SMT siblings counted once)."""
+    """Physical cores in this process's CPU affinity set (SMT siblings counted once), at most
+    the cgroup's CPU quota."""
+    quota = cpu_quota()
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return min(os.cpu_count() or 1, quota or os.cpu_count() or 1)
     cores = set()
     for cpu in cpus:
         siblings = _SYS_CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list"
@@ -237,7 +261,7 @@ def physical_core_count() -> int:
             cores.add(siblings.read_text().strip())
         except OSError:
             cores.add(str(cpu))
-    return max(1, len(cores))
+    return max(1, min(len(cores), quota or len(cores)))
 
 
 def _libc() -> ctypes.CDLL | None:
