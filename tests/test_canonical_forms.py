@@ -586,3 +586,16 @@ def test_a_depthwise_1x1_convolution_is_a_channel_scale(stride: int) -> None:
     feeds = {"x": RNG.standard_normal((1, c, 9, 9)).astype("float32")}
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]
+
+
+@pytest.mark.parametrize("form", ["c < 48", "c <= 47", "c > 47", "c >= 48", "48 <= c",
+                                  "47 < c", "48 > c", "47 >= c"])
+def test_concat_seams_are_found_in_every_comparison_form(form: str) -> None:
+    from tvm import tirx
+
+    from tpp_tvm.schedules.default import _concat_boundaries
+
+    c = tirx.Var("c", "int64")
+    cond = eval(form, {"c": c})  # the literal becomes an IntImm of c's type
+    body = tirx.Evaluate(tirx.Select(cond, tirx.const(1.0), tirx.const(0.0)))
+    assert _concat_boundaries(type("Block", (), {"body": body}), c, 96) == [48]

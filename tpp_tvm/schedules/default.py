@@ -78,16 +78,17 @@ def _concat_boundaries(block: tirx.Stmt, inner: tirx.Var, extent: int) -> list[i
     """The constants in (0, extent) that a condition compares the innermost axis with: the
     seams of a concatenation along it (``T.if_then_else(48 <= c, b[c - 48], a[c])``)."""
     found: set[int] = set()
-    compares = (tirx.LT, tirx.LE, tirx.GT, tirx.GE)
+    # where ``c OP k`` first changes, as c grows: c < k and c >= k at k; c <= k, c > k at k + 1
+    past = {tirx.LT: 0, tirx.GE: 0, tirx.LE: 1, tirx.GT: 1}
+    flipped = {tirx.LT: tirx.GT, tirx.GT: tirx.LT, tirx.LE: tirx.GE, tirx.GE: tirx.LE}
 
     def visit(node, visitor):
-        if isinstance(node, compares):
-            for var, const in ((node.a, node.b), (node.b, node.a)):
-                if var.same_as(inner) and isinstance(const, tirx.IntImm) \
-                        and 0 < int(const) < extent:
-                    # c < k and k <= c split at k; c <= k and k < c at k + 1
-                    strict_low = isinstance(node, tirx.LE) == (var is node.a)
-                    found.add(int(const) + (1 if strict_low else 0))
+        kind = type(node)
+        if kind in past:
+            if node.a.same_as(inner) and isinstance(node.b, tirx.IntImm):
+                found.add(int(node.b) + past[kind])
+            elif node.b.same_as(inner) and isinstance(node.a, tirx.IntImm):
+                found.add(int(node.a) + past[flipped[kind]])  # k OP c is c OP' k
         return visitor.default_visit(node)
 
     tvm_ffi.structural_visit(block.body, visit)
