@@ -663,7 +663,9 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                 wrong_rows.append(f"- {entry['title']}, {t} thread{'s' if t > 1 else ''}: "
                                   f"err {cells['tpp_tvm']['rel_err']:.1e}")
                 tpp = None  # no ratio for a wrong output
-            ratio_ort = ms["onnxruntime"] / tpp if tpp and ms["onnxruntime"] else None
+            # bf16 is compared with bf16 peers only: ONNX Runtime runs fp32 there
+            ratio_ort = ms["onnxruntime"] / tpp if tpp and ms["onnxruntime"] \
+                and precision != "bf16" else None
             ratio_ov = ms["openvino"] / tpp if tpp and ms["openvino"] else None
             if ratio_ort:
                 ort_ratios.append(ratio_ort)
