@@ -769,6 +769,8 @@ def test_quantized_constants_fold_but_weights_stay_quantized() -> None:
 #: Real exports that failed to import or build (issue 49): (source, name, input pixels).
 REAL_EXPORTS = [("timm", "gmlp_s16_224", 224), ("timm", "eva02_tiny_patch14_224", 224),
                 ("timm", "maxvit_tiny_tf_224", 224),
+                # a channel attention's norm of another rank beside a group norm's chain
+                ("timm", "davit_tiny", 224),
                 ("segmentation", "deeplabv3_mobilenet_v3_large", 224),
                 ("segmentation", "lraspp_mobilenet_v3_large", 224)]
 

@@ -198,8 +198,10 @@ def _open_chain_ends(func: relax.Function, b: dict) -> list[relax.Expr]:
                     for r in readers.get(var, [])):
             continue
         found = _channels_last_norm(value, b)
-        if found is not None and list(shape) == [found[1][i] for i in
-                                                 _TO_CHANNELS_FIRST[len(shape)]]:
+        # (a norm of another rank, DaViT's channel attention reshaped around one, is not
+        # this chain's end)
+        if found is not None and len(found[1]) == len(shape) and list(shape) == [
+                found[1][i] for i in _TO_CHANNELS_FIRST[len(shape)]]:
             ends.append(value)
     return ends
 
