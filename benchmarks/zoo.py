@@ -706,6 +706,15 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
     return "\n".join(lines) + "\n"
 
 
+def _merged(old: dict, rows: list[dict], info: dict[str, dict], order: list[str]
+            ) -> tuple[list[dict], dict[str, dict]]:
+    """The rows and model entries of an earlier results file, those of the models re-run
+    now replaced, in the set's order."""
+    kept = [r for r in old["rows"] if r["model"] not in info]
+    models = {**old["models"], **info}
+    return kept + rows, {name: models[name] for name in order if name in models}
+
+
 def _wrong(cell: dict | None, precision: str) -> bool:
     """An fp32 tpp_tvm output further from ONNX Runtime's than :data:`FP32_TOLERANCE`."""
     return (precision == "float32" and bool(cell) and "rel_err" in cell
@@ -725,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run every runtime's worker this many times, alternating, and "
                              "keep each one's fastest pass (drift on shared machines)")
     parser.add_argument("--out", type=Path, help="results folder (default: results/<cpu>)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other models' rows of the set's existing results file "
+                             "and replace only the models given (re-run a few rows)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--compile-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=1,
@@ -784,9 +796,21 @@ def main(argv: list[str] | None = None) -> int:
     cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "zoo" + ("" if args.set == "main" else f"_{args.set}") + precision.suffix
+    runs = [{"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "command": f"python benchmarks/zoo.py {' '.join(sys.argv[1:])}",
+             "models": list(info)}]
+    if args.merge and (args.out / f"{stem}.json").exists():
+        old = json.loads((args.out / f"{stem}.json").read_text())
+        rows, info = _merged(old, rows, info, list(SETS[args.set]))
+        runs = old.get("runs", [{"date": "earlier", "command": "the file's first run"}]) + runs
     (args.out / f"{stem}.json").write_text(json.dumps(
-        {"cpu": cpu, "precision": args.precision, "rows": rows, "models": info}, indent=1))
-    (args.out / f"{stem}.md").write_text(render(rows, info, threads, cpu, args.precision))
+        {"cpu": cpu, "precision": args.precision, "rows": rows, "models": info,
+         "runs": runs}, indent=1))
+    text = render(rows, info, threads, cpu, args.precision)
+    if len(runs) > 1:  # say which rows came from which run
+        text += "Runs merged into this table (later runs replace the rows of their models):\n\n"
+        text += "".join(f"- {r['date']}: `{r['command']}`\n" for r in runs) + "\n"
+    (args.out / f"{stem}.md").write_text(text)
     print((args.out / f"{stem}.md").read_text())
     wrong = [r for r in rows if r.get("impl") == "tpp_tvm" and _wrong(r, args.precision)]
     return 1 if wrong else 0

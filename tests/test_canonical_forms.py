@@ -599,3 +599,27 @@ def test_concat_seams_are_found_in_every_comparison_form(form: str) -> None:
     cond = eval(form, {"c": c})  # the literal becomes an IntImm of c's type
     body = tirx.Evaluate(tirx.Select(cond, tirx.const(1.0), tirx.const(0.0)))
     assert _concat_boundaries(type("Block", (), {"body": body}), c, 96) == [48]
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize(("dilation", "pads", "group"), [(2, 2, 1), (4, 4, 1), (2, 1, 1),
+                                                         (3, 3, 16)])
+def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pads: int,
+                                                               group: int) -> None:
+    """FCN's and DeepLab's atrous 3x3 convolutions (and a dilated depthwise one): the
+    phases of the padded input as a batch of undilated convolutions on the TPP kernels, the
+    outputs interleaved back, against ORT; no convolution left on TVM's code."""
+    import checks
+    from onnx import helper
+
+    c = 16
+    consts = {"w": RNG.standard_normal((c, c // group, 3, 3)), "b": RNG.standard_normal(c)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"], dilations=[dilation] * 2,
+                              pads=[pads] * 4, group=group),
+             helper.make_node("Relu", ["h"], ["y"])]
+    model = checks.onnx_model(nodes, {"x": [1, c, 13, 11]}, consts)
+    feeds = {"x": RNG.standard_normal((1, c, 13, 11)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    lowered = compiled.report_data["lowered"]
+    assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]
+    assert sum(n for k, n in lowered.items() if "conv2d" in k) == 1, lowered
