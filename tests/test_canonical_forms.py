@@ -623,3 +623,19 @@ def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pad
     lowered = compiled.report_data["lowered"]
     assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]
     assert sum(n for k, n in lowered.items() if "conv2d" in k) == 1, lowered
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("axis", [1, 2, -2])
+def test_a_softmax_over_another_axis_runs_on_the_softmax_tpp(axis: int) -> None:
+    """CoaT's factorized attention normalizes the keys over the tokens (axis -2): the
+    row-wise softmax TPP between two transposes, against ORT."""
+    import checks
+    from onnx import helper
+
+    model = checks.onnx_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)],
+                              {"x": [2, 24, 49, 32]})
+    feeds = {"x": RNG.standard_normal((2, 24, 49, 32)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-6)
+    assert compiled.report_data["lowered"].get("tpp.softmax") == 1
+    assert not [k for k in compiled.report_data["default_scheduled"] if "softmax" in k]
