@@ -602,10 +602,11 @@ def test_concat_seams_are_found_in_every_comparison_form(form: str) -> None:
 
 
 @pytest.mark.requires_onnxruntime
-@pytest.mark.parametrize(("dilation", "pads", "group"), [(2, 2, 1), (4, 4, 1), (2, 1, 1),
-                                                         (3, 3, 16)])
+@pytest.mark.parametrize(("dilation", "pads", "group", "stride"), [
+    (2, 2, 1, 1), (4, 4, 1, 1), (2, 1, 1, 1), (3, 3, 16, 1),
+    (2, 2, 1, 2), (4, 4, 1, 2), (2, 2, 1, 4)])  # SKNet's stride 2 with dilation 2
 def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pads: int,
-                                                               group: int) -> None:
+                                                               group: int, stride: int) -> None:
     """FCN's and DeepLab's atrous 3x3 convolutions (and a dilated depthwise one): the
     phases of the padded input as a batch of undilated convolutions on the TPP kernels, the
     outputs interleaved back, against ORT; no convolution left on TVM's code."""
@@ -615,7 +616,7 @@ def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pad
     c = 16
     consts = {"w": RNG.standard_normal((c, c // group, 3, 3)), "b": RNG.standard_normal(c)}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"], dilations=[dilation] * 2,
-                              pads=[pads] * 4, group=group),
+                              pads=[pads] * 4, group=group, strides=[stride] * 2),
              helper.make_node("Relu", ["h"], ["y"])]
     model = checks.onnx_model(nodes, {"x": [1, c, 13, 11]}, consts)
     feeds = {"x": RNG.standard_normal((1, c, 13, 11)).astype("float32")}

@@ -349,13 +349,15 @@ def _dilated_as_phases(call: relax.Call) -> relax.Expr | None:
     attrs = call.attrs
     x, w = call.args
     shape, wshape = static_shape(x), static_shape(w)
-    dil = _ints(attrs.dilation)
+    dil, strides = _ints(attrs.dilation), _ints(attrs.strides)
     if shape is None or wshape is None or not _conv_layouts(attrs, "NCHW", "OIHW") \
-            or dil[0] != dil[1] or dil[0] == 1 or any(st != 1 for st in _ints(attrs.strides)):
+            or dil[0] != dil[1] or dil[0] == 1 or strides[0] != strides[1]:
         return None
     d, (n, c, h, wd), (oc, _, r, s) = dil[0], shape, wshape
     pad = _ints(attrs.padding)
     top, left, bottom, right = pad * 2 if len(pad) == 2 else pad
+    if strides[0] != 1:
+        return _strided_dilated(call, strides[0], d, (top, left, bottom, right))
     oh, ow = h + top + bottom - d * (r - 1), wd + left + right - d * (s - 1)
     if oh < 1 or ow < 1:
         return None
@@ -375,6 +377,29 @@ def _dilated_as_phases(call: relax.Call) -> relax.Expr | None:
     if (oh1 * d, ow1 * d) == (oh, ow):
         return out
     return relax.op.strided_slice(out, axes=[2, 3], begin=[0, 0], end=[oh, ow])
+
+
+def _strided_dilated(call: relax.Call, stride: int, d: int,
+                     pad: tuple[int, int, int, int]) -> relax.Expr | None:
+    """Stride and dilation both above 1, one dividing the other (SKNet's dilated 3x3 at
+    stride 2): with g the smaller, the taps and the outputs only read every g-th row and
+    column of the padded input, so the convolution is one of stride / g and dilation / g
+    on that subsampled image (a dilation left is then :func:`_dilated_as_phases`'s)."""
+    g = min(stride, d)
+    if stride % g or d % g:
+        return None
+    attrs = call.attrs
+    x, w = call.args
+    top, left, bottom, right = pad
+    padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right], "constant", 0.0)
+    shape = static_shape(x)
+    every = relax.op.strided_slice(padded, axes=[2, 3], begin=[0, 0],
+                                   end=[shape[2] + top + bottom, shape[3] + left + right],
+                                   strides=[g, g])
+    return relax.op.nn.conv2d(every, w, strides=stride // g, dilation=d // g,
+                              groups=int(attrs.groups), data_layout="NCHW",
+                              kernel_layout=str(attrs.kernel_layout),
+                              out_dtype=_out_dtype(attrs))
 
 
 def _conv2d(call: relax.Call) -> relax.Expr | None:
