@@ -604,7 +604,8 @@ def test_concat_seams_are_found_in_every_comparison_form(form: str) -> None:
 @pytest.mark.requires_onnxruntime
 @pytest.mark.parametrize(("dilation", "pads", "group", "stride"), [
     (2, 2, 1, 1), (4, 4, 1, 1), (2, 1, 1, 1), (3, 3, 16, 1),
-    (2, 2, 1, 2), (4, 4, 1, 2), (2, 2, 1, 4)])  # SKNet's stride 2 with dilation 2
+    (2, 2, 1, 2), (4, 4, 1, 2), (2, 2, 1, 4),  # SKNet's stride 2 with dilation 2
+    (12, 12, 1, 1), (8, 8, 1, 1)])  # DeepLab's ASPP: outer taps only read padding
 def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pads: int,
                                                                group: int, stride: int) -> None:
     """FCN's and DeepLab's atrous 3x3 convolutions (and a dilated depthwise one): the
