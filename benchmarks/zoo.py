@@ -115,9 +115,20 @@ def _audio(samples: int = 16000):
     return make
 
 
+def _stub_torchvision_ops() -> None:
+    """Empty modules under the two names that register the fakes of ``torchvision``'s C ops:
+    the registry's wheel is a CUDA build whose ops do not load beside the CPU torch, so
+    ``import torchvision`` (which ``transformers`` and ``timm`` do whenever it is installed)
+    dies there; its pure-Python model code imports and runs without them."""
+    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+
+
 def _hf(config_name: str, model_name: str, **config) -> Callable[[], object]:
     def build():
         import torch
+
+        _stub_torchvision_ops()
         import transformers
 
         torch.manual_seed(0)
@@ -257,8 +268,7 @@ MORE_MODELS: dict[str, ZooModel] = {m.name: m for m in [
 
 def import_vision() -> tuple[types.ModuleType, types.ModuleType]:
     """``timm`` and ``torchvision``, importable beside the CPU torch (see above)."""
-    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-        sys.modules.setdefault(name, types.ModuleType(name))
+    _stub_torchvision_ops()
     import timm
     import torchvision
 
