@@ -357,11 +357,12 @@ def _dilated_as_phases(call: relax.Call) -> relax.Expr | None:
     (n, c, h, wd), (oc, _, r, s) = shape, wshape
     pad = _ints(attrs.padding)
     top, left, bottom, right = pad * 2 if len(pad) == 2 else pad
+    depthwise = int(attrs.groups) == c and wshape[1] == 1  # its kernel takes dilation
     if strides[0] != 1:
         return _strided_dilated(call, strides[0], dh, (top, left, bottom, right)) \
-            if dh == dw else None
+            if dh == dw and not depthwise else None
     trimmed = _without_dead_taps(call)
-    if trimmed is not None:
+    if trimmed is not None or depthwise:
         return trimmed
     oh, ow = h + top + bottom - dh * (r - 1), wd + left + right - dw * (s - 1)
     if oh < 1 or ow < 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import tvm
@@ -371,7 +371,7 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     multiplier = c // _shape(x)[3]
     if multiplier > 1:
         x = bb.emit(relax.op.repeat(x, multiplier, axis=3))
-    shape = _conv_shape(x, call.attrs, c, r, s)
+    shape = replace(_conv_shape(x, call.attrs, c, r, s), dilation=int(call.attrs.dilation[0]))
     options = {"bias": "bias" in matched, "activation": matched.get("activation"),
                "residual": "residual" in matched,
                "post_activation": matched.get("post_activation")}

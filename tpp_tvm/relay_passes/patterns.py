@@ -160,19 +160,19 @@ def _conv_check(ctx: relax.transform.PatternCheckContext) -> bool:
 
 def _depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """An NHWC depthwise convolution (one input channel a group, HWIO filters, any channel
-    multiplier, no dilation, square stride, a window of 2 taps or more)."""
+    multiplier, the same dilation and stride on both axes, a window of 2 taps or more)."""
     a = ctx.annotated_expr
     attrs = a["root"].attrs
     if str(attrs.data_layout) != "NHWC" or str(attrs.out_layout) not in ("NHWC", ""):
         return False
-    if str(attrs.kernel_layout) != "HWIO" or any(int(d) != 1 for d in attrs.dilation):
+    if str(attrs.kernel_layout) != "HWIO" or int(attrs.dilation[0]) != int(attrs.dilation[1]):
         return False
     if int(attrs.strides[0]) != int(attrs.strides[1]) or not _static_f32(a["lhs"]):
         return False
     c = int(a["lhs"].ty.shape.values[3])
     r, s, i, o = (int(d) for d in a["weight"].ty.shape.values)
-    if int(attrs.groups) != c or i != 1 or o % c or r * s < 2:
-        return False
+    if int(attrs.groups) != c or c < 2 or i != 1 or o % c or r * s < 2:
+        return False  # (one channel: groups 1, an ordinary convolution)
     return _epilogue_check(a, o)
 
 
@@ -329,8 +329,8 @@ def _expand_depthwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """A depthwise convolution whose input is an expansion, fused where the expanded tensor
     would leave the L2 (``fusion_pays``); elsewhere the two kernels take the pair."""
     a = ctx.annotated_expr
-    if not _depthwise_check(ctx):
-        return False
+    if not _depthwise_check(ctx) or int(a["root"].attrs.dilation[0]) != 1:
+        return False  # (the fused kernel's ring of expanded rows takes no dilation)
     n, h, w, c = (int(d) for d in a["lhs"].ty.shape.values)
     return _expansion_check(a, c) and fusion_pays(n, h, w, c)
 

@@ -63,7 +63,8 @@ FILTER = "filter_packed"
 class SlidingWindow:
     """Output extent of a 2D sliding window (convolution, pooling) over NHWC input.
 
-    Mixed into shape dataclasses that define h, w, r, s, stride and pad (t, l, b, r)."""
+    Mixed into shape dataclasses that define h, w, r, s, stride, pad (t, l, b, r) and
+    dilation (taps ``dilation`` pixels apart; only the depthwise kernel takes one > 1)."""
 
     h: int
     w: int
@@ -71,14 +72,17 @@ class SlidingWindow:
     s: int
     stride: int
     pad: tuple[int, int, int, int]
+    dilation: int
 
     @property
     def oh(self) -> int:
-        return (self.h + self.pad[0] + self.pad[2] - self.r) // self.stride + 1
+        return (self.h + self.pad[0] + self.pad[2] - self.dilation * (self.r - 1) - 1) \
+            // self.stride + 1
 
     @property
     def ow(self) -> int:
-        return (self.w + self.pad[1] + self.pad[3] - self.s) // self.stride + 1
+        return (self.w + self.pad[1] + self.pad[3] - self.dilation * (self.s - 1) - 1) \
+            // self.stride + 1
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class ConvShape(SlidingWindow):
     stride: int = 1
     pad: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
     groups: int = 1
+    dilation: int = 1
 
     @property
     def cg(self) -> int:

@@ -42,7 +42,8 @@ def interior_pixel_blocks(shape: ConvShape, jb: int) -> tuple[int, int]:
     step = jb * shape.stride
     blocks = shape.ow // jb
     first = min(blocks, -(-shape.pad[1] // step))
-    last = (shape.w + shape.pad[1] - shape.s - (jb - 1) * shape.stride) // step + 1
+    span = shape.dilation * (shape.s - 1) + 1  # input columns one output pixel's taps cover
+    last = (shape.w + shape.pad[1] - span - (jb - 1) * shape.stride) // step + 1
     return first, max(first, min(blocks, last))
 
 
@@ -115,10 +116,10 @@ class RowTaps:
             with T.unroll(0, jb) as aj:
                 T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [aj])
             with T.serial(0, sh.r) as ry:
-                row = i * sh.stride + ry - top
+                row = i * sh.stride + ry * sh.dilation - top
                 with T.If(tirx.all(row >= 0, row < sh.h)), T.Then():
                     with T.serial(0, sh.s) as rx, T.unroll(0, jb) as aj:
-                        col = (start + jo * jb + aj) * sh.stride + rx - left
+                        col = (start + jo * jb + aj) * sh.stride + rx * sh.dilation - left
                         fma = acc[aj] + read(b, row, col, kc) * self.w[ry, rx, lane]
                         if checked:
                             with T.If(tirx.all(col >= 0, col < sh.w)), T.Then():
@@ -211,6 +212,9 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
             f"depthwise conv2d: {sh.c} input channels but {sh.oc} outputs (multiplier 1 only)")
     if sh.r * sh.s < 2:
         raise UnsupportedShapeError("depthwise conv2d: a 1x1 window is a channel scale")
+    if sh.c < 2:
+        raise UnsupportedShapeError(
+            "depthwise conv2d: one channel is an ordinary convolution (the conv kernel's)")
     forms = avx512_forms() if isa == "avx512" else nullcontext()
     with forms, IRBuilder() as builder, T.prim_func():
         T.func_name("main")

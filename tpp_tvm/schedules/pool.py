@@ -32,6 +32,7 @@ class PoolShape(SlidingWindow):
     s: int
     stride: int
     pad: tuple[int, int, int, int] = (0, 0, 0, 0)
+    dilation: int = 1
 
 
 def pixel_tile(extent: int, limit: int = 8) -> tuple[int, int]:
