@@ -605,12 +605,14 @@ def test_concat_seams_are_found_in_every_comparison_form(form: str) -> None:
 @pytest.mark.parametrize(("dilation", "pads", "group", "stride"), [
     (2, 2, 1, 1), (4, 4, 1, 1), (2, 1, 1, 1), (3, 3, 16, 1),
     (2, 2, 1, 2), (4, 4, 1, 2), (2, 2, 1, 4),  # SKNet's stride 2 with dilation 2
-    (12, 12, 1, 1), (8, 8, 1, 1)])  # DeepLab's ASPP: outer taps only read padding
+    (12, 12, 1, 1), (8, 8, 1, 1),  # DeepLab's ASPP: outer taps only read padding
+    (5, 5, 1, 1)])  # phases of 4-5 pixels: one 1x1 convolution a tap instead
 def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pads: int,
                                                                group: int, stride: int) -> None:
-    """FCN's and DeepLab's atrous 3x3 convolutions (and a dilated depthwise one): the
-    phases of the padded input as a batch of undilated convolutions on the TPP kernels, the
-    outputs interleaved back, against ORT; no convolution left on TVM's code."""
+    """FCN's and DeepLab's atrous 3x3 convolutions (and a dilated grouped one): the phases
+    of the padded input as a batch of undilated convolutions on the TPP kernels, the
+    outputs interleaved back, or, where the phases are a few pixels, one 1x1 convolution a
+    tap; against ORT; no convolution left on TVM's code."""
     import checks
     from onnx import helper
 
@@ -624,7 +626,8 @@ def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pad
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
     lowered = compiled.report_data["lowered"]
     assert not [k for k in compiled.report_data["default_scheduled"] if "conv" in k]
-    assert sum(n for k, n in lowered.items() if "conv2d" in k) == 1, lowered
+    # one batched convolution over the phases, or one 1x1 a live tap where phases are tiny
+    assert 1 <= sum(n for k, n in lowered.items() if "conv2d" in k) <= 9, lowered
 
 
 @pytest.mark.requires_onnxruntime

@@ -368,6 +368,8 @@ def _dilated_as_phases(call: relax.Call) -> relax.Expr | None:
     if oh < 1 or ow < 1:
         return None
     h1, w1 = -(-(h + top + bottom) // dh), -(-(wd + left + right) // dw)
+    if h1 < 2 * r or w1 < 2 * s:
+        return _dilated_as_taps(call, (top, left, bottom, right), oh, ow)
     padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, h1 * dh - h - top, left, w1 * dw - wd - left],
                              "constant", 0.0)
     phases = relax.op.permute_dims(relax.op.reshape(padded, (n, c, h1, dh, w1, dw)),
@@ -383,6 +385,33 @@ def _dilated_as_phases(call: relax.Call) -> relax.Expr | None:
     if (oh1 * dh, ow1 * dw) == (oh, ow):
         return out
     return relax.op.strided_slice(out, axes=[2, 3], begin=[0, 0], end=[oh, ow])
+
+
+def _dilated_as_taps(call: relax.Call, pad: tuple[int, int, int, int], oh: int, ow: int
+                     ) -> relax.Expr | None:
+    """A dilation so wide that each phase image is a few pixels (DeepLabV3's ASPP at
+    dilation 12 over a 14x14 map: 144 phases of 2x2 outputs) as one 1x1 convolution per
+    tap, each on the input window its tap reads, summed (the adds are the next
+    convolution's residual epilogue): R*S GEMMs over every output pixel."""
+    attrs = call.attrs
+    x, w = call.args
+    w_np = const_value(w)
+    if w_np is None:
+        return None
+    top, left, bottom, right = pad
+    dh, dw = _ints(attrs.dilation)
+    padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right], "constant", 0.0)
+    total = None
+    for ry in range(w_np.shape[2]):
+        for rx in range(w_np.shape[3]):
+            window = relax.op.strided_slice(padded, axes=[2, 3], begin=[ry * dh, rx * dw],
+                                            end=[ry * dh + oh, rx * dw + ow])
+            tap = relax.op.nn.conv2d(
+                window, relax.const(np.ascontiguousarray(w_np[:, :, ry:ry + 1, rx:rx + 1])),
+                groups=int(attrs.groups), data_layout="NCHW", kernel_layout="OIHW",
+                out_dtype=_out_dtype(attrs))
+            total = tap if total is None else relax.op.add(tap, total)
+    return total
 
 
 def _live_taps(size: int, taps: int, d: int, before: int, after: int, out: int
