@@ -279,3 +279,28 @@ def test_quick_gelu_fuses_into_the_gemm(order: str) -> None:
                                                      atol=1e-5).report()
         assert ("tpp.dense_bias_quick_gelu: 1" in report) == fused, report
         assert report.count("tpp.dense") == 1, report
+
+
+@pytest.mark.requires_onnxruntime
+def test_parallel_convolutions_of_one_input_merge_into_one() -> None:
+    """A re-parameterisable block's branches (two 3x3 and a 1x1 convolution of the same
+    input, summed, MobileOne's and RepVGG's): one convolution with the summed filters,
+    zero-padded to 3x3, and the summed biases, against ORT."""
+    import checks
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    c = 16
+    consts = {"w3": rng.standard_normal((c, c, 3, 3)) * 0.2, "b3": rng.standard_normal(c),
+              "w1": rng.standard_normal((c, c, 1, 1)) * 0.2, "b1": rng.standard_normal(c),
+              "v3": rng.standard_normal((c, c, 3, 3)) * 0.2, "c3": rng.standard_normal(c)}
+    nodes = [helper.make_node("Conv", ["x", "w3", "b3"], ["a"], pads=[1] * 4),
+             helper.make_node("Conv", ["x", "v3", "c3"], ["a2"], pads=[1] * 4),
+             helper.make_node("Conv", ["x", "w1", "b1"], ["b"]),
+             helper.make_node("Add", ["a", "a2"], ["s1"]),
+             helper.make_node("Add", ["s1", "b"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = checks.onnx_model(nodes, {"x": [1, c, 12, 12]}, consts)
+    feeds = {"x": rng.standard_normal((1, c, 12, 12)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert compiled.report_data["lowered"] == {"tpp.conv2d_bias_relu": 1}

@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple, rewrite_call, wildcard
+from tvm_ffi import structural_equal
 
 from .exprs import bindings, const_value, scalar_value, static_shape, use_counts
 
@@ -235,6 +236,77 @@ def fold_batch_norms(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def _conv_branch(expr, binds: dict) -> tuple | None:
+    """(input, OIHW filter, bias or None, attrs) of ``conv2d(x, W const) [+ b const]``:
+    one branch of a re-parameterisable block, with odd windows padded "same"."""
+    call = binds.get(expr, expr)
+    bias = None
+    if isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.add":
+        bias = const_value(call.args[1])
+        call = binds.get(call.args[0], call.args[0])
+        if bias is None:
+            return None
+    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"):
+        return None
+    attrs, w = call.attrs, const_value(call.args[1])
+    if w is None or str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" \
+            or any(int(d) != 1 for d in attrs.dilation) or w.dtype != "float32":
+        return None
+    r, s = w.shape[2:]
+    pad = [int(v) for v in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    if r % 2 == 0 or s % 2 == 0 or pad != [r // 2, s // 2, r // 2, s // 2]:
+        return None
+    if bias is not None and bias.size != w.shape[0]:
+        return None
+    return call.args[0], w, bias, attrs
+
+
+def merge_parallel_convolutions(func: relax.Function) -> relax.Function:
+    """``conv(x, W1) + b1 + conv(x, W2) + b2`` → ``conv(x, W1 + W2') + b1 + b2``, W2' the
+    smaller filter zero-padded to the larger's window (both "same"-padded, same stride and
+    groups): the branches of a re-parameterisable block (MobileOne, RepVGG, RepGhost) as
+    one convolution, as their authors fold them for inference. Unfolded, each branch was a
+    convolution and each sum a pass over the output."""
+    a, b = wildcard(), wildcard()
+    pattern = is_op("relax.add")(a, b)
+    reads = use_counts(func)
+    binds = bindings(func)
+    bound_to = {value: var for var, value in binds.items()}
+
+    def single_use(expr) -> bool:
+        return reads.get(bound_to.get(expr, expr), 1) <= 1
+
+    def rewriter(orig, m):
+        first, second = _conv_branch(m[a], binds), _conv_branch(m[b], binds)
+        if first is None or second is None or not (single_use(m[a]) and single_use(m[b])):
+            return orig
+        (x1, w1, b1, at1), (x2, w2, b2, at2) = first, second
+        if not x1.same_as(x2) or [int(v) for v in at1.strides] != [int(v) for v in at2.strides] \
+                or int(at1.groups) != int(at2.groups) or w1.shape[:2] != w2.shape[:2]:
+            return orig
+        big, small, attrs = (w1, w2, at1) if w1.shape[2] >= w2.shape[2] else (w2, w1, at2)
+        if small.shape[3] > big.shape[3]:
+            return orig
+        dr, ds = (big.shape[2] - small.shape[2]) // 2, (big.shape[3] - small.shape[3]) // 2
+        merged = big.astype("float64").copy()
+        merged[:, :, dr:dr + small.shape[2], ds:ds + small.shape[3]] += small
+        conv = relax.op.nn.conv2d(x1, relax.const(merged.astype("float32")),
+                                  strides=attrs.strides, padding=attrs.padding,
+                                  groups=int(attrs.groups), data_layout="NCHW",
+                                  kernel_layout="OIHW", out_dtype=None)
+        biases = [v.reshape(-1) for v in (b1, b2) if v is not None]
+        if not biases:
+            return conv
+        total = np.sum(np.stack([v.astype("float64") for v in biases]), axis=0)
+        return relax.op.add(conv, relax.const(total.astype("float32").reshape(1, -1, 1, 1)))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+#: Rounds of :func:`merge_parallel_convolutions` (MobileOne-S0 sums up to 3 branches).
+MAX_BRANCHES = 8
+
 #: Element-wise ops a reshape commutes with that a GEMM epilogue can take.
 EPILOGUE_UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
                    "relax.nn.silu", "relax.tanh")
@@ -296,5 +368,10 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
             func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(drop_identity_casts(func))))
             func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
             func = fold_batch_norms(fold_output_scales(func))
+            for _ in range(MAX_BRANCHES):  # one pair of branches merges per round
+                merged = merge_parallel_convolutions(func)
+                if structural_equal(merged, func):
+                    break
+                func = merged
             mod[gv] = sink_dense_reshapes(func)
     return mod
