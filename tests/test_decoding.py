@@ -100,6 +100,24 @@ def test_generate_and_prepare(session) -> None:
     assert "KV-cache decoder: 4 cache tensors (past axis 2)" in session.report()
 
 
+def test_concurrent_generations_on_one_session_serialize(session) -> None:
+    """A session is one batch's cache: generations from two threads run one after the
+    other, each giving what it gives alone."""
+    import threading
+
+    alone = session.generate([[4, 3, 2, 1]], max_new_tokens=5).tokens
+    results: list[np.ndarray] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        session.generate([[4, 3, 2, 1]], max_new_tokens=5).tokens)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2
+    for tokens in results:
+        np.testing.assert_array_equal(tokens, alone)
+
+
 def test_clear_errors(llama, session) -> None:
     session.reset()
     with pytest.raises(UnsupportedShapeError, match="decode\\(\\) before prefill"):

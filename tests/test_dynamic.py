@@ -155,3 +155,26 @@ def test_cli_marks_dims_dynamic_and_runs_a_size(distilbert: str, tmp_path, capsy
     assert "compiling size batch=2, seq=9" in printed and "output 0: float32 (2, 9, 64)" in printed
     assert cli.main(["run", str(out), "--shape", "input_ids=1x17,attention_mask=1x17"]) == 2
     assert "outside its bounds [1, 16]" in capsys.readouterr().err
+
+
+def test_concurrent_calls_compile_each_size_once(distilbert: str) -> None:
+    """Threads asking for sizes at once: each size compiles once, every result is right."""
+    import threading
+
+    model = tpp_tvm.compile_onnx(distilbert, dynamic={"seq": (1, 32)})
+    sizes = [(1, 7), (2, 5), (1, 7), (2, 5)]
+    results: dict[int, np.ndarray] = {}
+
+    def work(k: int) -> None:
+        results[k] = model(**_feeds(*sizes[k]))[0]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(sizes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(map(str, model.compiled_sizes)) == sorted(
+        {str({"batch": b, "seq": s}) for b, s in sizes})
+    for k, (batch, seq) in enumerate(sizes):
+        want = ort_ref.run_onnxruntime(distilbert, _feeds(batch, seq))[0]
+        np.testing.assert_allclose(results[k], want, rtol=1e-4, atol=1e-4)

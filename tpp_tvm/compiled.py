@@ -13,6 +13,7 @@ import json
 import logging
 import platform
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from .intrinsics import amx_emulator
 from .profiling import peak_rss, profile_vm
 from .relay_passes.lower import TILES_MARK, LoweringReport
 from .relay_passes.pipeline import build
-from .runtime import configure_threads, target_threads
+from .runtime import configure_threads, install, target_threads, use_threads
 from .target import target as tpp_target
 from .target import tiles_emulated
 
@@ -150,8 +151,39 @@ class CompiledModel:
             amx_emulator.library()
             self._tiles_unchecked = False
         self._profile: list[tuple[str, float, int]] = []
-        self.threads = configure_threads(threads)
-        self._vm = _virtual_machine(module, linked[0] if linked else None)
+        self.threads = threads
+        # A VM keeps its registers between instructions, so two Python threads must not run
+        # one VM at once (TVM releases the GIL inside a call): each thread gets its own,
+        # made on its first call; all share the executable's weights and the kernels.
+        self._vms = threading.local()
+        self._vm_lock = threading.Lock()
+        self._vms.vm = self._new_vm()
+
+    @property
+    def threads(self) -> int:
+        """Threads this model's kernels run on (default: its target's ``num-cores``).
+        Settable per model; models of different counts share one pool."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, count: int) -> None:
+        if int(count) < 1:
+            raise ValueError(f"threads must be >= 1, got {count}")
+        self._threads = configure_threads(int(count))
+
+    def _new_vm(self) -> relax.VirtualMachine:
+        with self._vm_lock:  # _virtual_machine swaps the executable's imports meanwhile
+            vm = _virtual_machine(self._module, self._linked[0] if self._linked else None)
+        install()
+        return vm
+
+    @property
+    def _vm(self) -> relax.VirtualMachine:
+        """This thread's VM."""
+        vm = getattr(self._vms, "vm", None)
+        if vm is None:
+            vm = self._vms.vm = self._new_vm()
+        return vm
 
     def _convert(self, args: tuple, kwargs: dict) -> list[tvm.runtime.Tensor]:
         values = bind_inputs([i.name for i in self.inputs], args, kwargs)
@@ -189,6 +221,7 @@ class CompiledModel:
         if self._tiles_unchecked:
             _require_tiles()
             self._tiles_unchecked = False
+        use_threads(self.threads)
         return self._vm["main"]
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
@@ -307,9 +340,10 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load(path: str | Path) -> CompiledModel | DynamicModel:
+def load(path: str | Path, threads: int | None = None) -> CompiledModel | DynamicModel:
     """Load a model written by :meth:`CompiledModel.export` (or a folder written by
-    :meth:`DynamicModel.export <tpp_tvm.dynamic.DynamicModel.export>`).
+    :meth:`DynamicModel.export <tpp_tvm.dynamic.DynamicModel.export>`); ``threads``
+    overrides the thread count a static model was compiled for.
 
     The library's checksum (kept in the sidecar) is checked before it is opened: the
     dynamic loader dies of SIGBUS or SIGSEGV on a truncated or overwritten library, which
@@ -335,7 +369,7 @@ def load(path: str | Path) -> CompiledModel | DynamicModel:
         amx_emulator.library()  # the library's tile calls link against the tile model
     try:
         module = tvm.runtime.load_module(str(path))
-        return CompiledModel(module, inputs, report, meta.get("threads", 1))
+        return CompiledModel(module, inputs, report, threads or meta.get("threads", 1))
     except Exception as exc:  # a library of another machine, or one without a checksum
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{path} is not a loadable compiled model: {first}") from exc

@@ -18,6 +18,8 @@ the new token) are a power of two: the attention kernels' key blocks need no pad
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,12 +124,24 @@ class Generation:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
+def _serialized(method):
+    """``method`` run holding the session's lock."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class DecoderSession:
     """Greedy or step-by-step decoding of a KV-cache export on TPP kernels.
 
     ``prefill(prompts)`` runs prompts (a (batch, length) array, or a list of token lists of
     different lengths) and returns each one's next-token logits; ``decode(tokens)`` appends
     one token per sequence and returns the next logits; ``generate`` loops greedily.
+
+    A session is one batch's KV cache: calls from several Python threads serialize (each
+    step sees the cache the previous one left); a session per thread generates concurrently.
     """
 
     def __init__(self, model: str | Path | onnx.ModelProto, target: Any = None,
@@ -149,10 +163,12 @@ class DecoderSession:
             raise ModelLoadError("the export's past length is static: a KV-cache decoder "
                                  "needs it dynamic (dynamic_axes on the past inputs)")
         self._outputs = [v.name for v in proto.graph.output]
+        self._lock = threading.RLock()
         self.reset()
 
     # ------------------------------------------------------------------ state
 
+    @_serialized
     def reset(self) -> None:
         """Forget the cache (a new batch of prompts follows)."""
         self._cache: list[Any] = []  # TVM tensors: the past the next call reads
@@ -239,6 +255,7 @@ class DecoderSession:
 
     # ------------------------------------------------------------------ steps
 
+    @_serialized
     def prefill(self, prompts: np.ndarray | Sequence[Sequence[int]]) -> np.ndarray:
         """Start sequences from ``prompts``; returns (batch, vocab) next-token logits."""
         rows = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
@@ -257,6 +274,7 @@ class DecoderSession:
             np.from_dlpack(c)[...] = 0
         return self._run(tokens, new_valid)
 
+    @_serialized
     def decode(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
         """Append one token per sequence; returns (batch, vocab) next-token logits."""
         if not self._cache:
@@ -272,6 +290,7 @@ class DecoderSession:
         self._fit(self._valid.shape[1] - 1)  # the step's extra slot: drop one leading pad
         return logits
 
+    @_serialized
     def prepare(self, prompt_length: int, max_length: int, batch: int = 1) -> None:
         """Compile ahead the prompt bucket and the cache buckets a generation up to
         ``max_length`` tokens in total needs (otherwise each compiles on first use)."""
@@ -280,6 +299,7 @@ class DecoderSession:
                              for used in range(prompt_length + 1, max_length + 1)}):
             self._build(batch, 1, slots)
 
+    @_serialized
     def generate(self, prompts: np.ndarray | Sequence[Sequence[int]], max_new_tokens: int
                  ) -> Generation:
         """Greedy decoding: ``max_new_tokens`` per prompt (the first from the prefill)."""

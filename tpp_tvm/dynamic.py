@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -153,6 +154,10 @@ class DynamicModel:
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         self._compile_seconds: dict[tuple, float] = {}
         self._last: tuple | None = None
+        # Calls from several threads run concurrently on the compiled sizes (each
+        # CompiledModel gives each thread its own VM); compiling a size and the cache
+        # serialize, so two threads needing a new size compile it once.
+        self._lock = threading.Lock()
 
     @property
     def dims(self) -> list[str]:
@@ -216,6 +221,10 @@ class DynamicModel:
 
     def specialization(self, size: tuple[tuple[str, int], ...]) -> Any:
         """The static build for ``size``, compiled now if it is not cached."""
+        with self._lock:
+            return self._specialization(size)
+
+    def _specialization(self, size: tuple[tuple[str, int], ...]) -> Any:
         if size in self._cache:
             self._cache.move_to_end(size)
             return self._cache[size]

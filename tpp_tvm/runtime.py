@@ -1,37 +1,126 @@
-"""Runtime settings a compiled TPP kernel needs: the size of TVM's thread pool.
+"""The thread pool compiled TPP kernels run their parallel loops on, and its size.
 
-TVM's CPU thread pool assumes hyper-threading on x86 and starts half the logical CPUs, so
-on this kind of 2-vCPU machine it would run one thread whatever the target says. Kernels
-built for a target with ``num-cores`` N call :func:`configure_threads` so N threads run.
-The pool is process-wide: the first kernel loaded sizes it, and an explicit
-``TVM_NUM_THREADS`` in the environment always wins.
+TVM's generated code splits each parallel loop into shares and hands them to a launcher
+(``TVMBackendParallelLaunch``). TVM's own pool gives share k to thread k and waits for all:
+when another process takes a core, a kernel waits a scheduler tick for a worker that is not
+running, and transformers with hundreds of short kernels a run slowed 8x beside one busy
+process. tpp_tvm's pool (``thread_pool.c``, built with the host's C compiler on first use)
+lets any thread claim any share not yet started, the caller included, so a held-up worker
+costs only the shares it already runs; idle workers spin briefly, then sleep.
+:func:`install` points every loaded kernel library at it; libraries loaded where the pool
+cannot be built (no C compiler) or JIT-compiled in memory keep TVM's pool.
+
+Sizes: the pool runs as many threads as the largest model loaded asks (its target's
+``num-cores``, see :func:`tpp_tvm.target.physical_cores`), and each call uses its own
+model's count (:func:`use_threads`), so models of different sizes share one pool without
+oversubscribing it. ``TVM_NUM_THREADS`` in the environment always wins. One launch runs at a
+time: a model called from a second Python thread while another runs its kernels runs that
+kernel's shares on its own thread (correct, and no more threads than cores).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
 import os
+from pathlib import Path
 
 import tvm
 import tvm_ffi
 
+from .native import NativeBuildError, load_library
+
+_LOG = logging.getLogger(__name__)
+_SOURCE = Path(__file__).with_name("thread_pool.c")
+#: Shares per thread a parallel loop is split into: finer shares let the caller take more
+#: of a late worker's work, at some cost per share.
+TASKS_PER_THREAD = 1
+#: Microseconds an idle thread spins for the next kernel before it sleeps
+#: (``TPP_TVM_SPIN_MICROSECONDS`` overrides: 0 on a machine shared with busy processes).
+SPIN_MICROSECONDS = 50
+
+
+@functools.cache
+def _pool() -> ctypes.CDLL | None:
+    """The pool's library, or None (TVM's pool then) where it cannot be built."""
+    if os.environ.get("TPP_TVM_THREAD_POOL", "tpp") == "tvm":
+        return None
+    try:
+        lib = load_library(_SOURCE, flags=("-pthread",))
+    except NativeBuildError as exc:
+        _LOG.warning("tpp_tvm's thread pool is unavailable, kernels run on TVM's: %s", exc)
+        return None
+    lib.tpp_pool_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    lib.tpp_pool_set_caller_threads.argtypes = [ctypes.c_int]
+    lib.tpp_pool_pause_workers.argtypes = [ctypes.c_int]
+    lib.tpp_pool_stolen.restype = ctypes.c_longlong
+    lib.tpp_pool_launches.restype = ctypes.c_longlong
+    spin = os.environ.get("TPP_TVM_SPIN_MICROSECONDS", "")
+    lib.tpp_pool_configure(1, TASKS_PER_THREAD, int(spin) if spin.isdigit() else
+                           SPIN_MICROSECONDS)
+    return lib
+
+
+def install() -> bool:
+    """Point every kernel library loaded in this process at tpp_tvm's pool; True if the
+    pool runs them (False: TVM's pool, where the pool cannot be built)."""
+    lib = _pool()
+    if lib is None:
+        return False
+    lib.tpp_pool_install()
+    return True
+
 
 def configure_threads(num_threads: int) -> int:
-    """Resize TVM's CPU thread pool to ``num_threads`` (unless TVM_NUM_THREADS is set).
+    """Grow the pool to ``num_threads`` (``TVM_NUM_THREADS`` wins where set); returns the
+    thread count a model asking for ``num_threads`` runs with."""
+    env = os.environ.get("TVM_NUM_THREADS")
+    wanted = int(env) if env else max(1, int(num_threads))
+    lib = _pool()
+    if lib is None:
+        return _configure_tvm_pool(wanted)
+    if wanted > lib.tpp_pool_threads():
+        lib.tpp_pool_configure(wanted, 0, -1)
+    return wanted
 
-    Returns the number of threads the pool now runs.
-    """
-    global _configured
-    if "TVM_NUM_THREADS" not in os.environ and num_threads >= 1 and not _configured:
-        # The pool reads TVM_NUM_THREADS when it starts (first parallel call); until then
-        # setting the variable is enough. Afterwards, reconfigure the running pool.
-        os.environ["TVM_NUM_THREADS"] = str(int(num_threads))
-        _configured = True
+
+def use_threads(num_threads: int) -> None:
+    """Run this thread's next kernels on ``num_threads`` threads (at most the pool's)."""
+    lib = _pool()
+    if lib is not None:
+        lib.tpp_pool_set_caller_threads(int(num_threads))
+
+
+def pool_statistics() -> dict[str, int]:
+    """Launches run on tpp_tvm's pool and shares the calling thread took beyond its own
+    (work a late worker would otherwise have held up); zeros on TVM's pool."""
+    lib = _pool()
+    if lib is None:
+        return {"launches": 0, "stolen": 0}
+    return {"launches": lib.tpp_pool_launches(), "stolen": lib.tpp_pool_stolen()}
+
+
+def pause_workers(paused: bool) -> None:
+    """Tests: keep the pool's workers from taking shares, as if the OS had descheduled them."""
+    lib = _pool()
+    if lib is not None:
+        lib.tpp_pool_pause_workers(int(paused))
+
+
+def _configure_tvm_pool(num_threads: int) -> int:
+    """Size TVM's own pool (where tpp_tvm's cannot be built). It assumes hyper-threading on
+    x86 and would start half the logical CPUs; the first model loaded sizes it."""
+    global _tvm_configured
+    if "TVM_NUM_THREADS" not in os.environ and not _tvm_configured:
+        os.environ["TVM_NUM_THREADS"] = str(num_threads)
+        _tvm_configured = True
         if tvm.runtime.num_threads() != num_threads:
-            tvm_ffi.get_global_func("runtime.config_threadpool")(0, int(num_threads))
+            tvm_ffi.get_global_func("runtime.config_threadpool")(0, num_threads)
     return tvm.runtime.num_threads()
 
 
-_configured = False
+_tvm_configured = False
 
 
 def target_threads(tgt: tvm.target.Target) -> int:

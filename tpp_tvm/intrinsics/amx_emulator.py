@@ -28,15 +28,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 from ..errors import ExecutionError, UnsupportedISAError
+from ..native import NativeBuildError, load_library
 
 #: The tile instructions the model implements, as LLVM names them (``llvm.x86.<name>``).
 TILE_INSTRUCTIONS: tuple[str, ...] = ("ldtilecfg", "tilerelease", "tilezero", "tileloadd64",
@@ -133,36 +129,13 @@ def _host_features(match: re.Match) -> str:
     return f'"target-features"="{",".join(kept)}"'
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    raise UnsupportedISAError("emulating AMX tiles needs a C compiler (cc, gcc or clang; "
-                              "or $CC) to build the tile model")
-
-
 @functools.cache
 def library() -> ctypes.CDLL:
     """The tile model, built once per source version and loaded with ``RTLD_GLOBAL``."""
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpp_tvm"
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:  # a read-only home: the temporary directory instead
-        cache = Path(tempfile.gettempdir()) / "tpp_tvm"
-        cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"amx_emulator-{digest}.so"
-    if not path.exists():
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            out = Path(tmp) / path.name
-            proc = subprocess.run([_compiler(), "-O2", "-shared", "-fPIC", "-o", str(out),
-                                   str(_SOURCE)], capture_output=True, text=True)
-            if proc.returncode:
-                raise UnsupportedISAError(f"building the AMX tile model failed: "
-                                          f"{proc.stderr.strip()[-500:]}")
-            out.replace(path)  # atomic: concurrent builders each write a complete file
-    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        lib = load_library(_SOURCE, mode=ctypes.RTLD_GLOBAL)
+    except NativeBuildError as exc:
+        raise UnsupportedISAError(f"emulating AMX tiles needs the tile model: {exc}") from exc
     lib.tpp_amx_emu_fault.restype = ctypes.c_char_p
     lib.tpp_amx_emu_products.restype = ctypes.c_ulonglong
     return lib
