@@ -4,6 +4,8 @@ The public API is small:
 
 * :func:`target` – the TPP target for this host (or a named ISA);
 * :func:`compile_onnx` / :func:`load` – an ONNX model compiled onto TPPs, callable with numpy;
+* :func:`compile_torch` / :func:`load_torch` – a PyTorch module compiled onto the same kernels,
+  callable with torch tensors; ``torch.compile(model, backend="tpp_tvm")`` for dynamo;
 * :class:`DecoderSession` – token-by-token decoding of a causal LM exported with its KV cache
   (``tpp_tvm.cache_export``);
 * :func:`build` – a Relax module through the ``tpp`` pipeline (``relay.build``'s successor);
@@ -29,6 +31,7 @@ from .intrinsics import registered
 from .kernels import build_gemm
 from .relay_passes import build
 from .target import host_isa, target
+from .torch_model import TorchModel, compile_torch, load_torch
 from .tuning.driver import tune
 
 
@@ -44,14 +47,17 @@ __all__ = [
     "CompiledModel",
     "DecoderSession",
     "TPPError",
+    "TorchModel",
     "build",
     "build_gemm",
     "compile_onnx",
     "compile_relax",
+    "compile_torch",
     "custom_op",
     "from_onnx",
     "host_isa",
     "load",
+    "load_torch",
     "registered",
     "target",
     "target_info",

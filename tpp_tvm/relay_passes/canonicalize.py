@@ -208,6 +208,93 @@ def fold_output_scales(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def fold_convolution_scales(func: relax.Function) -> relax.Function:
+    """``(conv2d(x, W) [+ b]) * c`` → ``conv2d(x, W c) [+ b c]`` for constants ``W``, ``b``
+    and a constant ``c`` per output channel (or a scalar): a batch norm after a convolution,
+    once :func:`fold_batch_norms` made it ``* scale + shift``, becomes the convolution's
+    filters and a bias (:func:`merge_constant_adds` joins the two), as ONNX exporters fold
+    it. torch.export keeps batch norms apart: without this a PyTorch model's convolutions
+    lost their bias and activation epilogues (the shift and the ReLU ran as separate
+    kernels). A convolution read elsewhere too stays."""
+    x, w, b, c = wildcard(), is_const(), is_const(), is_const()
+    reads = use_counts(func)
+    bound_to = {value: var for var, value in bindings(func).items()}
+    conv = is_op("relax.nn.conv2d")(x, w)
+    biased = conv | is_op("relax.add")(conv, b) | is_op("relax.add")(b, conv)
+    pattern = is_op("relax.multiply")(biased, c) | is_op("relax.multiply")(c, biased)
+
+    def per_channel(value: np.ndarray, out: tuple, channel_axis: int) -> np.ndarray | None:
+        """``value`` as one number per output channel, None if it varies along another axis."""
+        channels = out[channel_axis]
+        if value.size == 1:
+            return np.full(channels, value.reshape(-1)[0], value.dtype)
+        if value.ndim > len(out):
+            return None
+        axes = [a for a, d in enumerate((1,) * (len(out) - value.ndim) + value.shape) if d != 1]
+        return value.reshape(-1) if axes == [channel_axis] and value.size == channels else None
+
+    def rewriter(orig, m):
+        call = m[conv]
+        if any(reads.get(bound_to.get(m[p]), 1) > 1 for p in (conv, biased) if p in m):
+            return orig
+        attrs, weight, scale = call.attrs, const_value(m[w]), const_value(m[c])
+        out = static_shape(orig)
+        if weight is None or scale is None or out is None or static_shape(call) != out or \
+                weight.dtype.kind != "f" or scale.dtype != weight.dtype or \
+                str(attrs.out_layout) != str(attrs.data_layout):
+            return orig
+        layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
+        if "C" not in layout or "O" not in kernel_layout or len(layout) != len(out):
+            return orig
+        axis = layout.index("C")
+        row = per_channel(scale, out, axis)
+        if row is None:
+            return orig  # a scale along anything but the channels stays a multiply
+        shape = [1] * weight.ndim
+        shape[kernel_layout.index("O")] = out[axis]
+        scaled = relax.Call(call.op, [m[x], relax.const(weight * row.reshape(shape))], attrs)
+        if b not in m:
+            return scaled
+        bias = const_value(m[b])
+        bias_row = per_channel(bias, out, axis) if bias is not None else None
+        if bias_row is None or bias.dtype != weight.dtype:
+            return orig
+        broadcast = [1] * len(out)
+        broadcast[axis] = out[axis]
+        return relax.op.add(scaled, relax.const((bias_row * row).reshape(broadcast)))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+def merge_constant_adds(func: relax.Function) -> relax.Function:
+    """``(y + c1) + c2`` → ``y + (c1 + c2)`` for constants that broadcast to ``y``'s shape
+    (a convolution's bias and the shift of the batch norm after it), so one add remains for
+    the bias epilogue. An inner sum read elsewhere too stays."""
+    y, c1, c2 = wildcard(), is_const(), is_const()
+    reads = use_counts(func)
+    bound_to = {value: var for var, value in bindings(func).items()}
+    inner = is_op("relax.add")(y, c1) | is_op("relax.add")(c1, y)
+    pattern = is_op("relax.add")(inner, c2) | is_op("relax.add")(c2, inner)
+
+    def rewriter(orig, m):
+        if reads.get(bound_to.get(m[inner]), 1) > 1:
+            return orig
+        first, second = const_value(m[c1]), const_value(m[c2])
+        out = static_shape(orig)
+        if first is None or second is None or out is None or first.dtype != second.dtype or \
+                static_shape(m[y]) != out or str(m[y].ty.dtype) != str(first.dtype):
+            return orig
+        try:
+            total = first + second
+        except ValueError:
+            return orig
+        if np.broadcast_shapes(total.shape, tuple(out)) != tuple(out):
+            return orig
+        return relax.op.add(m[y], relax.const(total))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 def fold_batch_norms(func: relax.Function) -> relax.Function:
     """``(x - mean) / std * gamma + beta`` (a batch norm as ``DecomposeOpsForInference``
     writes it, constants folded) → ``x * scale + shift``: two operations an element and no
@@ -367,7 +454,8 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
         if isinstance(func, relax.Function):
             func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(drop_identity_casts(func))))
             func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
-            func = fold_batch_norms(fold_output_scales(func))
+            func = merge_constant_adds(fold_convolution_scales(
+                fold_batch_norms(fold_output_scales(func))))
             for _ in range(MAX_BRANCHES):  # one pair of branches merges per round
                 merged = merge_parallel_convolutions(func)
                 if structural_equal(merged, func):

@@ -1,0 +1,169 @@
+"""The PyTorch front door: compile_torch and torch.compile(backend="tpp_tvm") run on the
+kernels the ONNX route reaches, match eager, and never fail a model eager can run."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tpp_tvm  # noqa: E402
+from tpp_tvm.errors import UnsupportedShapeError  # noqa: E402
+
+
+class ConvNet(torch.nn.Module):
+    """Convolutions with batch norms (torch.export keeps them apart), ReLU, a pool, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False)
+        self.b2 = torch.nn.BatchNorm2d(32)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x)))
+        x = torch.relu(self.b2(self.c2(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def _convnet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    for bn in (model.b1, model.b2):  # statistics a trained model has, not the identity
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.normal_()
+        bn.bias.data.normal_()
+    return model
+
+
+def _close(got, want, tol: float = 1e-4) -> None:
+    scale = float(want.abs().max()) or 1.0
+    assert float((got - want).abs().max()) / scale < tol
+
+
+@pytest.fixture(scope="module")
+def convnet():
+    model, x = _convnet(), torch.randn(2, 3, 32, 32)
+    return model, x, tpp_tvm.compile_torch(model, (x,))
+
+
+def test_compile_torch_matches_eager_on_the_onnx_routes_kernels(convnet, tmp_path) -> None:
+    """Batch norms fold into the convolutions (bias + ReLU epilogues), as the ONNX export
+    folds them: both routes report the same TPP kernels."""
+    model, x, compiled = convnet
+    with torch.no_grad():
+        want = model(x)
+    got = compiled(x)
+    assert isinstance(got, torch.Tensor) and got.shape == want.shape
+    _close(got, want)
+    lowered = compiled.report_data["lowered"]
+    assert lowered.get("tpp.conv2d_bias_relu") == 2, compiled.report()
+    path = tmp_path / "convnet.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    onnx_route = tpp_tvm.compile_onnx(str(path))
+    assert onnx_route.report_data["lowered"] == lowered
+
+
+def test_export_and_load_torch(convnet, tmp_path) -> None:
+    model, x, compiled = convnet
+    loaded = tpp_tvm.load_torch(compiled.export(tmp_path / "convnet.so"))
+    torch.testing.assert_close(loaded(x), compiled(x))
+    with pytest.raises(UnsupportedShapeError, match="compiled for"):
+        loaded(torch.randn(1, 3, 32, 32))
+
+
+def test_clear_errors_for_bad_inputs(convnet) -> None:
+    _, x, compiled = convnet
+    with pytest.raises(UnsupportedShapeError, match="dtype torch.float64"):
+        compiled(x.double())
+    with pytest.raises(UnsupportedShapeError, match="expected a torch.Tensor"):
+        compiled(x.numpy())
+
+
+def test_dynamic_dims_compile_per_size_within_bounds() -> None:
+    model = _convnet()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    compiled = tpp_tvm.compile_torch(model, (torch.randn(2, 3, 32, 32),),
+                                     dynamic_shapes={"x": {0: batch}})
+    for n in (3, 1):
+        x = torch.randn(n, 3, 32, 32)
+        with torch.no_grad():
+            _close(compiled(x), model(x))
+    assert len(compiled.compiled_sizes) == 3
+    with pytest.raises(UnsupportedShapeError, match="'batch' = 5 .* outside its bounds"):
+        compiled(torch.randn(5, 3, 32, 32))
+
+
+def test_bf16_through_the_same_door() -> None:
+    model, x = _convnet(), torch.randn(2, 3, 32, 32)
+    compiled = tpp_tvm.compile_torch(model, (x,), precision="bf16")
+    with torch.no_grad():
+        _close(compiled(x), model(x), tol=3e-2)
+    assert any("bf16" in k for k in compiled.report_data["lowered"]), compiled.report()
+
+
+class Branchy(torch.nn.Module):
+    """A graph break: a Python ``if`` on a tensor's value, and a print."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.a(x))
+        if h.sum() > 0:
+            print("positive")
+            h = h * 2
+        return self.b(h)
+
+
+def test_torch_compile_backend_with_a_graph_break(capsys) -> None:
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    compiled = torch.compile(model, backend="tpp_tvm")
+    for seed in (1, 2):
+        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("error", message="tpp_tvm")  # no graph falls back
+            got = compiled(x)
+            want = model(x)
+        _close(got, want)
+    torch._dynamo.reset()
+
+
+def test_torch_compile_backend_options_and_eager_fallback() -> None:
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    compiled = torch.compile(model, backend="tpp_tvm", options={"threads": 1})
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+    # Gradients: the backend compiles inference; this graph runs in eager, with a warning.
+    train = torch.compile(torch.nn.Linear(8, 4), backend="tpp_tvm")
+    with pytest.warns(UserWarning, match="tpp_tvm: running a graph in eager: the graph "
+                                         "needs gradients"):
+        out = train(torch.randn(2, 8))
+    out.sum().backward()
+    with pytest.raises(Exception, match="unknown options"):
+        torch.compile(torch.nn.Linear(8, 4), backend="tpp_tvm",
+                      options={"bogus": 1})(torch.randn(2, 8))
+    torch._dynamo.reset()
+
+
+def test_backend_is_registered_by_entry_point() -> None:
+    from torch._dynamo import list_backends
+
+    assert "tpp_tvm" in list_backends()
+
+
+def test_values_stay_numpy_compatible() -> None:
+    """Outputs share memory with TVM's (DLPack): writable torch tensors, right values."""
+    model, x = _convnet(), torch.randn(1, 3, 32, 32)
+    out = tpp_tvm.compile_torch(model, (x,))(x)
+    out += 1
+    assert np.isfinite(out.numpy()).all()
