@@ -167,3 +167,62 @@ def test_values_stay_numpy_compatible() -> None:
     out = tpp_tvm.compile_torch(model, (x,))(x)
     out += 1
     assert np.isfinite(out.numpy()).all()
+
+
+def test_attention_through_sdpa_reaches_the_attention_kernel() -> None:
+    """torch's scaled_dot_product_attention (a boolean padding mask, causal, grouped-query
+    heads) runs on the attention kernel, not as matmuls and a softmax."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.ModuleList(torch.nn.Linear(64, n) for n in (64, 32, 32) * 2)
+
+        def heads(self, x, k: int, n: int):
+            b, s, _ = x.shape
+            return self.proj[k](x).view(b, s, n, 16).transpose(1, 2)
+
+        def forward(self, x, keep):
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            q, k, v = self.heads(x, 0, 4), self.heads(x, 1, 2), self.heads(x, 2, 2)
+            padded = sdpa(q, k, v, attn_mask=keep[:, None, None, :], enable_gqa=True)
+            q, k, v = self.heads(x, 3, 4), self.heads(x, 4, 2), self.heads(x, 5, 2)
+            causal = sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            return (padded + causal).transpose(1, 2).flatten(2)
+
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x = torch.randn(2, 12, 64)
+    keep = torch.ones(2, 12, dtype=torch.bool)
+    keep[1, 9:] = False
+    compiled = tpp_tvm.compile_torch(model, (x, keep))
+    with torch.no_grad():
+        _close(compiled(x, keep), model(x, keep))
+    lowered = compiled.report_data["lowered"]
+    assert sum(n for k, n in lowered.items() if k.startswith("tpp.attention")) == 2, \
+        compiled.report()
+    assert not any(k in lowered for k in ("tpp.bmm", "tpp.softmax")), compiled.report()
+
+
+def test_hardswish_and_hardsigmoid_as_torch_writes_them_fuse_like_onnx(tmp_path) -> None:
+    class Mobile(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = torch.nn.Conv2d(8, 16, 1)
+            self.se = torch.nn.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            h = torch.nn.functional.hardswish(self.c(x))
+            gate = torch.nn.functional.hardsigmoid(self.se(h.mean((2, 3), keepdim=True)))
+            return torch.nn.functional.relu6(h * gate)
+
+    torch.manual_seed(0)
+    model, x = Mobile().eval(), torch.randn(1, 8, 14, 14)
+    compiled = tpp_tvm.compile_torch(model, (x,))
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+    path = tmp_path / "mobile.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    assert "tpp.conv2d_bias_hardswish" in compiled.report_data["lowered"], compiled.report()
+    assert compiled.report_data["lowered"] == \
+        tpp_tvm.compile_onnx(str(path)).report_data["lowered"]

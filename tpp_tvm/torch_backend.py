@@ -13,8 +13,8 @@ What each graph becomes:
 - A graph is compiled per input shape on its first call (dynamo's ``dynamic=True`` graphs
   too: their symbolic sizes take each call's values), and cached.
 - A graph tpp_tvm cannot take (an operator TVM's importer lacks, a graph that needs
-  gradients: call the model under ``torch.no_grad()``) runs in eager, with a one-line warning naming why: a model torch can run never
-  fails because of the backend.
+  gradients: call the model under ``torch.no_grad()``) runs in eager, with a one-line
+  warning naming why: a model torch can run never fails because of the backend.
 """
 
 from __future__ import annotations

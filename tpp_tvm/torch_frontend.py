@@ -43,7 +43,7 @@ def unsupported_operators(program: Any) -> list[str]:
 
     known = ExportedProgramImporter().create_convert_map()
     missing = []
-    for node in program.run_decompositions().graph.nodes:
+    for node in core_program(program).graph.nodes:
         if node.op != "call_function":
             continue
         name = getattr(node.target, "__name__", str(node.target))
@@ -52,14 +52,92 @@ def unsupported_operators(program: Any) -> list[str]:
     return missing
 
 
+def core_program(program: Any) -> Any:
+    """``program`` in core ATen operators, except ``scaled_dot_product_attention``: the
+    importer writes it as one ``nn.attention``, which the pipeline gives the attention
+    kernel, where its decomposition (the scale split over Q and K, heads flattened for
+    ``bmm``) ran as matmuls and a softmax apart."""
+    import torch
+
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    return program.run_decompositions(table)
+
+
+def _sdpa(node: Any, importer: Any) -> Any:
+    """``scaled_dot_product_attention`` as ``nn.attention`` (TVM's converter takes float
+    masks only, and no grouped-query heads): a boolean mask becomes an additive one (0 where
+    attended, the most negative float elsewhere, as transformers writes it), and K and V
+    heads shared by ``enable_gqa`` are repeated in transformers' ``repeat_kv`` form, which
+    the grouped attention pattern reads in place."""
+    import numpy as np
+    from tvm import relax
+
+    emit = importer.block_builder.emit
+    args, kwargs = list(node.args), dict(node.kwargs)
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+    given = {**dict(zip(names, args)), **kwargs}
+    q, k, v = (importer.env[given[n]] for n in names[:3])
+    if float(given.get("dropout_p", 0.0) or 0.0) != 0.0:
+        raise UnsupportedOperatorError("scaled_dot_product_attention with dropout_p > 0 "
+                                       "(a training graph)")
+    heads, kv_heads = int(q.ty.shape[1]), int(k.ty.shape[1])
+    if heads != kv_heads:
+        group = heads // kv_heads
+
+        def repeat(x: Any) -> Any:
+            b, h, n, d = (int(e) for e in x.ty.shape)
+            wide = emit(relax.op.broadcast_to(emit(relax.op.expand_dims(x, 2)),
+                                              (b, h, group, n, d)))
+            return emit(relax.op.reshape(wide, (b, h * group, n, d)))
+
+        k, v = repeat(k), repeat(v)
+    mask = given.get("attn_mask")
+    bias = None
+    if mask is not None:
+        bias = importer.env[mask]
+        if str(bias.ty.dtype) == "bool":
+            bias = emit(relax.op.where(bias, relax.const(0.0, "float32"),
+                                       relax.const(np.finfo(np.float32).min, "float32")))
+    swap = [0, 2, 1, 3]
+    q, k, v = (emit(relax.op.permute_dims(x, swap)) for x in (q, k, v))
+    out = emit(relax.op.nn.attention(q, k, v, bias=bias, scale=given.get("scale"),
+                                     causal_mask="TopLeft" if given.get("is_causal") else None))
+    return emit(relax.op.permute_dims(out, swap))
+
+
+def _cumsum(node: Any, importer: Any) -> Any:
+    """``cumsum`` with torch's result type: a boolean or narrower integer input sums into
+    int64 (TVM's converter kept bool, which its kernel rejects: transformers' mask of
+    packed sequences, in every Llama export)."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dtype = node.kwargs.get("dtype")
+    if dtype is not None:
+        dtype = str(dtype).removeprefix("torch.")
+    elif str(x.ty.dtype) in ("bool", "int8", "uint8", "int16", "int32"):
+        dtype = "int64"
+    if dtype is not None and str(x.ty.dtype) == "bool":
+        x = importer.block_builder.emit(relax.op.astype(x, dtype))
+    return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
+
+
+#: Converters in place of TVM's for these ATen operators.
+CONVERTERS = {"scaled_dot_product_attention.default": _sdpa, "cumsum.default": _cumsum}
+
+
 def from_program(program: Any) -> tvm.IRModule:
     """Relax for an exported program (its weights as constants)."""
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
     try:
-        mod = from_exported_program(program, keep_params_as_input=False,
-                                    unwrap_unit_return_tuple=True)
+        mod = from_exported_program(core_program(program), keep_params_as_input=False,
+                                    unwrap_unit_return_tuple=True,
+                                    run_ep_decomposition=False,
+                                    custom_convert_map=CONVERTERS)
     except Exception as exc:
         missing = unsupported_operators(program)
         if missing:

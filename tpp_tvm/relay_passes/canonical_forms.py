@@ -39,6 +39,8 @@ Each rewrite keeps the graph's layouts and dtypes and is exact but for the order
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -498,8 +500,61 @@ def _softmax_last_axis(call: relax.Call) -> relax.Expr | None:
     return relax.op.permute_dims(moved, inverse)
 
 
+def _attention_as_matmuls(call: relax.Call) -> relax.Expr | None:
+    """``nn.attention`` (TVM's PyTorch importer writes ``scaled_dot_product_attention`` so;
+    (batch, seq, heads, dim) operands) as the ONNX route's form the attention pattern takes:
+    ``softmax(Q Kᵀ * scale (+ mask)) V`` on (batch, heads, seq, dim), a causal mask as a
+    constant (the most negative float where a key comes after its query, so a fully masked
+    row stays finite)."""
+    q, k, v = call.args[:3]
+    qs, ks, vs = (static_shape(x) for x in (q, k, v))
+    if qs is None or ks is None or vs is None or len(qs) != 4 or \
+            any(str(x.ty.dtype) != "float32" for x in (q, k, v)):
+        return None
+    scale = call.attrs.scale
+    scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+    qh = relax.op.permute_dims(q, [0, 2, 1, 3])
+    scores = relax.op.multiply(relax.op.matmul(qh, relax.op.permute_dims(k, [0, 2, 3, 1])),
+                               relax.const(scale, "float32"))
+    mask = call.args[3] if len(call.args) > 3 else None
+    if mask is not None and (static_shape(mask) is None or str(mask.ty.dtype) != "float32"):
+        return None
+    causal = call.attrs.causal_mask
+    if causal:
+        queries, keys = qs[1], ks[1]
+        offset = keys - queries if str(causal) == "BottomRight" else 0
+        later = np.arange(keys)[None, :] > np.arange(queries)[:, None] + offset
+        lower = np.where(later, np.finfo(np.float32).min, 0).astype(np.float32)
+        causal_mask = relax.const(lower.reshape(1, 1, queries, keys))
+        mask = causal_mask if mask is None else relax.op.add(mask, causal_mask)
+    if mask is not None:
+        scores = relax.op.add(scores, mask)
+    probs = relax.op.nn.softmax(scores, axis=-1)
+    out = relax.op.matmul(probs, relax.op.permute_dims(v, [0, 2, 1, 3]))
+    return relax.op.permute_dims(out, [0, 2, 1, 3])
+
+
+def _composed_permutes(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | None:
+    """permute(permute(x, p1), p2) → permute(x, p1∘p2), or x where that is the identity
+    (the PyTorch importer's (batch, heads) swaps around the attention it emits meet the
+    attention form's own)."""
+    if not (isinstance(producer, relax.Call) and
+            getattr(producer.op, "name", "") == "relax.permute_dims") or \
+            call.attrs.axes is None or producer.attrs.axes is None:
+        return None
+    inner, outer = _ints(producer.attrs.axes), _ints(call.attrs.axes)
+    if len(inner) != len(outer):
+        return None
+    composed = [inner[a] for a in outer]
+    if composed == list(range(len(composed))):
+        return producer.args[0]
+    return relax.op.permute_dims(producer.args[0], composed)
+
+
 _REWRITES = {
     "relax.nn.softmax": _softmax_last_axis,
+    "relax.nn.attention": _attention_as_matmuls,
+    "relax.nn.attention_bias": _attention_as_matmuls,
     "relax.nn.avg_pool2d": _avg_pool,
     "relax.nn.max_pool2d": _global_pool,
     "relax.nn.avg_pool1d": _global_pool,
@@ -571,9 +626,13 @@ class _Canonicalize(relax.PyExprMutator):
             if moved is not None:
                 return self.builder_.normalize(moved)
         if name == "relax.permute_dims" and isinstance(call.args[0], relax.Var):
-            moved = _transpose_before_pad(call, self.lookup_binding(call.args[0]))
+            producer = self.lookup_binding(call.args[0])
+            moved = _transpose_before_pad(call, producer)
             if moved is not None:
                 return self.builder_.normalize(moved)
+            composed = _composed_permutes(call, producer)
+            if composed is not None:
+                return self.builder_.normalize(composed)
         rewrite = _REWRITES.get(name)
         if rewrite is None:
             return call

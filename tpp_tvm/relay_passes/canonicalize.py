@@ -88,6 +88,66 @@ def rewrite_silu(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, lambda orig, m: relax.op.nn.silu(m[x]), func)
 
 
+def rewrite_clips(func: relax.Function) -> relax.Function:
+    """``clip(x, lo, hi)`` of a float tensor → ``minimum(maximum(x, lo), hi)``, and HardSwish
+    as torch decomposes it, ``(x * clip(x + 3, 0, 6)) / 6``, → ``x * (clip(..) / 6)``: the
+    forms the ONNX importer writes (ReLU6, HardSwish), which the epilogue patterns take.
+    ``R.clip`` is an opaque kernel: MobileNetV3 through torch.export ran 21 activations as
+    kernels of their own."""
+    x = wildcard()
+    clip = is_op("relax.clip")(x, wildcard(), wildcard())
+
+    def bounds(orig, m):
+        try:
+            lo, hi = (float(getattr(a, "value", a)) for a in orig.args[1:3])
+        except (TypeError, ValueError):
+            return orig
+        if str(getattr(m[x].ty, "dtype", "")) != "float32":
+            return orig
+        out = m[x]
+        if math.isfinite(lo) and lo > -3.4e38:
+            out = relax.op.maximum(out, relax.const(lo, "float32"))
+        if math.isfinite(hi) and hi < 3.4e38:
+            out = relax.op.minimum(out, relax.const(hi, "float32"))
+        return out
+
+    func = rewrite_call(clip, bounds, func)
+    y, shift, lo, hi, div = wildcard(), is_const(), is_const(), is_const(), is_const()
+    gate = is_op("relax.minimum")(is_op("relax.maximum")(is_op("relax.add")(y, shift), lo), hi)
+    product = is_op("relax.multiply")(y, gate) | is_op("relax.multiply")(gate, y)
+    pattern = is_op("relax.divide")(product, div)
+
+    def regroup(orig, m):
+        return relax.op.multiply(m[y], relax.op.divide(m[gate], m[div]))
+
+    func = rewrite_call(pattern, regroup, func)
+    # HardSigmoid as torch decomposes it, clip(x + 3, 0, 6) / 6 (not multiplied by x): the
+    # ONNX importer's min(max(x / 6 + 0.5, 0), 1), a squeeze-excite gate's form.
+    z, shift2, lo2, hi2, div2 = wildcard(), is_const(), is_const(), is_const(), is_const()
+    hard = is_op("relax.divide")(
+        is_op("relax.minimum")(is_op("relax.maximum")(is_op("relax.add")(z, shift2), lo2), hi2),
+        div2)
+
+    swish_gates: list = []  # the same form as a HardSwish's gate, x * gate(x): kept
+    scaled = is_op("relax.multiply")(z, hard) | is_op("relax.multiply")(hard, z)
+    rewrite_call(scaled, lambda orig, m: swish_gates.append(m[hard]) or orig, func)
+
+    def hard_sigmoid(orig, m):
+        if any(orig.same_as(gate) for gate in swish_gates):
+            return orig
+        values = [scalar_value(m[c]) for c in (shift2, lo2, hi2, div2)]
+        if any(v is None for v in values) or values[1] != 0.0 or values[3] == 0.0 or \
+                values[2] != values[3] or str(m[z].ty.dtype) != "float32":
+            return orig
+        shift, _, _, scale = values
+        linear = relax.op.add(relax.op.multiply(m[z], relax.const(1.0 / scale, "float32")),
+                              relax.const(shift / scale, "float32"))
+        return relax.op.minimum(relax.op.maximum(linear, relax.const(0.0, "float32")),
+                                relax.const(1.0, "float32"))
+
+    return rewrite_call(hard, hard_sigmoid, func)
+
+
 def drop_identity_casts(func: relax.Function) -> relax.Function:
     """``R.astype(x, dtype)`` where ``x`` already is ``dtype`` → ``x``."""
     x = wildcard()
@@ -452,7 +512,8 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
     """Apply the activation rewrites to every Relax function of the module."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(drop_identity_casts(func))))
+            func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(
+                rewrite_clips(drop_identity_casts(func)))))
             func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
             func = merge_constant_adds(fold_convolution_scales(
                 fold_batch_norms(fold_output_scales(func))))
