@@ -148,3 +148,19 @@ def test_tvm_pool_remains_as_the_fallback() -> None:
     """TPP_TVM_THREAD_POOL=tvm (what a host without a C compiler gets) runs on TVM's pool."""
     _, threads, launches = _child("", TPP_TVM_THREAD_POOL="tvm")
     assert launches == 0 and threads >= 1
+
+
+def test_training_steps_run_on_the_pool() -> None:
+    """A compiled training step's kernels are linked and run on tpp_tvm's pool too."""
+    from tpp_tvm.training import compile_training_step
+    from tpp_tvm.training.models import mlp
+
+    model = mlp(64, [256, 256, 16])
+    step = compile_training_step(model, "mse", target=target(num_cores=2))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    y = rng.standard_normal((64, 16)).astype(np.float32)
+    before = runtime.pool_statistics()["launches"]
+    losses = [step.step(x, labels=y) for _ in range(3)]
+    assert runtime.pool_statistics()["launches"] > before
+    assert losses[-1] < losses[0]

@@ -84,7 +84,7 @@ def _require_tiles() -> None:
 _LOG = logging.getLogger(__name__)
 
 
-def _linked_kernels(exe: relax.VMExecutable, target: tvm.target.Target
+def linked_kernels(exe: relax.VMExecutable, target: tvm.target.Target
                     ) -> tuple[tvm.runtime.Module, tempfile.TemporaryDirectory] | None:
     """``exe``'s kernels linked into a shared library as :meth:`CompiledModel.export` links
     them, and loaded: the code a model runs in the process that compiled it is the code it
@@ -111,7 +111,7 @@ def _linked_kernels(exe: relax.VMExecutable, target: tvm.target.Target
         return None
 
 
-def _virtual_machine(exe: relax.VMExecutable | tvm.runtime.Module,
+def virtual_machine(exe: relax.VMExecutable | tvm.runtime.Module,
                      kernels: tvm.runtime.Module | None) -> relax.VirtualMachine:
     """A VM running ``exe`` with its kernels from ``kernels`` where given (the VM resolves
     them when it is made; ``exe`` keeps its own for :meth:`CompiledModel.export`)."""
@@ -136,7 +136,7 @@ class CompiledModel:
                  linked: tuple[tvm.runtime.Module, tempfile.TemporaryDirectory] | None = None
                  ) -> None:
         self._module = module
-        # The kernels linked at compile time (see _linked_kernels) and their folder, removed
+        # The kernels linked at compile time (see linked_kernels) and their folder, removed
         # with the model.
         self._linked = linked
         self.inputs = inputs
@@ -173,7 +173,7 @@ class CompiledModel:
 
     def _new_vm(self) -> relax.VirtualMachine:
         with self._vm_lock:  # _virtual_machine swaps the executable's imports meanwhile
-            vm = _virtual_machine(self._module, self._linked[0] if self._linked else None)
+            vm = virtual_machine(self._module, self._linked[0] if self._linked else None)
         install()
         return vm
 
@@ -440,7 +440,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
         data["tiles_emulated"] = True
     data["target_cpu"] = str(tgt.attrs.get("mcpu", ""))
     return CompiledModel(exe, _inputs_of(mod), data, target_threads(tgt),
-                         linked=_linked_kernels(exe, tgt))
+                         linked=linked_kernels(exe, tgt))
 
 
 def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,

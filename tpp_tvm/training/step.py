@@ -22,11 +22,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..compiled import linked_kernels, virtual_machine
 from ..errors import UnsupportedShapeError
 from ..intrinsics.registry import target_vector_isa
 from ..relay_passes.lower import LoweringReport
 from ..relay_passes.pipeline import build
-from ..runtime import configure_threads, target_threads
+from ..runtime import configure_threads, install, target_threads, use_threads
 from ..target import target as tpp_target
 from . import gradients  # noqa: F401 - registers the TPP-backed gradients
 from .loss import label_type, loss_spec
@@ -146,7 +147,7 @@ class TrainingStep:
 
     def __init__(self, exe: relax.VMExecutable, model: Model, loss: str,
                  optimizer: Optimizer, report: LoweringReport, threads: int,
-                 compile_seconds: float) -> None:
+                 compile_seconds: float, target: tvm.target.Target | None = None) -> None:
         self.threads = configure_threads(threads)
         self.optimizer = optimizer
         self.loss = loss
@@ -155,7 +156,11 @@ class TrainingStep:
         self.num_input = model.num_input
         self._names = list(model.params)
         self._dev = tvm.cpu()
-        self._vm = relax.VirtualMachine(exe, self._dev)
+        # The kernels linked as an exported model's are (TVM's JIT made slower code), so
+        # they run on tpp_tvm's thread pool; the folder goes with the step.
+        self._linked = linked_kernels(exe, target) if target is not None else None
+        self._vm = virtual_machine(exe, self._linked[0] if self._linked else None)
+        install()
         self._params = [tvm.runtime.tensor(np.ascontiguousarray(v, dtype="float32"), self._dev)
                         for v in model.params.values()]
         self._states = [tvm.runtime.tensor(np.zeros(np.shape(v), "float32"), self._dev)
@@ -177,6 +182,7 @@ class TrainingStep:
 
     def step(self, *inputs, labels) -> float:
         """One training step on a batch; returns the loss before the update."""
+        use_threads(self.threads)
         out = self._vm["main"](*self._args(inputs, labels))
         n = len(self._params)
         self._params = [out[1 + i] for i in range(n)]
@@ -214,4 +220,4 @@ def compile_training_step(model: Model, loss: str = "mse",
     report = LoweringReport()
     exe = build(mod, tgt, report=report)
     return TrainingStep(exe, model, loss, optimizer, report, target_threads(tgt),
-                        time.perf_counter() - t0)
+                        time.perf_counter() - t0, tgt)
