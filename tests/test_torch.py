@@ -226,3 +226,29 @@ def test_hardswish_and_hardsigmoid_as_torch_writes_them_fuse_like_onnx(tmp_path)
     assert "tpp.conv2d_bias_hardswish" in compiled.report_data["lowered"], compiled.report()
     assert compiled.report_data["lowered"] == \
         tpp_tvm.compile_onnx(str(path)).report_data["lowered"]
+
+
+def test_pt2e_int8_model_runs_on_the_int8_kernels() -> None:
+    """A model quantized with torchao's PT2E flow (X86 inductor quantizer: u8 activations,
+    per-channel s8 weights) imports as QDQ and runs on the int8 TPPs, as ONNX QDQ does."""
+    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e",
+                               reason="PT2E quantization needs torchao")
+    x86 = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer",
+                              reason="PT2E quantization needs torchao")
+    model, x = _convnet(), torch.randn(2, 3, 32, 32)
+    captured = torch.export.export(model, (x,)).module()
+    quantizer = x86.X86InductorQuantizer().set_global(
+        x86.get_default_x86_inductor_quantization_config())
+    prepared = pt2e.prepare_pt2e(captured, quantizer)
+    for seed in range(4):
+        prepared(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed)))
+    quantized = pt2e.convert_pt2e(prepared)
+    compiled = tpp_tvm.compile_torch(quantized, (x,))
+    with torch.no_grad():
+        _close(compiled(x), quantized(x), tol=1e-3)
+    lowered = compiled.report_data["lowered"]
+    from tpp_tvm.schedules.gemm_plan import int8_gemm_dtype
+    from tpp_tvm.target import best_isa
+
+    kernels = sum(n for k, n in lowered.items() if k.startswith("tpp.qdq_"))
+    assert kernels == (3 if int8_gemm_dtype(best_isa()) else 0), compiled.report()

@@ -25,7 +25,10 @@ def export_program(module: Any, example_inputs: Sequence[Any],
     import torch
 
     if isinstance(module, torch.nn.Module):
-        module = module.eval()
+        try:
+            module = module.eval()
+        except NotImplementedError:  # an exported GraphModule (torchao's PT2E output)
+            pass
     try:
         with torch.no_grad():
             return torch.export.export(module, tuple(example_inputs),
@@ -41,7 +44,7 @@ def unsupported_operators(program: Any) -> list[str]:
     exported-program importer has no converter for."""
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    known = ExportedProgramImporter().create_convert_map()
+    known = {**ExportedProgramImporter().create_convert_map(), **CONVERTERS}
     missing = []
     for node in core_program(program).graph.nodes:
         if node.op != "call_function":
@@ -124,8 +127,57 @@ def _cumsum(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
 
 
+def _quantization_operand(importer: Any, value: Any, dtype: str) -> Any:
+    """A scale or zero point of ``dtype``: a constant from a number, else the tensor, cast
+    (:func:`_cast_constants` folds the cast of a parameter: the QDQ patterns take
+    constants, as the ONNX importer writes them)."""
+    from tvm import relax
+
+    if isinstance(value, (int, float)):
+        return relax.const(value, dtype)
+    operand = importer.env[value]
+    if str(operand.ty.dtype) != dtype:
+        operand = importer.block_builder.emit(relax.op.astype(operand, dtype))
+    return operand
+
+
+def _quantize(per_channel: bool, inverse: bool) -> Any:
+    """A PT2E (``torch.ao`` ``convert_pt2e``) quantize or dequantize node as Relax's
+    ``quantize``/``dequantize``, the ops the ONNX importer writes QuantizeLinear and
+    DequantizeLinear as, so a PT2E model meets the QDQ path onto the int8 TPPs.
+    ``(x, scale, zero_point, [axis,] quant_min, quant_max, dtype)``."""
+
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        args = list(node.args)
+        x = importer.env[args[0]]
+        axis = int(args[3]) if per_channel else -1
+        dtype = str(node.kwargs.get("dtype", args[-1])).removeprefix("torch.")
+        if dtype not in ("uint8", "int8"):
+            raise UnsupportedOperatorError(f"{node.target}: {dtype} quantization (the int8 "
+                                           "TPPs take uint8 and int8)")
+        scale = _quantization_operand(importer, args[1], "float32")
+        zero = _quantization_operand(importer, args[2], dtype)
+        if inverse:
+            call = relax.op.dequantize(x, scale, zero, axis=axis, out_dtype="float32")
+        else:
+            call = relax.op.quantize(x, scale, zero, axis=axis, out_dtype=dtype)
+        return importer.block_builder.emit(call)
+
+    return convert
+
+
 #: Converters in place of TVM's for these ATen operators.
 CONVERTERS = {"scaled_dot_product_attention.default": _sdpa, "cumsum.default": _cumsum}
+for _name, (_channel, _inverse) in {
+        "quantize_per_tensor.default": (False, False),
+        "quantize_per_tensor.tensor": (False, False),
+        "dequantize_per_tensor.default": (False, True),
+        "dequantize_per_tensor.tensor": (False, True),
+        "quantize_per_channel.default": (True, False),
+        "dequantize_per_channel.default": (True, True)}.items():
+    CONVERTERS[_name] = _quantize(_channel, _inverse)
 
 
 def from_program(program: Any) -> tvm.IRModule:
@@ -147,7 +199,28 @@ def from_program(program: Any) -> tvm.IRModule:
         raise ModelLoadError(f"TVM's PyTorch importer failed: {type(exc).__name__}: "
                              f"{(lines or [''])[-1][:400]}") from exc
     # A batch norm comes as (output, mean, var)[0]: the output itself, for the patterns.
-    return relax.transform.CanonicalizeBindings()(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    return _cast_constants(mod)
+
+
+def _cast_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """``astype(constant)`` → a constant of that type: the importer binds parameters after
+    converting, so a cast of one (a PT2E zero point, int64 in torch, int8 for Relax's
+    ``dequantize``) stayed a cast, which the QDQ patterns do not take. Folding everything
+    instead would fold the int8 weights' ``dequantize`` into fp32 weights."""
+    from tvm import relax
+    from tvm.relax.dpl import is_const, is_op, rewrite_call
+
+    pattern = is_op("relax.astype")(is_const())
+
+    def cast(orig: Any, _m: Any) -> Any:
+        value = orig.args[0].value.numpy()
+        return relax.const(value.astype(str(orig.attrs.dtype)), str(orig.attrs.dtype))
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = rewrite_call(pattern, cast, func)
+    return mod
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None
