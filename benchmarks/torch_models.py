@@ -4,8 +4,9 @@ tpp_tvm's own ONNX route, on the zoo's models.
 
 The models are the zoo's (``zoo.py``: built from ``transformers`` configs with random
 weights, same inputs); the ONNX route runs the zoo's compiled library of the same model.
-Each runtime runs in its own process per thread count, under ``torch.no_grad()``, with
-denormals flushed (``torch.set_flush_denormal``; tpp_tvm's kernels flush them); compile
+Each runtime runs in its own process per thread count, under ``torch.no_grad()``, in fp32
+(OpenVINO with ``INFERENCE_PRECISION_HINT=f32``: on AMX CPUs it would otherwise run bf16),
+with denormals flushed (``torch.set_flush_denormal``; tpp_tvm's kernels flush them); compile
 time is the first call's (dynamo capture + backend compile), then the median of
 ``--rounds`` calls. Each output is checked against eager in the same process::
 
@@ -58,6 +59,7 @@ def _compiled(impl: str, module, threads: int):
 
         return torch.compile(module, backend="openvino", options={
             "device": "CPU", "config": {"INFERENCE_NUM_THREADS": str(threads),
+                                        "INFERENCE_PRECISION_HINT": "f32",
                                         "CPU_DENORMALS_OPTIMIZATION": "YES"}})
     raise ValueError(impl)
 

@@ -252,3 +252,15 @@ def test_pt2e_int8_model_runs_on_the_int8_kernels() -> None:
 
     kernels = sum(n for k, n in lowered.items() if k.startswith("tpp.qdq_"))
     assert kernels == (3 if int8_gemm_dtype(best_isa()) else 0), compiled.report()
+
+
+def test_unaligned_and_strided_inputs(convnet) -> None:
+    """A view at an odd offset or with strides is copied (TVM takes 64-byte aligned data)."""
+    model, x, compiled = convnet
+    base = torch.randn(x.numel() + 1)
+    shifted = base[1:].view(x.shape)
+    assert shifted.data_ptr() % 64
+    with torch.no_grad():
+        _close(compiled(shifted), model(shifted))
+        wide = torch.randn(2, 3, 32, 64)[..., ::2]
+        _close(compiled(wide), model(wide))

@@ -24,6 +24,7 @@ from .torch_frontend import export_program, from_torch
 #: Sizes a dynamic model keeps compiled.
 MAX_CACHED = 8
 _SPEC = ".torch.json"
+_ALIGNMENT = 64
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -130,7 +131,10 @@ class TorchModel:
             if _dtype_name(t.dtype) != spec.dtype:
                 raise UnsupportedShapeError(f"input {spec.name!r}: dtype {t.dtype}, the "
                                             f"module was exported with {spec.dtype}")
-            feeds.append(tvm.runtime.from_dlpack(t.detach().contiguous()))
+            t = t.detach().contiguous()
+            if t.data_ptr() % _ALIGNMENT:  # a view into another tensor: TVM takes 64-byte
+                t = t.clone()               # aligned data only
+            feeds.append(tvm.runtime.from_dlpack(t))
         flat = [torch.from_dlpack(out) for out in compiled.run_tensors(feeds)]
         if self._out_spec is None:
             return flat[0] if len(flat) == 1 else tuple(flat)
