@@ -36,6 +36,14 @@ def _reference(x: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
     return np.tanh(np.maximum(x @ w1, 0) @ w2)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _threads_from_the_models():
+    """TVM_NUM_THREADS (which wins over every model's count) unset while these run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TVM_NUM_THREADS", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def mlp() -> tuple[onnx.ModelProto, tpp_tvm.CompiledModel]:
     model = _mlp()
@@ -129,8 +137,9 @@ print(physical_core_count(), compiled.threads, runtime.pool_statistics()["launch
 
 def _child(setup: str, **env: str) -> list[int]:
     code = _CHILD.format(tests=os.path.dirname(__file__), setup=setup)
+    base = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600)
+                          env={**base, **env}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [int(v) for v in proc.stdout.split()[-3:]]
 
