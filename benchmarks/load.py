@@ -15,7 +15,7 @@ under one of four loads:
 
 ``--before`` adds ``tpp_tvm (TVM pool)``: the same libraries on TVM's own thread pool
 (``TPP_TVM_THREAD_POOL=tvm``), the runtime tpp_tvm had before its own pool. Models are the
-zoo's (``zoo.py``: same exports, same compiled libraries, same inputs); every peer flushes
+zoo's (``harness.py``: same exports, same compiled libraries, same inputs); every peer flushes
 denormals as tpp_tvm's kernels do::
 
     python benchmarks/load.py                            # the zoo's twelve models, 2 threads
@@ -36,10 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+import harness  # the zoo's models, exports, compiled libraries and runtimes
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-import zoo  # noqa: E402 - the models, their exports and their runners
 
 LOADS = ("quiet", "busy", "2 procs", "2 threads")
 RUNTIMES = ("tpp_tvm", "onnxruntime", "openvino")
@@ -50,14 +48,14 @@ _BUSY = "while True: pass"
 
 def _runner(name: str, runtime: str, threads: int):
     impl = "tpp_tvm" if runtime == TVM_POOL else runtime
-    return zoo._runners(name, threads, [impl])[impl]
+    return harness.model_runners(name, threads, [impl])[impl]
 
 
 def run_worker(name: str, runtime: str, threads: int, seconds: float, callers: int
                ) -> list[float]:
     """Latencies (ms) of ``callers`` Python threads each calling the model for ``seconds``,
     from when the parent says go (a line on stdin; "ready" on stdout once warmed up)."""
-    feeds = zoo.ALL_MODELS[name].inputs(np.random.default_rng(1))
+    feeds = harness.ALL_MODELS[name].inputs(np.random.default_rng(1))
     runners = [_runner(name, runtime, threads)]
     if runtime == "openvino" and callers > 1:  # one infer request per thread
         runners += [_runner(name, runtime, threads) for _ in range(callers - 1)]
@@ -156,7 +154,7 @@ def render(rows: list[dict], cpu: str, threads: int, runtimes: list[str], comman
                      for rt in ("onnxruntime", "openvino")]
             peers = [p for p in peers if p]
             cells.append(f"{min(peers) / tpp:.2f}" if tpp and peers else "-")
-            lines.append(f"| {zoo.ALL_MODELS[name].title} | " + " | ".join(cells) + " |")
+            lines.append(f"| {harness.ALL_MODELS[name].title} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -178,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(args.worker)
         print(json.dumps(run_worker(**spec)))
         return 0
-    names = [n for n in (args.models or ",".join(zoo.SETS["main"])).split(",") if n]
+    names = [n for n in (args.models or ",".join(harness.SETS["main"])).split(",") if n]
     runtimes = args.runtimes.split(",") + ([TVM_POOL] if args.before else [])
     loads = args.loads.split(",")
-    info = zoo.compile_parallel(names, "float32", 1)
+    info = harness.compile_parallel(names, "float32", 1)
     rows = []
     for name in names:
         if "error" in info[name]:
@@ -193,15 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[load] {name} {load} {runtime}: " + (
                     f"{cell['median_ms']:.2f} / {cell['p99_ms']:.2f} ms"
                     if "median_ms" in cell else cell["error"]), file=sys.stderr, flush=True)
-    from harness import results_dir
-
     import tpp_tvm
     from tpp_tvm.target import host_isa
     from tpp_tvm.tuning import target_tag
 
     host = host_isa()
     cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
-    out = args.out or results_dir()
+    out = args.out or harness.results_dir()
     out.mkdir(parents=True, exist_ok=True)
     command = f"python benchmarks/load.py {' '.join(sys.argv[1:])}".strip()
     (out / "load.json").write_text(json.dumps(

@@ -2,7 +2,7 @@
 (default, and ``max-autotune`` with ``freezing``), OpenVINO's ``torch.compile`` backend and
 tpp_tvm's own ONNX route, on the zoo's models.
 
-The models are the zoo's (``zoo.py``: built from ``transformers`` configs with random
+The models are the zoo's (``harness.py``: built from ``transformers`` configs with random
 weights, same inputs); the ONNX route runs the zoo's compiled library of the same model.
 Each runtime runs in its own process per thread count, under ``torch.no_grad()``, in fp32
 (OpenVINO with ``INFERENCE_PRECISION_HINT=f32``: on AMX CPUs it would otherwise run bf16),
@@ -28,10 +28,8 @@ import time
 import warnings
 from pathlib import Path
 
+import harness  # the zoo's models, exports, compiled libraries and runtimes
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-import zoo  # noqa: E402 - the models, their exports and their compiled libraries
 
 IMPLS = ("tpp_tvm", "eager", "inductor", "inductor-max-autotune", "openvino", "tpp_tvm-onnx")
 TITLES = {"tpp_tvm": "tpp_tvm (torch.compile)", "eager": "eager", "inductor": "inductor",
@@ -71,16 +69,16 @@ def run_worker(name: str, impl: str, threads: int, rounds: int) -> dict:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
-    model = zoo.ALL_MODELS[name]
+    model = harness.ALL_MODELS[name]
     feeds = model.inputs(np.random.default_rng(1))
     args = [torch.from_numpy(v) for v in feeds.values()]
-    module = zoo._FirstOutput(model.build())
+    module = harness.FirstOutput(model.build())
     with torch.no_grad():
         want = module(*args)
         if impl == "tpp_tvm-onnx":
             import tpp_tvm
 
-            compiled = tpp_tvm.load(str(zoo._library(name, zoo.PRECISIONS["float32"])),
+            compiled = tpp_tvm.load(str(harness.library_path(name, harness.PRECISIONS["float32"])),
                                     threads=threads)
 
             def run():
@@ -145,7 +143,7 @@ def render(rows: list[dict], names: list[str], threads: list[int], impls: list[s
                     rat.append(f"{c['median_ms'] / tpp['median_ms']:.2f}")
                 else:
                     rat.append("-")
-            lines.append(f"| {zoo.ALL_MODELS[name].title} | " + " | ".join(vals + rat) +
+            lines.append(f"| {harness.ALL_MODELS[name].title} | " + " | ".join(vals + rat) +
                          f" | {tpp.get('rel_err', float('nan')):.1e} | "
                          f"{tpp.get('compile_s', '-')} | {tpp.get('fallback_warnings', '-')} |")
         lines += ["", "Geometric means, peer / tpp_tvm: " + ", ".join(
@@ -169,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = args.impls.split(",")
     threads = [int(t) for t in args.threads.split(",")]
     if "tpp_tvm-onnx" in impls:
-        zoo.compile_parallel(names, "float32", 1)
+        harness.compile_parallel(names, "float32", 1)
     rows = []
     for t in threads:
         env = {**os.environ, "OMP_NUM_THREADS": str(t), "TVM_NUM_THREADS": str(t)}
@@ -192,15 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['median_ms']:.2f} ms (compile {row['compile_s']} s, err "
                     f"{row['rel_err']:.1e})" if "median_ms" in row else row["error"]),
                     file=sys.stderr, flush=True)
-    from harness import results_dir
-
     import tpp_tvm
     from tpp_tvm.target import host_isa
     from tpp_tvm.tuning import target_tag
 
     host = host_isa()
     cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
-    out = args.out or results_dir()
+    out = args.out or harness.results_dir()
     out.mkdir(parents=True, exist_ok=True)
     command = f"python benchmarks/torch_models.py {' '.join(sys.argv[1:])}".strip()
     (out / "torch_models.json").write_text(json.dumps(

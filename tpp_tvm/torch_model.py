@@ -112,7 +112,6 @@ class TorchModel:
     def __call__(self, *args: Any) -> Any:
         import torch
         import tvm
-        from torch.utils._pytree import tree_unflatten
 
         tensors = list(args)
         for k, t in enumerate(tensors):
@@ -138,7 +137,7 @@ class TorchModel:
         flat = [torch.from_dlpack(out) for out in compiled.run_tensors(feeds)]
         if self._out_spec is None:
             return flat[0] if len(flat) == 1 else tuple(flat)
-        return tree_unflatten(flat, self._out_spec)
+        return self._out_spec.unflatten(flat)
 
     # ------------------------------------------------------------------ report / export
 
