@@ -173,3 +173,21 @@ def test_training_steps_run_on_the_pool() -> None:
     losses = [step.step(x, labels=y) for _ in range(3)]
     assert runtime.pool_statistics()["launches"] > before
     assert losses[-1] < losses[0]
+
+
+def test_workers_that_keep_losing_their_cores_send_launches_solo(mlp) -> None:
+    """Workers held up inside their shares (as when another process takes their cores) make
+    the pool run launches on the calling thread alone for a while; results stay right."""
+    model, compiled = mlp
+    x = _inputs(5)
+    want = _reference(x, model)
+    before = runtime.pool_statistics()
+    runtime.delay_workers(2000)
+    try:
+        for _ in range(40):  # past one window of launches
+            np.testing.assert_allclose(compiled(x)[0], want, rtol=1e-4, atol=1e-5)
+    finally:
+        runtime.delay_workers(0)
+    after = runtime.pool_statistics()
+    assert after["solo_periods"] > before["solo_periods"]
+    assert after["solo_launches"] > before["solo_launches"]

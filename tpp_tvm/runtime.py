@@ -6,7 +6,9 @@ when another process takes a core, a kernel waits a scheduler tick for a worker 
 running, and transformers with hundreds of short kernels a run slowed 8x beside one busy
 process. tpp_tvm's pool (``thread_pool.c``, built with the host's C compiler on first use)
 lets any thread claim any share not yet started, the caller included, so a held-up worker
-costs only the shares it already runs; idle workers spin briefly, then sleep.
+costs only the shares it already runs; idle workers spin briefly, then sleep; and where the
+workers keep losing their cores mid-share (time the scheduler took from a share, measured
+against the thread's CPU time), launches run on the calling thread alone for a while.
 :func:`install` points every loaded kernel library at it; libraries loaded where the pool
 cannot be built (no C compiler) or JIT-compiled in memory keep TVM's pool.
 
@@ -54,8 +56,9 @@ def _pool() -> ctypes.CDLL | None:
     lib.tpp_pool_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
     lib.tpp_pool_set_caller_threads.argtypes = [ctypes.c_int]
     lib.tpp_pool_pause_workers.argtypes = [ctypes.c_int]
-    lib.tpp_pool_stolen.restype = ctypes.c_longlong
-    lib.tpp_pool_launches.restype = ctypes.c_longlong
+    lib.tpp_pool_delay_workers.argtypes = [ctypes.c_long]
+    for counter in ("stolen", "launches", "solo_launches", "solo_periods"):
+        getattr(lib, f"tpp_pool_{counter}").restype = ctypes.c_longlong
     spin = os.environ.get("TPP_TVM_SPIN_MICROSECONDS", "")
     lib.tpp_pool_configure(1, TASKS_PER_THREAD, int(spin) if spin.isdigit() else
                            SPIN_MICROSECONDS)
@@ -92,13 +95,28 @@ def use_threads(num_threads: int) -> None:
         lib.tpp_pool_set_caller_threads(int(num_threads))
 
 
+#: What :func:`pool_statistics` counts.
+STATISTICS = ("launches", "stolen", "solo_launches", "solo_periods")
+
+
 def pool_statistics() -> dict[str, int]:
-    """Launches run on tpp_tvm's pool and shares the calling thread took beyond its own
-    (work a late worker would otherwise have held up); zeros on TVM's pool."""
+    """Counts since the process started (zeros on TVM's pool): ``launches`` run in
+    parallel; ``stolen`` shares the calling thread took beyond its own (work a late worker
+    would have held up); ``solo_periods`` times the workers lost over a quarter of their
+    share time to the scheduler (another process wanted the cores), after each of which
+    launches ran on the calling thread alone for a while; ``solo_launches`` those."""
     lib = _pool()
     if lib is None:
-        return {"launches": 0, "stolen": 0}
-    return {"launches": lib.tpp_pool_launches(), "stolen": lib.tpp_pool_stolen()}
+        return dict.fromkeys(STATISTICS, 0)
+    return {name: getattr(lib, f"tpp_pool_{name}")() for name in STATISTICS}
+
+
+def delay_workers(microseconds: int) -> None:
+    """Tests: hold each worker up this long inside every share it takes, as if the OS had
+    descheduled it mid-share (0: no more)."""
+    lib = _pool()
+    if lib is not None:
+        lib.tpp_pool_delay_workers(int(microseconds))
 
 
 def pause_workers(paused: bool) -> None:

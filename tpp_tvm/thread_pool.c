@@ -6,7 +6,8 @@
  * running, and every kernel then waits a scheduler tick for it. Here shares are *claimed*:
  * whichever thread comes first takes the next share, the calling thread included, so a
  * kernel never waits for a worker that has not started; it waits only for shares already
- * running. Idle workers spin briefly, then sleep on a futex.
+ * running. Idle workers spin briefly, then sleep on a futex. Where the workers keep losing
+ * their cores mid-share, launches run on the calling thread alone for a while (below).
  *
  * One job is in flight at a time. A launch made while one runs (a second Python thread
  * calling a model) or from inside a share (nesting) runs its shares itself, serially.
@@ -54,6 +55,26 @@ static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int inside_share;
 static __thread int caller_threads; /* this thread's own thread count (0: the pool's) */
 static _Atomic int workers_paused;  /* tests: workers take no share while set */
+static _Atomic long worker_delay_ns; /* tests: a worker is held up this long in each share */
+
+/* Contention. A worker descheduled in the middle of a share holds the launch up until the
+ * OS runs it again; the caller cannot take over a share already started. Workers measure
+ * each share's wall time and their own CPU time in it: the difference is time the
+ * scheduler took. When over a window of launches that exceeds a quarter of the workers'
+ * share time, or in over a quarter of the launches no worker took a share though none was
+ * asleep (a spinning worker claims within nanoseconds: they were not running), or the
+ * caller ran over a third of the shares meant for the workers, in two windows in a row, another
+ * process wants the cores: launches run on the calling thread alone for a while (20 ms,
+ * doubling while it lasts, up to 1 s), then in parallel again to look. A quiet machine
+ * does not get there: its workers lose microseconds of a share, and miss launches only
+ * when they wake from sleep, which does not count. */
+#define WINDOW 32
+static _Atomic long long share_ns, lost_ns;
+static int window_launches, window_missed, window_stolen, window_meant, bad_windows;
+static _Atomic int running_workers; /* workers that have started running */
+static _Atomic long solo_until_ns;
+static long solo_period_ns = 20000000L;
+static _Atomic long long solo_launches, solo_periods;
 static _Atomic long long stolen;    /* shares the launching thread ran */
 static _Atomic long long launches;
 
@@ -75,8 +96,15 @@ static long now_ns(void) {
   return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* Claim and run shares of the current job until none is left; returns how many ran. */
-static int run_shares(void) {
+static long cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Claim and run shares of the current job until none is left; returns how many ran.
+ * ``timed``: a worker's, which measures the time the scheduler took from each share. */
+static int run_shares(int timed) {
   int ran = 0;
   uint64_t c = atomic_load_explicit(&claim, memory_order_acquire);
   for (;;) {
@@ -89,7 +117,19 @@ static int run_shares(void) {
                                                memory_order_acquire))
       continue;
     inside_share = 1;
+    long wall = timed ? now_ns() : 0, cpu = timed ? cpu_ns() : 0;
+    long delay = atomic_load_explicit(&worker_delay_ns, memory_order_relaxed);
+    if (timed && delay > 0) {
+      struct timespec pause = {delay / 1000000000L, delay % 1000000000L};
+      nanosleep(&pause, NULL);
+    }
     int rc = fn((int)next, &env, cdata);
+    if (timed) {
+      wall = now_ns() - wall;
+      cpu = cpu_ns() - cpu;
+      atomic_fetch_add_explicit(&share_ns, wall, memory_order_relaxed);
+      if (wall > cpu) atomic_fetch_add_explicit(&lost_ns, wall - cpu, memory_order_relaxed);
+    }
     inside_share = 0;
     if (rc != 0) atomic_store(&job_error, rc);
     ++ran;
@@ -102,6 +142,7 @@ static int run_shares(void) {
 
 static void* worker_main(void* arg) {
   (void)arg;
+  atomic_fetch_add(&running_workers, 1);
   uint32_t seen = atomic_load(&generation);
   for (;;) {
     long deadline = now_ns() + spin_ns;
@@ -119,7 +160,7 @@ static void* worker_main(void* arg) {
     }
     seen = g;
     while (atomic_load_explicit(&workers_paused, memory_order_relaxed)) usleep(1000);
-    run_shares();
+    run_shares(1);
   }
   return NULL;
 }
@@ -153,8 +194,13 @@ int tpp_pool_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
                                                                      : pool_threads;
   if (num_task <= 0) num_task = threads * tasks_per_thread;
   int expected = 0;
-  if (threads <= 1 || num_task == 1 || inside_share ||
-      !atomic_compare_exchange_strong(&busy, &expected, 1))
+  if (threads <= 1 || num_task == 1 || inside_share)
+    return run_serially(fn, cdata, num_task);
+  if (now_ns() < atomic_load_explicit(&solo_until_ns, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&solo_launches, 1, memory_order_relaxed);
+    return run_serially(fn, cdata, num_task);
+  }
+  if (!atomic_compare_exchange_strong(&busy, &expected, 1))
     return run_serially(fn, cdata, num_task);
   if (started_workers < threads - 1) start_workers(threads - 1);
   atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
@@ -170,9 +216,17 @@ int tpp_pool_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
   int asleep = atomic_load(&sleepers);
   if (asleep > 0) futex(&generation, FUTEX_WAKE, asleep < num_task - 1 ? asleep : num_task - 1);
 
-  int mine = run_shares();
+  int mine = run_shares(0);
+  int theirs = num_task - num_task / threads;
   if (mine > num_task / threads)
     atomic_fetch_add_explicit(&stolen, mine - num_task / threads, memory_order_relaxed);
+  if (atomic_load_explicit(&running_workers, memory_order_relaxed) >= threads - 1) {
+    /* No worker asleep, yet none took a share before the caller had run them all:
+     * spinning workers claim within nanoseconds, so they were not running. */
+    if (asleep == 0 && mine == num_task) ++window_missed;
+    window_meant += theirs;
+    window_stolen += mine > num_task / threads ? mine - num_task / threads : 0;
+  }
   /* Wait for the shares workers are running: spin, then sleep until the last one ends. */
   long deadline = now_ns() + spin_ns;
   uint32_t d;
@@ -186,6 +240,21 @@ int tpp_pool_launch(FTVMParallelLambda fn, void* cdata, int num_task) {
     cpu_relax();
   }
   int rc = atomic_load(&job_error);
+  if (++window_launches == WINDOW) {
+    long long worked = atomic_exchange(&share_ns, 0), lost = atomic_exchange(&lost_ns, 0);
+    int bad = 4 * lost > worked || 4 * window_missed > WINDOW ||
+              3 * window_stolen > window_meant;
+    bad_windows = bad ? bad_windows + 1 : 0;
+    if (bad_windows >= 2) { /* sustained, not a blip (a daemon, a page-cache flush) */
+      bad_windows = 0;
+      atomic_store(&solo_until_ns, now_ns() + solo_period_ns);
+      atomic_fetch_add(&solo_periods, 1);
+      if (solo_period_ns < 1000000000L) solo_period_ns *= 2;
+    } else if (!bad) {
+      solo_period_ns = 20000000L;
+    }
+    window_launches = window_missed = window_stolen = window_meant = 0;
+  }
   atomic_store(&busy, 0);
   return rc == 0 ? 0 : -1;
 }
@@ -230,5 +299,8 @@ void tpp_pool_configure(int threads, int per_thread, long spin_us) {
 int tpp_pool_threads(void) { return pool_threads; }
 void tpp_pool_set_caller_threads(int threads) { caller_threads = threads; }
 void tpp_pool_pause_workers(int paused) { atomic_store(&workers_paused, paused); }
+void tpp_pool_delay_workers(long delay_us) { atomic_store(&worker_delay_ns, delay_us * 1000L); }
+long long tpp_pool_solo_launches(void) { return atomic_load(&solo_launches); }
+long long tpp_pool_solo_periods(void) { return atomic_load(&solo_periods); }
 long long tpp_pool_stolen(void) { return atomic_load(&stolen); }
 long long tpp_pool_launches(void) { return atomic_load(&launches); }
