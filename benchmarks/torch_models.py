@@ -151,6 +151,16 @@ def render(rows: list[dict], names: list[str], threads: list[int], impls: list[s
     return "\n".join(lines)
 
 
+def tpp_tvm_host() -> str:
+    """The CPU line of the results: its name, the LLVM CPU tpp_tvm targets, its features."""
+    import tpp_tvm
+    from tpp_tvm.target import host_isa
+    from tpp_tvm.tuning import target_tag
+
+    host = host_isa()
+    return f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
@@ -168,7 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     if "tpp_tvm-onnx" in impls:
         harness.compile_parallel(names, "float32", 1)
-    rows = []
+    host = tpp_tvm_host()
+    out = args.out or harness.results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    command = f"python benchmarks/torch_models.py {' '.join(sys.argv[1:])}".strip()
+
+    def write(rows: list[dict]) -> str:
+        """The tables so far (rewritten after every cell: a long run interrupted keeps its
+        rows, marked as partial until the last)."""
+        (out / "torch_models.json").write_text(json.dumps(
+            {"cpu": host, "command": command, "rows": rows}, indent=1))
+        text = render(rows, names, threads, impls, host, command)
+        expected = len(threads) * len(names) * len(impls)
+        if len(rows) < expected:
+            text += f"\n**Partial run: {len(rows)} of {expected} cells so far.**\n"
+        (out / "torch_models.md").write_text(text)
+        return text
+
+    rows: list[dict] = []
     for t in threads:
         env = {**os.environ, "OMP_NUM_THREADS": str(t), "TVM_NUM_THREADS": str(t)}
         for name in names:
@@ -190,19 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['median_ms']:.2f} ms (compile {row['compile_s']} s, err "
                     f"{row['rel_err']:.1e})" if "median_ms" in row else row["error"]),
                     file=sys.stderr, flush=True)
-    import tpp_tvm
-    from tpp_tvm.target import host_isa
-    from tpp_tvm.tuning import target_tag
-
-    host = host_isa()
-    cpu = f"{host.model_name}, LLVM `{target_tag(tpp_tvm.target())}` ({host.summary()})"
-    out = args.out or harness.results_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"python benchmarks/torch_models.py {' '.join(sys.argv[1:])}".strip()
-    (out / "torch_models.json").write_text(json.dumps(
-        {"cpu": cpu, "command": command, "rows": rows}, indent=1))
-    text = render(rows, names, threads, impls, cpu, command)
-    (out / "torch_models.md").write_text(text)
+                write(rows)
+    text = write(rows)
     print(text)
     return 0
 
