@@ -264,3 +264,16 @@ def test_unaligned_and_strided_inputs(convnet) -> None:
         _close(compiled(shifted), model(shifted))
         wide = torch.randn(2, 3, 32, 64)[..., ::2]
         _close(compiled(wide), model(wide))
+
+
+def test_cat_with_an_empty_vector_as_kv_caches_start() -> None:
+    """torch.cat takes an empty 1-D tensor beside tensors of any rank (transformers' KV
+    caches start from one); the import drops it instead of failing on the ranks."""
+
+    class Cache(torch.nn.Module):
+        def forward(self, k):
+            return torch.cat([torch.tensor([]), k * 2.0], dim=-2)
+
+    k = torch.randn(1, 2, 5, 8)
+    compiled = tpp_tvm.compile_torch(Cache().eval(), (k,))
+    torch.testing.assert_close(compiled(k), k * 2.0)

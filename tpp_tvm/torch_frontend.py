@@ -168,8 +168,27 @@ def _quantize(per_channel: bool, inverse: bool) -> Any:
     return convert
 
 
+def _cat(node: Any, importer: Any) -> Any:
+    """``cat`` without the empty 1-D tensors torch lets it take beside tensors of any rank
+    (transformers' KV caches start from ``torch.tensor([])``: GPT-2 and Llama exports);
+    TVM's converter rejects the ranks' mismatch."""
+    from tvm import relax
+
+    tensors = [importer.env[t] for t in node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    def empty_vector(t: Any) -> bool:
+        shape = t.ty.shape
+        return len(shape) == 1 and isinstance(shape[0], tvm.tirx.IntImm) and int(shape[0]) == 0
+
+    kept = [t for t in tensors if not empty_vector(t)] or tensors[:1]
+    if len(kept) == 1:
+        return kept[0]
+    return importer.block_builder.emit(relax.op.concat(kept, axis=dim))
+
+
 #: Converters in place of TVM's for these ATen operators.
-CONVERTERS = {"scaled_dot_product_attention.default": _sdpa, "cumsum.default": _cumsum}
+CONVERTERS = {"scaled_dot_product_attention.default": _sdpa, "cumsum.default": _cumsum,
+              "cat.default": _cat, "concat.default": _cat}
 for _name, (_channel, _inverse) in {
         "quantize_per_tensor.default": (False, False),
         "quantize_per_tensor.tensor": (False, False),
