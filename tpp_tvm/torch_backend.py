@@ -19,12 +19,10 @@ What each graph becomes:
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-_LOG = logging.getLogger(__name__)
 #: The options the backend reads; anything else is an error naming it.
 OPTIONS = ("precision", "threads", "target", "tune_logs")
 

@@ -226,6 +226,14 @@ def drop_single_concats(func: relax.Function) -> relax.Function:
     return rewrite_call(is_op("relax.concat")(is_tuple([x])), lambda orig, m: m[x], func)
 
 
+def _read_more_than_once(func: relax.Function):
+    """A predicate: is this bound value read by more than one binding? (Folding such a value
+    into its reader would compute it twice.)"""
+    reads = use_counts(func)
+    bound_to = {value: var for var, value in bindings(func).items()}
+    return lambda value: reads.get(bound_to.get(value), 1) > 1
+
+
 def fold_output_scales(func: relax.Function) -> relax.Function:
     """``(x @ W + b) * c`` → ``x @ (W c) + b c`` for constants ``W``, ``b`` and a constant
     ``c`` per output column (or a scalar).
@@ -236,14 +244,13 @@ def fold_output_scales(func: relax.Function) -> relax.Function:
     A product read elsewhere too stays: folding would compute the GEMM twice (CLIP's
     ``h * sigmoid(1.702 h)`` ran its first MLP GEMM once per operand)."""
     x, w, b, c = wildcard(), is_const(), is_const(), is_const()
-    reads = use_counts(func)
-    bound_to = {value: var for var, value in bindings(func).items()}
+    shared = _read_more_than_once(func)
     dense = is_op("relax.matmul")(x, w)
     dense = dense | is_op("relax.add")(dense, b) | is_op("relax.add")(b, dense)
     pattern = is_op("relax.multiply")(dense, c) | is_op("relax.multiply")(c, dense)
 
     def rewriter(orig, m):
-        if reads.get(bound_to.get(m[dense]), 1) > 1:
+        if shared(m[dense]):
             return orig
         weight, scale = const_value(m[w]), const_value(m[c])
         out = static_shape(orig)
@@ -277,8 +284,7 @@ def fold_convolution_scales(func: relax.Function) -> relax.Function:
     lost their bias and activation epilogues (the shift and the ReLU ran as separate
     kernels). A convolution read elsewhere too stays."""
     x, w, b, c = wildcard(), is_const(), is_const(), is_const()
-    reads = use_counts(func)
-    bound_to = {value: var for var, value in bindings(func).items()}
+    shared = _read_more_than_once(func)
     conv = is_op("relax.nn.conv2d")(x, w)
     biased = conv | is_op("relax.add")(conv, b) | is_op("relax.add")(b, conv)
     pattern = is_op("relax.multiply")(biased, c) | is_op("relax.multiply")(c, biased)
@@ -295,7 +301,7 @@ def fold_convolution_scales(func: relax.Function) -> relax.Function:
 
     def rewriter(orig, m):
         call = m[conv]
-        if any(reads.get(bound_to.get(m[p]), 1) > 1 for p in (conv, biased) if p in m):
+        if any(shared(m[p]) for p in (conv, biased) if p in m):
             return orig
         attrs, weight, scale = call.attrs, const_value(m[w]), const_value(m[c])
         out = static_shape(orig)
@@ -331,13 +337,12 @@ def merge_constant_adds(func: relax.Function) -> relax.Function:
     (a convolution's bias and the shift of the batch norm after it), so one add remains for
     the bias epilogue. An inner sum read elsewhere too stays."""
     y, c1, c2 = wildcard(), is_const(), is_const()
-    reads = use_counts(func)
-    bound_to = {value: var for var, value in bindings(func).items()}
+    shared = _read_more_than_once(func)
     inner = is_op("relax.add")(y, c1) | is_op("relax.add")(c1, y)
     pattern = is_op("relax.add")(inner, c2) | is_op("relax.add")(c2, inner)
 
     def rewriter(orig, m):
-        if reads.get(bound_to.get(m[inner]), 1) > 1:
+        if shared(m[inner]):
             return orig
         first, second = const_value(m[c1]), const_value(m[c2])
         out = static_shape(orig)
