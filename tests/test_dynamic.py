@@ -124,7 +124,7 @@ def test_dynamic_model_over_the_protobuf_limit_exports_its_weights_beside_it(
     the loaded model compiles a new size from them."""
     from tpp_tvm import frontend
 
-    monkeypatch.setattr(frontend, "_PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(frontend.loading, "_PROTOBUF_LIMIT", 1000)
     folder = tpp_tvm.compile_onnx(distilbert).export(tmp_path / "dyn")
     assert (folder / "model.onnx.data").stat().st_size > 0
     feeds = _feeds(1, 6)

@@ -331,7 +331,7 @@ def test_model_over_the_protobuf_limit_saves_and_runs_with_external_data(
     through such files, and the saved model compiles from its path."""
     import tpp_tvm
 
-    monkeypatch.setattr(frontend, "_PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(frontend.loading, "_PROTOBUF_LIMIT", 1000)
     model = _shared_weight_model()
     before = model.SerializeToString()
     assert not frontend.fits_protobuf(model)

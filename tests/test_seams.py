@@ -25,7 +25,8 @@ THIRD_PARTY_PRIVATE: dict[tuple[str, str], str] = {
     ("tvm.relax.op", "_op_gradient"): "TVM's own gradients (softmax_grad, conv2d_grad): "
     "training/gradients.py falls back to them where its TPP gradients do not apply",
     ("tvm.relax.frontend.onnx.onnx_frontend", "_get_convert_map"): "the only list of the "
-    "ONNX ops TVM converts: frontend.unsupported_nodes reports the others before import",
+    "ONNX ops TVM converts: frontend.converters.unsupported_nodes reports the others before "
+    "import",
     ("torch.utils._pytree", "treespec_dumps"): "torch's only serialization of an output "
     "structure (a TreeSpec): TorchModel.export writes it beside the library",
     ("torch.utils._pytree", "treespec_loads"): "reads what treespec_dumps wrote "

@@ -239,5 +239,5 @@ def gru(bb: Any, inputs: list, attrs: dict) -> relax.Tuple:
     return rec.outputs(hs, [last_h])
 
 
-#: Converters by ONNX op type (for :data:`tpp_tvm.frontend._EXTRA_CONVERTERS`).
+#: Converters by ONNX op type (for :data:`tpp_tvm.frontend.converters.EXTRA_CONVERTERS`).
 CONVERTERS: dict[str, Callable[..., Any]] = {"LSTM": lstm, "GRU": gru}

@@ -1,7 +1,7 @@
 """What is statically known about an ONNX graph's values: their types and shapes while the
 frontend folds constants, and, when TVM's converter fails, where static knowledge stopped.
 
-The frontend's folding (``frontend.clean_model``) turns an exporter's shape arithmetic into
+The frontend's folding (``frontend.folding``) turns an exporter's shape arithmetic into
 constants, which needs each value's shape. ONNX shape inference gives them between folding
 rounds; :class:`StaticTypes` also infers, node by node, the outputs of a node whose inputs
 a fold just made constant. Without it each block of a deep model needed its own round: a
