@@ -123,14 +123,14 @@ def time_model(mod, onnx_model, target, **build_kwargs) -> tuple[float, int]:
 
     import tpp_tvm
     from tpp_tvm import models
-    from tpp_tvm.relay_passes.lower import LoweringReport
+    from tpp_tvm.relay_passes.report import LoweringReport
 
     report = LoweringReport()
     exe = tpp_tvm.build(mod, target, report=report, **build_kwargs)
     vm = tvm.relax.VirtualMachine(exe, tvm.cpu())
     args = [tvm.runtime.tensor(v) for v in models.example_inputs(onnx_model).values()]
     ev = vm.time_evaluator("main", tvm.cpu(), number=5, repeat=7)
-    tuned = sum(v for k, v in report.lowered.items() if k.endswith("(tuned)"))
+    tuned = sum(n for row, n in report.kernels.items() if row.tuned)
     return float(np.median(ev(*args).results)), tuned
 
 

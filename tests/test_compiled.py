@@ -283,6 +283,54 @@ def test_report_gives_compile_peak_memory(tiny: Callable[[str], Tiny]) -> None:
     assert "peak memory" in t.compiled.report()
 
 
+def _relu_model() -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_export_writes_kernel_rows_and_loads_a_format1_sidecar(tmp_path) -> None:
+    """The sidecar stores the report's kernel rows (format 2); one written before (format
+    1: no ``format``, the report's labels) still loads, its labels read back into rows."""
+    import json
+
+    path = compile_onnx(_relu_model()).export(tmp_path / "relu.so")
+    side = tmp_path / "relu.so.tpp.json"
+    meta = json.loads(side.read_text())
+    assert meta["format"] == 2 and "lowered" not in meta["report"]
+    assert all({"pattern", "family", "precision", "unit", "tuned", "count"} <= set(row)
+               for row in meta["report"]["kernels"]), meta["report"]
+    labels = {"tpp.dense_bias": 2, "tpp.dense_bias_gelu [bf16]": 1,
+              "tpp.conv2d_bias_relu [bf16, amx]": 3, "tpp.qdq_matmul_bias [int8 via int16]": 1,
+              "tpp.layer_norm (tuned)": 1}
+    side.write_text(json.dumps({
+        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+        "report": {"lowered": labels, "fallbacks": {"tpp.softmax (odd shape)": 1},
+                   "precision": "bfloat16", "default_scheduled": [], "target_cpu": ""},
+        "threads": 1}))
+    loaded = load(path)
+    data = loaded.report_data
+    assert data["lowered"] == labels
+    rows = {(r["pattern"], r["precision"], r["unit"], r["tuned"]): r["count"]
+            for r in data["kernels"]}
+    assert rows == {("tpp.dense_bias", "float32", "vector", False): 2,
+                    ("tpp.dense_bias_gelu", "bfloat16", "vector", False): 1,
+                    ("tpp.conv2d_bias_relu", "bfloat16", "amx", False): 3,
+                    ("tpp.qdq_matmul_bias", "int16", "vector", False): 1,
+                    ("tpp.layer_norm", "float32", "vector", True): 1}
+    text = loaded.report()
+    assert "TPP kernels:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(labels.items())) \
+        + "\nFallbacks to TVM:\n  tpp.softmax (odd shape): 1" in text, text
+    assert "bf16 matmuls run on AVX512_BF16" in text  # a [bf16] row off tiles
+    meta["format"] = 3
+    side.write_text(json.dumps(meta))
+    with pytest.raises(ModelLoadError, match="format 3"):
+        load(path)
+
+
 def test_inputs_keep_their_onnx_names(tmp_path) -> None:
     """Inputs are called by the model's own names, dots included (``past_key_values.0.key``,
     as every transformers export with a cache has), not TVM's sanitized parameter names:
@@ -330,3 +378,6 @@ def test_profile_gives_each_parts_share_of_the_run() -> None:
     shares = re.search(r"TPP kernels ([\d.]+)%, TVM's default code ([\d.]+)%, VM and layout "
                        r"views ([\d.]+)%", report)
     assert shares and abs(sum(float(v) for v in shares.groups()) - 100) < 0.5, report
+    # the TPP kernels' share is of the functions the lowering recorded, by name
+    assert {name for name, _, _ in rows} & set(compiled.report_data["tpp_functions"]), rows
+    assert float(shares.group(1)) > 0, report

@@ -30,13 +30,14 @@ def test_bf16_models_within_1e_2_of_fp32(name: str) -> None:
         assert checks.relative_error(g, w) <= 1e-2, (name, checks.relative_error(g, w))
     data = compiled.report_data
     assert data["precision"] == "bfloat16"
-    bf16 = [k for k in data["lowered"] if "[bf16" in k]
-    assert bf16, data["lowered"]
+    bf16 = [row for row in data["kernels"] if row["precision"] == "bfloat16"]
+    assert bf16, data["kernels"]
     assert not data["fallbacks"], data["fallbacks"]
     text = compiled.report()
     assert text.startswith("Precision: bfloat16") and "fp32 accumulation" in text
     if name == "bert":  # its attention (activation x activation) stays fp32
-        assert any(k.startswith("tpp.attention") and "[bf16" not in k for k in data["lowered"])
+        assert any(row["family"] == "attention" and row["precision"] == "float32"
+                   for row in data["kernels"]), data["kernels"]
 
 
 @pytest.mark.requires_avx512_bf16
@@ -68,7 +69,8 @@ def test_bf16_on_an_amx_target_builds_without_fallbacks() -> None:
     report = LoweringReport()
     build(from_onnx(model), target("amx", num_cores=1), report=report, precision="bf16")
     assert not report.fallbacks, report.fallbacks
-    assert any(k.endswith("[bf16, amx]") for k in report.lowered), report.lowered
+    assert any(row.precision == "bfloat16" and row.on_tiles for row in report.kernels), \
+        report.summary()
 
 
 @pytest.mark.requires_avx512_bf16
@@ -113,7 +115,8 @@ def test_a_failing_bf16_kernel_runs_on_fp32_tpps(monkeypatch: pytest.MonkeyPatch
     compiled = compile_onnx(model, target=target("avx512", num_cores=1), precision="bf16")
     data = compiled.report_data
     assert not data["fallbacks"], data["fallbacks"]
-    assert data["lowered"] and not any("[bf16" in k for k in data["lowered"]), data["lowered"]
+    assert data["kernels"] and all(row["precision"] == "float32" for row in data["kernels"]), \
+        data["kernels"]
     assert any("bfloat16 kernel failed" in k for k in data["rewrites"]), data["rewrites"]
     want = run_onnxruntime(model, inputs)[0]
     assert checks.relative_error(compiled(*inputs.values())[0], want) <= 1e-5

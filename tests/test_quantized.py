@@ -125,8 +125,9 @@ def test_quantized_mlp_on_tiles_matches_onnxruntime_int8(tmp_path, kind: str) ->
     fp32, path = _fp32_mlp(tmp_path)
     model = _quantize(kind, path, str(tmp_path / f"{kind}.onnx"))
     compiled, *_ = _compiled_like_onnxruntime(fp32, model, kind, h.tile_target(2))
-    on_tiles = [k for k in compiled.report_data["lowered"] if k.endswith("[int8, amx]")]
-    assert len(on_tiles) == 2, compiled.report_data["lowered"]
+    on_tiles = [row for row in compiled.report_data["kernels"]
+                if row["precision"] == "int8" and row["unit"] == "amx"]
+    assert len(on_tiles) == 2, compiled.report_data["kernels"]
 
 
 def _qlinear_matmul(w_zero_point: int) -> tuple[onnx.ModelProto, np.ndarray]:

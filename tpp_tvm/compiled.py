@@ -2,7 +2,8 @@
 
 ``compile_onnx`` imports an ONNX model, compiles it with the ``tpp`` pipeline and returns a
 :class:`CompiledModel`. ``export`` writes the shared library plus a small JSON sidecar
-(input names, shapes, dtypes, the lowering report) so :func:`load` restores an identical
+(input names, shapes, dtypes, the lowering report as data: kernel rows, format
+:data:`~tpp_tvm.relay_passes.report.SIDECAR_FORMAT`) so :func:`load` restores an identical
 model without compiling again.
 """
 
@@ -36,8 +37,15 @@ from .errors import (
 from .inputs import bind_inputs
 from .intrinsics import amx_emulator
 from .profiling import peak_rss, profile_vm
-from .relay_passes.lower import TILES_MARK, LoweringReport
 from .relay_passes.pipeline import build
+from .relay_passes.report import (
+    SIDECAR_FORMAT,
+    LoweringReport,
+    labels,
+    rows_from_json,
+    rows_from_labels,
+    rows_to_json,
+)
 from .runtime import configure_threads, install, target_threads, use_threads
 from .target import target as tpp_target
 from .target import tiles_emulated
@@ -141,9 +149,10 @@ class CompiledModel:
         self._linked = linked
         self.inputs = inputs
         self._report = report
+        self._kernels = rows_from_json(report.get("kernels", []))
         # Checked at the first run, not here: a model compiled for an AMX target on a host
         # without AMX must still export (cross-compilation); only running it needs tiles.
-        self._tiles_unchecked = any(k.endswith(TILES_MARK) for k in report.get("lowered", {}))
+        self._tiles_unchecked = any(row.on_tiles for row in self._kernels)
         # Tiles on the software model (tests on hosts without AMX): its symbols must be in
         # the process before the VM links the kernels, and its faults are checked per run.
         self._tiles_emulated = bool(report.get("tiles_emulated"))
@@ -273,7 +282,13 @@ class CompiledModel:
         named = [f"{name}: {ms[name]:.3f} ms ({100 * ms[name] / total:.1f}%)"
                  for name in sorted(rest, key=lambda name: -ms[name])]
         on_tvm = sum(ms.values())
-        tpp = sum(t for name, t in times.items() if name.startswith("tpp_"))
+        if "tpp_functions" not in self._report:  # a format-1 sidecar did not record them
+            return named, [f"Measured ({total:.2f} ms per run, profiled): TVM's default code "
+                           f"{100 * on_tvm / total:.1f}%, TPP kernels, VM and layout views "
+                           f"{100 * (total - on_tvm) / total:.1f}% (this export does not name "
+                           "its TPP kernels: export the model again for their share)"]
+        kernels = set(self._report["tpp_functions"])
+        tpp = sum(t for name, t in times.items() if name in kernels)
         summary = (f"Measured ({total:.2f} ms per run, profiled): TPP kernels "
                    f"{100 * tpp / total:.1f}%, TVM's default code {100 * on_tvm / total:.1f}%, "
                    f"VM and layout views {100 * (total - tpp - on_tvm) / total:.1f}%")
@@ -287,13 +302,13 @@ class CompiledModel:
             lines.append(f"Precision: {precision} for matmuls marked [bf16] (bf16 operands, "
                          "fp32 accumulation and outputs; [bf16, amx]: on AMX tiles); all "
                          "other ops fp32")
-            if any(k.endswith("[bf16]") for k in self._report.get("lowered", {})):
+            if any(row.precision == "bfloat16" and not row.on_tiles for row in self._kernels):
                 lines.append(bf16_without_tiles_note(self._report.get("target_cpu", "")))
         if self._tiles_emulated:
             lines.append("AMX tiles: emulated in software (target('amx', emulate_tiles="
                          "True)): results as on AMX, speed not (for tests only)")
         lines.append("TPP kernels:")
-        lines += [f"  {k}: {v}" for k, v in sorted(self._report.get("lowered", {}).items())]
+        lines += [f"  {k}: {v}" for k, v in sorted(labels(self._kernels).items())]
         falls = self._report.get("fallbacks", {})
         lines.append("Fallbacks to TVM:" if falls else "Fallbacks to TVM: none")
         lines += [f"  {k}: {v}" for k, v in sorted(falls.items())]
@@ -317,7 +332,11 @@ class CompiledModel:
 
     @property
     def report_data(self) -> dict:
-        return dict(self._report)
+        """The report as data: ``kernels`` (the kernel rows: pattern, family, precision,
+        unit, tuned, count), ``lowered`` (the same as report text, label -> count),
+        ``fallbacks``, ``rewrites``, ``default_scheduled``, ``tpp_functions`` and the
+        compile's figures."""
+        return dict(self._report) | {"lowered": dict(labels(self._kernels))}
 
     def export(self, path: str | Path) -> Path:
         """Write the compiled library (and its sidecar) so :func:`load` can skip compiling."""
@@ -325,7 +344,8 @@ class CompiledModel:
         if not isinstance(self._module, relax.VMExecutable):
             raise ModelLoadError("this model was loaded from a library; export the original")
         self._module.export_library(str(path))
-        meta = {"inputs": [vars(i) | {"shape": list(i.shape)} for i in self.inputs],
+        meta = {"format": SIDECAR_FORMAT,
+                "inputs": [vars(i) | {"shape": list(i.shape)} for i in self.inputs],
                 "report": self._report, "threads": self.threads,
                 "sha256": _sha256(path)}
         Path(str(path) + _SIDECAR).write_text(json.dumps(meta, indent=1))
@@ -359,7 +379,12 @@ def load(path: str | Path, threads: int | None = None) -> CompiledModel | Dynami
     try:
         meta = json.loads(side.read_text())
         inputs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in meta["inputs"]]
-        report = meta["report"]
+        version = meta.get("format", 1)
+        if version > SIDECAR_FORMAT:
+            raise ModelLoadError(f"{side} is of format {version}, written by a newer tpp_tvm "
+                                 f"(this one reads formats 1 to {SIDECAR_FORMAT})")
+        report = meta["report"] if version > 1 else _format1_report(meta["report"])
+        rows_from_json(report.get("kernels", []))  # rows this version can read
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{side} is corrupt ({type(exc).__name__}: {exc})") from exc
     if "sha256" in meta and _sha256(path) != meta["sha256"]:
@@ -373,6 +398,15 @@ def load(path: str | Path, threads: int | None = None) -> CompiledModel | Dynami
     except Exception as exc:  # a library of another machine, or one without a checksum
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{path} is not a loadable compiled model: {first}") from exc
+
+
+def _format1_report(report: dict) -> dict:
+    """A format-1 sidecar's report in today's form: its kernels were stored as the report's
+    labels (``lowered``), read back into rows here, once. It named no TPP kernel functions
+    (``tpp_functions``), so a profile cannot give their share."""
+    report = dict(report)
+    report["kernels"] = rows_to_json(rows_from_labels(report.pop("lowered", {})))
+    return report
 
 
 #: What ``report()`` says when bf16 GEMMs run on the AVX-512 unit instead of AMX tiles.
@@ -428,7 +462,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
                 "tpp_tvm.DecoderSession starts its cache with one masked slot") from exc
         raise CompileError(f"TVM's build failed on this model: {describe_tvm_error(exc)}"
                            ) from exc
-    data = {"lowered": dict(report.lowered), "fallbacks": dict(report.fallbacks),
+    data = {"kernels": rows_to_json(report.kernels), "fallbacks": dict(report.fallbacks),
             "compile_seconds": getattr(report, "compile_seconds", 0.0),
             "compile_peak_mib": round(memory["peak_mib"], 1)}
     if report.precision != "float32":
@@ -436,6 +470,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
     if report.rewrites:
         data["rewrites"] = dict(report.rewrites)
     data["default_scheduled"] = sorted(report.default_scheduled)
+    data["tpp_functions"] = sorted(report.tpp_functions)
     if tiles_emulated(tgt):
         data["tiles_emulated"] = True
     data["target_cpu"] = str(tgt.attrs.get("mcpu", ""))

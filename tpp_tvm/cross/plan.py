@@ -19,8 +19,8 @@ import tvm
 from tvm import relax
 
 from ..errors import UnsupportedOperatorError, UnsupportedShapeError
-from ..relay_passes.lower import LoweringReport
 from ..relay_passes.pipeline import tpp_kernel_passes
+from ..relay_passes.report import LoweringReport
 from ..tir_pipeline import compile_kernels
 from .runner import Call, run_calls
 from .toolchain import export_library

@@ -16,7 +16,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from .canonicalize import rewrite_erf_gelu, rewrite_silu
 from .exprs import bindings, const_value, dtype_of
-from .lower import LoweringReport
+from .report import LoweringReport
 
 #: The Relax ops of contractions whose quantized input an int8 kernel takes.
 CONTRACTION_OPS = frozenset({"relax.matmul", "relax.nn.conv2d", "relax.nn.conv1d"})

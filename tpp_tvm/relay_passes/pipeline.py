@@ -42,13 +42,13 @@ from .canonical_forms import CanonicalizeOperatorForms
 from .canonicalize import CanonicalizeActivations
 from .instance_norm import ChannelsLastInstanceNorm
 from .lower import (
-    LoweringReport,
     check_precision,
     lower_tagged_kernels,
     lower_tpp_composites,
 )
 from .patterns import pattern_table
 from .quantized import SplitFullReductions, lower_quantized
+from .report import LoweringReport
 from .residual_order import OrderResidualOperands
 from .scalar_constants import fold_scalar_constants
 from .transposes import SinkLayoutTransposes
@@ -200,14 +200,17 @@ _VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims"})
 
 
 def _record_default_scheduled(report: LoweringReport) -> tvm.transform.Pass:
-    """Name in ``report`` the kernels left for the default schedules (not TPP-scheduled),
-    leaving out pure reshapes."""
+    """Name in ``report`` the kernels left for the default schedules, leaving out pure
+    reshapes, and the TPP kernels: those scheduled before the default schedules run (every
+    TPP lowering emits its kernel scheduled, ``as_relax_kernel``; tuned ones too)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.RecordDefaultScheduled")
     def _record(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         for gv, func in mod.functions.items():
-            if not isinstance(func, tvm.tirx.PrimFunc) or (
-                    func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+                report.tpp_functions.append(gv.name_hint)
                 continue
             ops = {re.sub(r"\d+$", "", t) for t in gv.name_hint.split("_")} - {"fused"}
             if not ops <= _VIEW_OPS:

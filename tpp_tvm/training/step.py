@@ -25,8 +25,8 @@ from tvm import relax
 from ..compiled import linked_kernels, virtual_machine
 from ..errors import UnsupportedShapeError
 from ..intrinsics.registry import target_vector_isa
-from ..relay_passes.lower import LoweringReport
 from ..relay_passes.pipeline import build
+from ..relay_passes.report import LoweringReport
 from ..runtime import configure_threads, install, target_threads, use_threads
 from ..target import target as tpp_target
 from . import gradients  # noqa: F401 - registers the TPP-backed gradients
