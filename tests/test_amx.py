@@ -14,6 +14,7 @@ import tvm
 from tpp_tvm.errors import TPPError, UnsupportedDTypeError
 from tpp_tvm.intrinsics import TPPSpec, intrinsic
 from tpp_tvm.intrinsics.amx import ensure_tile_permission
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.intrinsics.llvm_ir import amx_tile_config
 from tpp_tvm.target import host_isa, target
 
@@ -350,8 +351,8 @@ def test_tile_gemms_tensorize_for_ragged_row_counts(m: int, k: int) -> None:
     TVM's untuned code, 2.9 s a call, when a ragged row block left a predicate)."""
     from tpp_tvm.schedules.gemm import gemm_schedule
 
-    sch, plan = gemm_schedule(m, 768, k, "amx", dtype="bfloat16", bias=True, residual=True,
-                              threads=2)
+    sch, plan = gemm_schedule(m, 768, k, "amx", dtype="bfloat16", threads=2,
+                              epilogue=Epilogue(bias=True, residual=True))
     assert plan.amx and "tpp.gemm.bf16.amx" in str(sch.trace)
 
 
@@ -427,8 +428,8 @@ def test_int8_convolutions_run_on_tiles_with_the_pixel_stride_as_row_pitch() -> 
     from tpp_tvm.tir_pipeline import compile_kernels
 
     shape = ConvShape(1, 20, 20, 64, 64, 3, 3, stride=2, pad=(1, 1, 1, 1))
-    sch, plan = conv_schedule(shape, "amx", dtype="int8", bias=True, activation="relu",
-                              threads=2)
+    sch, plan = conv_schedule(shape, "amx", dtype="int8", threads=2,
+                              epilogue=Epilogue(bias=True, activation="relu"))
     assert plan.amx and (plan.mr, plan.nr) == (16, 32)  # 10 output pixels a row
     asm = compile_kernels(sch.mod, target("amx", num_cores=2)).jit().inspect_source("asm")
     assert _count(asm, "ldtilecfg") == 1 and _count(asm, "tilerelease") == 1

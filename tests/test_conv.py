@@ -13,6 +13,7 @@ import pytest
 import tvm
 
 from tpp_tvm.errors import UnsupportedDTypeError
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.schedules.conv import (
     ConvShape,
     conv_k_block,
@@ -59,7 +60,8 @@ def test_fp32_conv_matches_numpy(sh: ConvShape) -> None:
     x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
     w = rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)).astype("float32")
     bias = rng.standard_normal(sh.oc).astype("float32")
-    sch, plan = conv_schedule(sh, checks.VECTOR_ISA, bias=True, activation="relu")
+    sch, plan = conv_schedule(sh, checks.VECTOR_ISA,
+                              epilogue=Epilogue(bias=True, activation="relu"))
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr),
             np.pad(bias, (0, plan.np_ - sh.oc))]
     got = _run(sch, args, (sh.n, sh.oh, sh.ow, sh.oc))
@@ -85,8 +87,8 @@ def test_grouped_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
     plan = plan_conv(sh)
     kc = conv_k_block(sh.r, sh.s * padded_channels(sh.cg, plan), plan.nr)
     assert (kc is not None) == blocked
-    sch, plan = conv_schedule(sh, checks.VECTOR_ISA, bias=True, activation="relu",
-                               residual=True)
+    sch, plan = conv_schedule(sh, checks.VECTOR_ISA,
+                              epilogue=Epilogue(bias=True, activation="relu", residual=True))
     bias_rows = np.pad(bias.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og)))
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, groups=sh.groups), bias_rows,
             res]
@@ -124,7 +126,8 @@ def test_int8_conv_matches_numpy(sh: ConvShape, blocked: bool) -> None:
     assert (conv_k_block(sh.r, sh.s * -(-sh.c // 4) * 4, 64, 1, 4) is not None) == blocked
     x, w, scale, bias, colsum = _int8_conv_operands(sh, sh.oc)
     z = 7
-    sch, plan = conv_schedule(sh, "avx512", bias=True, activation="relu", dtype="int8")
+    sch, plan = conv_schedule(sh, "avx512", dtype="int8",
+                              epilogue=Epilogue(bias=True, activation="relu"))
     assert "tpp.conv_brgemm.u8i8" in str(sch.trace)
     pad = plan.np_ - sh.oc
     args = [x.reshape(sh.n, sh.h, -1), pack_filter(w, plan.nr, vnni=4),
@@ -155,8 +158,8 @@ def _bf16_conv(sh: ConvShape, tgt, seed: int = 0) -> tuple[np.ndarray, np.ndarra
     x = rng.standard_normal((sh.n, sh.h, sh.w, sh.c)).astype("float32")
     w = rng.standard_normal((sh.oc, sh.cg, sh.r, sh.s)).astype("float32")
     bias = rng.standard_normal(sh.oc).astype("float32")
-    sch, plan = conv_schedule(sh, isa_of(tgt), dtype="bfloat16", bias=True,
-                              activation="relu", threads=2)
+    sch, plan = conv_schedule(sh, isa_of(tgt), dtype="bfloat16", threads=2,
+                              epilogue=Epilogue(bias=True, activation="relu"))
     dev = tvm.cpu()
     pad = compile_kernels(conv_input_schedule(sh, plan).mod, tgt)
     conv = compile_kernels(sch.mod, tgt)
@@ -224,8 +227,8 @@ def _int8_grouped_conv(sh: ConvShape, tgt) -> tuple[np.ndarray, np.ndarray, bool
 
     x, w, scale, bias, colsum = _int8_conv_operands(sh, sh.groups)
     z = 9
-    sch, plan = conv_schedule(sh, isa_of(tgt), bias=True, activation="relu", dtype="int8",
-                              threads=2)
+    sch, plan = conv_schedule(sh, isa_of(tgt), dtype="int8", threads=2,
+                              epilogue=Epilogue(bias=True, activation="relu"))
 
     def rows(v: np.ndarray) -> np.ndarray:
         return np.pad(v.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og))

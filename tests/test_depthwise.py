@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.schedules.conv import ConvShape
 from tpp_tvm.schedules.depthwise import (
     depthwise_conv_schedule,
@@ -56,7 +57,7 @@ def test_depthwise_matches_numpy(shape: ConvShape, epilogue: str) -> None:
             "bias_residual": {"bias": True, "residual": True},
             # SiLU: pixels in groups of four (a remainder where the block is not 4 or 8)
             "bias_silu_residual": {"bias": True, "activation": "silu", "residual": True}}[epilogue]
-    sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, **opts)
+    sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, epilogue=Epilogue(**opts))
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
     arrays = [x, w] + ([bias] if "bias" in opts else []) + ([res] if "residual" in opts else [])
     out = tvm.runtime.tensor(np.zeros(res.shape, "float32"))
@@ -91,7 +92,8 @@ def test_depthwise_writes_the_next_int8_layers_input(dtype: str, zero: float,
     opts = {"bias": True, "activation": activation}
     outs = {}
     for out_dtype in ("float32", dtype):
-        sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, out_dtype=out_dtype, **opts)
+        sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA,
+                                      epilogue=Epilogue(out_dtype=out_dtype, **opts))
         lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
         q = [np.full(shape.c, 1 / scale, "float32"), np.full(shape.c, zero, "float32")]
         args = [x, w, bias] + (q if out_dtype != "float32" else [])
@@ -111,7 +113,7 @@ def _run(shape: ConvShape, seed: int, **opts) -> tuple[np.ndarray, np.ndarray]:
     x = rng.standard_normal((shape.n, shape.h, shape.w, shape.c)).astype("float32")
     w = rng.standard_normal((shape.r, shape.s, shape.c)).astype("float32")
     bias = rng.standard_normal(shape.c).astype("float32")
-    sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, **opts)
+    sch = depthwise_conv_schedule(shape, checks.VECTOR_ISA, epilogue=Epilogue(**opts))
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit()
     out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
     args = [x, w] + ([bias] if opts.get("bias") else [])
@@ -205,7 +207,7 @@ def test_interior_pixel_blocks_are_exactly_those_without_padding_taps(
 def test_depthwise_silu_uses_the_avx512_forms() -> None:
     """The epilogue's sigmoid is vrcp14ps and vscalefps, not a vdivps per vector."""
     shape = ConvShape(1, 8, 8, 16, 16, 3, 3, 1, (1, 1, 1, 1))
-    sch = depthwise_conv_schedule(shape, bias=True, activation="silu")
+    sch = depthwise_conv_schedule(shape, epilogue=Epilogue(bias=True, activation="silu"))
     asm = compile_kernels(sch.mod, tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
     assert "vdivps" not in asm and "vrcp14ps" in asm and "vscalefps" in asm
 

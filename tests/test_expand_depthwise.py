@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tpp_tvm
 from tpp_tvm.errors import UnsupportedShapeError
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.intrinsics.registry import vector_isa
 from tpp_tvm.schedules.conv import ConvShape
 from tpp_tvm.schedules.expand_depthwise import (
@@ -74,9 +75,8 @@ def test_fused_kernel_matches_numpy(shape: ConvShape, cin: int, threads: int, ac
     bd = rng.standard_normal(shape.c).astype("float32")
     sch, plan = expand_depthwise_schedule(shape, pointwise(shape, cin), checks.VECTOR_ISA,
                                           threads=threads,
-                                          expand_bias=True,
-                                          expand_activation=expand_act, bias=True,
-                                          activation=act)
+                                          expansion_epilogue=Epilogue(True, expand_act),
+                                          epilogue=Epilogue(True, act))
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
     out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
     packed = pack_expand_filter(w_ci[:, :, None, None], plan.vectors * LANES)
@@ -117,8 +117,8 @@ def test_stem_conv_feeding_the_depthwise_matches_numpy(stem: ConvShape, dw_strid
     wd = rng.standard_normal((3, 3, stem.oc)).astype("float32")
     bd = rng.standard_normal(stem.oc).astype("float32")
     sch, plan = expand_depthwise_schedule(shape, stem, checks.VECTOR_ISA, threads=threads,
-                                          expand_bias=True, expand_activation="silu", bias=True,
-                                          activation="silu")
+                                          expansion_epilogue=Epilogue(True, "silu"),
+                                          epilogue=Epilogue(True, "silu"))
     lib = compile_kernels(sch.mod, tpp_tvm.target(num_cores=threads)).jit()
     out = tvm.runtime.tensor(np.zeros((shape.n, shape.oh, shape.ow, shape.c), "float32"))
     packed = pack_expand_filter(w1, plan.vectors * LANES)
@@ -228,9 +228,9 @@ def test_fused_kernel_compiles_for_the_sve_target() -> None:
     """No cross tools needed: the kernel builds for aarch64. Like the depthwise kernel, it
     is written with fixed 16-lane vectors, which LLVM splits into 128-bit vector FMAs."""
     shape = ConvShape(1, 16, 16, 96, 96, 3, 3, 1, (1, 1, 1, 1))
-    sch, _ = expand_depthwise_schedule(shape, pointwise(shape, 16), "sve", expand_bias=True,
-                                       expand_activation="relu6", bias=True,
-                                       activation="relu6")
+    sch, _ = expand_depthwise_schedule(shape, pointwise(shape, 16), "sve",
+                                       expansion_epilogue=Epilogue(True, "relu6"),
+                                       epilogue=Epilogue(True, "relu6"))
     text = tvm.compile(sch.mod, target=target("sve", num_cores=1)).mod.inspect_source("asm")
     assert re.search(r"\n\s+fmla\s+[vz]\d+\.[4s]", text)
 

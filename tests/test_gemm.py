@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpp_tvm.errors import TPPError, UnsupportedDTypeError, UnsupportedShapeError
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.kernels import build_gemm, pack_b_numpy
 from tpp_tvm.schedules.gemm_plan import check_low_precision, plan_gemm
 from tpp_tvm.target import host_isa
@@ -101,8 +102,9 @@ def test_padded_epilogue_splits_at_the_padding():
 
     from tpp_tvm.schedules.gemm import gemm_schedule
     from tpp_tvm.target import target
-    sch, plan = gemm_schedule(m, n, k, checks.VECTOR_ISA, bias=True, activation="tanh",
-                              residual=True, post_activation="relu")
+    sch, plan = gemm_schedule(m, n, k, checks.VECTOR_ISA,
+                              epilogue=Epilogue(bias=True, activation="tanh", residual=True,
+                                                post_activation="relu"))
     assert (plan.mp, plan.np_) != (m, n)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     out = np.zeros((m, n), "float32")
@@ -251,11 +253,9 @@ def test_low_precision_errors():
     assert kernel_plan.kp % 4 == 0 and kernel_plan.b_packed_shape()[-1] == 4
     # a quantized residual's scale and zero point fold into the dequantize rows: nothing
     # that does not commute with them may stand between (a bias, an activation before it)
-    from tpp_tvm.schedules.gemm import gemm_schedule
     for options in ({"bias": True}, {"activation": "relu"}, {"post_activation": "gelu"}):
         with pytest.raises(UnsupportedShapeError, match="a uint8 residual takes no bias"):
-            gemm_schedule(8, 16, 8, "avx512", dtype="int8", dequantize=True, residual=True,
-                          residual_dtype="uint8", **options)
+            Epilogue(residual=True, residual_dtype="uint8", **options)
     if host_isa().avx512_vnni:
         kernel = build_gemm(8, 16, 8, dtype="int8")
         with pytest.raises(UnsupportedDTypeError, match="A must be uint8"):
@@ -356,7 +356,8 @@ def test_column_scaled_a(m: int, n: int, k: int) -> None:
     from tpp_tvm.schedules.gemm_plan import col_scale_once
     from tpp_tvm.target import target
 
-    sch, plan = gemm_schedule(m, n, k, checks.VECTOR_ISA, bias=True, a_col_scale=True)
+    sch, plan = gemm_schedule(m, n, k, checks.VECTOR_ISA, a_col_scale=True,
+                              epilogue=Epilogue(bias=True))
     once = col_scale_once(plan)
     assert once == (plan.np_ > plan.nr), (m, n, k, plan)
     # the block under the tile loop that ends each tile: the unpadding copy, the epilogue,

@@ -17,6 +17,7 @@ from tpp_harness import tile_target
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.intrinsics import amx_emulator
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.kernels import pack_b_numpy
 from tpp_tvm.schedules.conv import (
     ConvShape,
@@ -76,9 +77,12 @@ def test_gemm_writes_bf16_as_its_fp32_result_rounded(make_target, m, n, k, activ
             np.pad(rng.standard_normal(n).astype(np.float32), (0, plan.np_ - n))]
     if residual:
         args.append(rng.standard_normal((m, n)).astype(np.float32))
-    outs = _run_both(lambda out_dtype: gemm_schedule(
-        m, n, k, isa, bias=True, activation=activation, residual=residual, dtype="bfloat16",
-        threads=2, out_dtype=out_dtype)[0], args, (m, n), tgt)
+    outs = _run_both(lambda out_dtype: gemm_schedule(m, n, k, isa, dtype="bfloat16", threads=2,
+                                                     epilogue=Epilogue(bias=True,
+                                                                       activation=activation,
+                                                                       residual=residual,
+                                                                       out_dtype=out_dtype)
+                                                     )[0], args, (m, n), tgt)
     assert outs["bfloat16"].dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(outs["bfloat16"], _as_bf16(outs["float32"]))
 
@@ -109,9 +113,10 @@ def test_conv_writes_bf16_as_its_fp32_result_rounded(make_target, sh: ConvShape)
     out_shape = (sh.n, sh.oh, sh.ow, *((sh.groups, sh.og) if groups else (sh.oc,)))
     args = [images[1], pack_filter(_as_bf16(w), plan.nr, vnni=2, groups=sh.groups),
             bias if groups else bias[0], rng.standard_normal(out_shape).astype(np.float32)]
+    epilogue = Epilogue(bias=True, activation="relu", residual=True)
     outs = _run_both(lambda out_dtype: conv_schedule(
-        sh, isa, bias=True, activation="relu", residual=True, dtype="bfloat16", threads=2,
-        out_dtype=out_dtype)[0], args, out_shape, tgt)
+        sh, isa, dtype="bfloat16", threads=2, epilogue=epilogue.writing(out_dtype))[0],
+        args, out_shape, tgt)
     np.testing.assert_array_equal(outs["bfloat16"], _as_bf16(outs["float32"]))
 
 
@@ -172,8 +177,9 @@ def test_int8_gemm_writes_its_result_quantized(make_target, m, n, k, out_dtype) 
     outs = {}
     for dtype, extra in (("float32", []), (out_dtype, [np.full(n, inv_scale, np.float32),
                                                        np.full(n, zero, np.float32)])):
-        sch, _ = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, bias=True,
-                               activation="relu", residual=True, threads=2, out_dtype=dtype)
+        sch, _ = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, threads=2,
+                               epilogue=Epilogue(bias=True, activation="relu", residual=True,
+                                                 out_dtype=dtype))
         kernel = compile_kernels(sch.mod, tgt).jit()
         out = tvm.runtime.empty((m, n), dtype)
         kernel["main"](*(tvm.runtime.tensor(x) for x in args + extra), out)
@@ -201,7 +207,8 @@ def test_int8_conv_writes_its_result_quantized(make_target) -> None:
     outs = {}
     for dtype, extra in (("float32", []), ("uint8", [np.full(sh.oc, 20.0, np.float32),
                                                      np.full(sh.oc, 128.0, np.float32)])):
-        sch, _ = conv_schedule(sh, isa, dtype="int8", bias=True, threads=2, out_dtype=dtype)
+        sch, _ = conv_schedule(sh, isa, dtype="int8", threads=2,
+                               epilogue=Epilogue(bias=True, out_dtype=dtype))
         kernel = compile_kernels(sch.mod, tgt).jit()
         out = tvm.runtime.empty(out_shape, dtype)
         kernel["main"](*(tvm.runtime.tensor(a) for a in args + extra), out)
@@ -227,8 +234,9 @@ def test_int8_layers_without_steps_requantize_in_one_pass(make_target, out_dtype
     m, n, k = 64, 64, 128  # whole tiles: tensorized (a padded edge tile is vectorized)
     sh = ConvShape(1, 6, 16, 64, 64, 3, 3, pad=(1, 1, 1, 1))
     gemm, plan = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, threads=2,
-                               out_dtype=out_dtype)
-    conv, cplan = conv_schedule(sh, isa, dtype="int8", threads=2, out_dtype=out_dtype)
+                               epilogue=Epilogue(out_dtype=out_dtype))
+    conv, cplan = conv_schedule(sh, isa, dtype="int8", threads=2,
+                                epilogue=Epilogue(out_dtype=out_dtype))
     a = rng.integers(0, 256, (m, k)).astype(np.uint8)
     b = rng.integers(-127, 128, (k, n)).astype(np.int8)
     x = rng.integers(0, 256, (sh.n, sh.h, sh.w * sh.c)).astype(np.uint8)
@@ -274,8 +282,8 @@ def test_int8_layers_with_a_residual_requantize_in_one_pass(make_target, out_dty
     n, k = 64, 128
     sh = ConvShape(1, 4, 16, 64, 64, 1, 1)
     post = "relu" if relu else None
-    kw = dict(residual=True, residual_dtype=out_dtype, out_dtype=out_dtype,
-              post_activation=post, threads=2)
+    kw = dict(epilogue=Epilogue(residual=True, residual_dtype=out_dtype, out_dtype=out_dtype,
+                                post_activation=post), threads=2)
     gemm, plan = gemm_schedule(m, n, k, isa, dtype="int8", dequantize=True, **kw)
     conv, cplan = conv_schedule(sh, isa, dtype="int8", **kw)
     a = np.zeros(plan.a_shape(()), np.uint8)

@@ -3,6 +3,7 @@ parameters a lowering needs are fields of the entry, not read back out of its na
 
 import pytest
 
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.relay_passes.lower import LOWERINGS
 from tpp_tvm.relay_passes.patterns import pattern_table
 
@@ -20,8 +21,9 @@ def test_lowering_parameters_are_fields():
     assert not table["tpp.attention_mask"].scale_multiplies
     assert table["tpp.conv2d_runtime_weight"].lowering == "conv2d"
     relu_dense = table["tpp.dense_bias_relu_residual"]
-    assert (relu_dense.lowering, relu_dense.activation) == ("dense", "relu")
-    assert table["tpp.dense_bias_residual_relu"].post_activation == "relu"
+    assert relu_dense.lowering == "dense"
+    assert relu_dense.epilogue == Epilogue(bias=True, activation="relu", residual=True)
+    assert table["tpp.dense_bias_residual_relu"].epilogue.post_activation == "relu"
 
 
 @pytest.mark.requires_onnxruntime

@@ -12,6 +12,7 @@ from checks import assert_runs_like_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 from test_conv import _conv_ref, _run
 
+from tpp_tvm.intrinsics.epilogue import Epilogue
 from tpp_tvm.schedules import winograd
 from tpp_tvm.schedules.conv import ConvShape
 from tpp_tvm.schedules.winograd import (
@@ -58,9 +59,11 @@ def test_winograd_conv_matches_numpy(sh: ConvShape, steps: tuple[str, ...]) -> N
     post = "relu6" if "relu6" in steps else None
     if sh.cg == 512:
         assert whole_image(sh, plan_winograd(sh, checks.VECTOR_ISA))
-    sch, plan = winograd_schedule(sh, checks.VECTOR_ISA, bias="bias" in steps,
-                                  activation="relu" if "relu" in steps else None,
-                                  residual="residual" in steps, post_activation=post)
+    sch, plan = winograd_schedule(sh, checks.VECTOR_ISA,
+                                  epilogue=Epilogue(bias="bias" in steps,
+                                                    activation="relu" if "relu" in steps else None,
+                                                    residual="residual" in steps,
+                                                    post_activation=post))
     args = [x.reshape(sh.n, sh.h, -1), pack_winograd_filter(w, plan.nr, sh.groups)]
     if "bias" in steps:
         rows = np.pad(bias.reshape(sh.groups, sh.og), ((0, 0), (0, plan.np_ - sh.og)))
@@ -99,7 +102,7 @@ def test_winograd_applies_to_3x3_stride1_layers(sh: ConvShape, activation: str,
     # the choice follows the host's L2 (half of it for a panel): these cases are a 1 MiB one
     host = winograd.host_isa()
     monkeypatch.setattr(winograd, "host_isa", lambda: replace(host, l2_bytes=1 << 20))
-    assert winograd_applies(sh, activation) is applies
+    assert winograd_applies(sh, Epilogue(activation=activation)) is applies
 
 
 def test_resnet_block_compiles_to_winograd_and_runs_like_onnxruntime() -> None:

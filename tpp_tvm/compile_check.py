@@ -78,6 +78,7 @@ def _tpp_items() -> Iterator[Item]:
 
 
 def _schedule_items() -> Iterator[Item]:
+    from tpp_tvm.intrinsics.epilogue import Epilogue
     from tpp_tvm.runtime import target_threads
     from tpp_tvm.schedules import attention, conv, gemm, pool, rowwise, winograd
 
@@ -88,26 +89,28 @@ def _schedule_items() -> Iterator[Item]:
             _compile_tir(sch.mod, tgt)
         return build
 
-    yield "gemm f32 37x100x64 bias gelu", gemm_item("float32", bias=True, activation="gelu")
+    bias_gelu = Epilogue(bias=True, activation="gelu")
+    yield "gemm f32 37x100x64 bias gelu", gemm_item("float32", epilogue=bias_gelu)
     yield "gemm f32 batched", gemm_item("float32", batch=3)
     yield "gemm bf16 37x100x64", gemm_item("bfloat16")
-    yield "gemm bf16 bias gelu", gemm_item("bfloat16", bias=True, activation="gelu")
+    yield "gemm bf16 bias gelu", gemm_item("bfloat16", epilogue=bias_gelu)
     yield "gemm int8 37x100x64", gemm_item("int8")
-    yield "gemm int8 dequantize relu", gemm_item("int8", dequantize=True, activation="relu")
-    yield "gemm int16 dequantize relu", gemm_item("int16", dequantize=True, activation="relu")
+    relu = Epilogue(activation="relu")
+    yield "gemm int8 dequantize relu", gemm_item("int8", dequantize=True, epilogue=relu)
+    yield "gemm int16 dequantize relu", gemm_item("int16", dequantize=True, epilogue=relu)
 
     def conv_item(dtype: str) -> Callable[[tvm.target.Target], None]:
         def build(tgt: tvm.target.Target) -> None:
             shape = conv.ConvShape(1, 14, 14, 24, 40, 3, 3, 1, (1, 1, 1, 1))
-            sch, _ = conv.conv_schedule(shape, isa_of(tgt), bias=True, activation="relu",
-                                        dtype=dtype)
+            sch, _ = conv.conv_schedule(shape, isa_of(tgt), dtype=dtype,
+                                        epilogue=Epilogue(bias=True, activation="relu"))
             _compile_tir(sch.mod, tgt)
         return build
 
     yield "conv2d f32 3x3 bias relu", conv_item("float32")
     yield "conv2d f32 3x3 winograd grouped", lambda tgt: _compile_tir(winograd.winograd_schedule(
-        conv.ConvShape(1, 10, 9, 64, 64, 3, 3, 1, (1, 1, 1, 1), 2), isa_of(tgt), bias=True,
-        activation="relu", residual=True)[0].mod, tgt)
+        conv.ConvShape(1, 10, 9, 64, 64, 3, 3, 1, (1, 1, 1, 1), 2), isa_of(tgt),
+        epilogue=Epilogue(bias=True, activation="relu", residual=True))[0].mod, tgt)
     yield "conv2d int8 3x3 bias relu", conv_item("int8")
     yield "conv2d int16 3x3 bias relu", conv_item("int16")
     yield "layer_norm 196x768", lambda tgt: _compile_tir(

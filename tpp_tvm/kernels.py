@@ -17,6 +17,7 @@ from tvm import s_tir
 
 from .errors import UnsupportedDTypeError, UnsupportedISAError, UnsupportedShapeError
 from .intrinsics import amx_emulator
+from .intrinsics.epilogue import Epilogue
 from .runtime import configure_threads, target_threads
 from .schedules.gemm import gemm_schedule, pack_b_schedule
 from .schedules.gemm_plan import GemmPlan, check_gemm, runs_on_tiles
@@ -190,7 +191,8 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
     B (batch, K, N)); ``b_layout`` says how unpacked B is given to ``__call__``/``pack_b``:
     ``"kn"`` (K, N) or ``"nk"`` (N, K, a linear layer's weight).
     """
-    check_gemm(m, n, k, dtype, activation)
+    epilogue = Epilogue(bias=bias, activation=activation)
+    check_gemm(m, n, k, dtype)
     if b_layout not in ("kn", "nk"):
         raise UnsupportedShapeError(f"GEMM: b_layout {b_layout!r} must be 'kn' or 'nk'")
     tgt = target if target is not None else tpp_target()
@@ -207,8 +209,8 @@ def build_gemm(m: int, n: int, k: int, dtype: str = "float32",
 
         ensure_tile_permission()  # before the first tile instruction, as Linux requires
     t0 = time.perf_counter()
-    sch, plan = gemm_schedule(m, n, k, isa, batch=batch, bias=bias, activation=activation,
-                              dtype=dtype, dequantize=dequantize, threads=target_threads(tgt))
+    sch, plan = gemm_schedule(m, n, k, isa, epilogue=epilogue, batch=batch, dtype=dtype,
+                              dequantize=dequantize, threads=target_threads(tgt))
     rt = compile_kernels(sch.mod, tgt).jit()
     return GemmKernel(plan, batch, bias, activation, b_layout, rt, sch,
                       time.perf_counter() - t0, threads=target_threads(tgt), isa=isa,

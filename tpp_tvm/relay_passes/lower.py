@@ -11,8 +11,7 @@ ops, so TVM's default path computes it: never a wrong result, and the report say
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import tvm
@@ -20,6 +19,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..errors import UnsupportedDTypeError
+from ..intrinsics.epilogue import Epilogue
 from ..kernels import numpy_dtype, pack_b_numpy
 from ..schedules.attention import (
     AttentionShape,
@@ -58,6 +58,7 @@ from ..schedules.rowwise import (
 from ..schedules.winograd import pack_winograd_filter, winograd_applies, winograd_schedule
 from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
 from .patterns import TPPPattern, mask_rows_broadcast, matched_activation, pattern_table
+from .report import KernelRow, LoweringReport, unit_of
 from .tuned import composite_kernel, emit_tuned
 
 log = logging.getLogger(__name__)
@@ -78,48 +79,12 @@ def check_precision(precision: str) -> str:
     return name
 
 
-@dataclass
-class LoweringReport:
-    """What the graph pass did: kernels per pattern, and fallbacks with their reasons.
-
-    Kernels that ran in a precision other than fp32 are counted as ``<pattern> [bf16]``
-    (``[bf16, amx]`` on AMX tiles)."""
-
-    lowered: Counter = field(default_factory=Counter)
-    fallbacks: Counter = field(default_factory=Counter)
-    precision: str = "float32"
-    rewrites: Counter = field(default_factory=Counter)
-    """Graph rewrites that change no kernel count but the user should know about."""
-    default_scheduled: list = field(default_factory=list)
-    """Functions no TPP kernel took: TVM's fused ops on the default (parallel, vectorized)
-    schedules of ``schedules/default.py``, by name."""
-
-    def summary(self) -> str:
-        lines = [f"  {k}: {v}" for k, v in sorted(self.lowered.items())]
-        lines += [f"  fallback {k}: {v}" for k, v in sorted(self.fallbacks.items())]
-        return "\n".join(lines) if lines else "  (no TPP subgraphs)"
-
-
-#: How the report marks a kernel that runs on AMX tiles: ``<pattern> [bf16, amx]``.
-TILES_MARK = ", amx]"
-
-
-def precision_label(name: str, tag: str, isa: str, dtype: str,
-                    on_tiles: bool | None = None) -> str:
-    """The report's name of a ``dtype`` kernel of ``name``: ``<name> [<tag>]``, or
-    ``<name> [<tag>, amx]`` when it runs on AMX tiles (``on_tiles``, where the kernel
-    decided by its shape; else every ``dtype`` GEMM of an AMX target does)."""
-    if on_tiles is None:
-        on_tiles = runs_on_tiles(isa, dtype)
-    return f"{name} [{tag}{TILES_MARK if on_tiles else ']'}"
-
-
 #: Key a lowering sets in its ``matched`` dict when its kernel's shape decided whether it
 #: runs on AMX tiles (a convolution: only filter rows of whole tile steps do).
 ON_TILES = "tpp.on_tiles"
 #: Key a low-precision lowering sets in its ``matched`` dict when it chose an fp32 kernel
 #: after all (an expansion fused into its depthwise convolution beats a bf16 GEMM + the
-#: depthwise kernel off tiles): the report then names no low precision.
+#: depthwise kernel off tiles): its report row is then fp32.
 KEPT_FP32 = "tpp.kept_fp32"
 
 
@@ -174,12 +139,9 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
     col_scale = matched.get("lhs_scale")
     if col_scale is not None and precision != "float32":  # scaled rows are fp32 only
         x, col_scale = bb.emit(relax.op.multiply(x, col_scale)), None
-    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
-                              activation=matched.get("activation"),
-                              residual="residual" in matched,
-                              post_activation=matched.get("post_activation"),
-                              dtype=precision, a_col_scale=col_scale is not None,
-                              threads=threads, gate="gate" in matched)
+    epilogue = matched["epilogue"]
+    sch, plan = gemm_schedule(m, n, k, isa, epilogue=epilogue, dtype=precision,
+                              a_col_scale=col_scale is not None, threads=threads)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
     prec = plan.precision
@@ -189,21 +151,19 @@ def _emit_gemm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: str
         a2 = bb.emit(relax.call_tir(cvt, [a2], relax.TensorType((plan.mp, plan.kp), prec.a)))
         unpadded = (plan.mp, plan.kp) == (m, k)
         _offer_bf16(matched, gv, lambda dtype: gemm_schedule(
-            m, n, k, isa, bias="bias" in matched, activation=matched.get("activation"),
-            residual="residual" in matched, post_activation=matched.get("post_activation"),
-            dtype=precision, threads=threads, gate="gate" in matched,
-            out_dtype=dtype)[0].mod["main"],
+            m, n, k, isa, epilogue=epilogue.writing(dtype), dtype=precision,
+            threads=threads)[0].mod["main"],
             cvt, None if unpadded else lambda: bf16_a_schedule(
                 m, k, plan.mp, plan.kp, isa, in_dtype="bfloat16").mod["main"])
     w_packed = pack_b_numpy(w_kn.astype(numpy_dtype(prec.b)), plan.nr, "kn", plan.kp, prec.vnni)
     args = [a2, relax.const(w_packed)]
     if col_scale is not None:
         args.append(bb.emit(relax.op.reshape(col_scale, (k,))))
-    if "bias" in matched:
+    if epilogue.bias:
         bias = matched["bias"].value.numpy().reshape(-1)
         args.append(relax.const(np.pad(bias, (0, plan.np_ - n)).astype("float32")))
     for operand in ("gate", "residual"):
-        if operand in matched:
+        if getattr(epilogue, operand):
             t = matched[operand]
             args.append(bb.emit(relax.op.reshape(t, (m, n))) if len(out_shape) != 2 else t)
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
@@ -254,20 +214,19 @@ def _lower_matmul(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
     else:
         m, k = int(np.prod(xs[:-1])), xs[-1]
     n = ys[0] if tb else ys[1]
-    epilogue = "bias" in matched or matched.get("activation")
-    if tb and not epilogue and len(xs) == 2 and m * k + 2 * m * n < n * k:
+    epilogue = matched["epilogue"]
+    if tb and not epilogue.steps and len(xs) == 2 and m * k + 2 * m * n < n * k:
         # dX = dY Wᵀ with few rows: packing Wᵀ (n x k) would cost more than the product.
         # Cᵀ = W dYᵀ reads W in place as rows; only dY (m x k) is packed, C transposed back.
         sch, _ = gemm_schedule(n, m, k, isa, b_packed=False, b_transposed=True)
         gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_") + "_swapped")
         ct = bb.emit(relax.call_tir(gv, [y, x], relax.TensorType((n, m), "float32")))
         return relax.op.permute_dims(ct, [1, 0])
-    sch, plan = gemm_schedule(m, n, k, isa, bias="bias" in matched,
-                              activation=matched.get("activation"), b_packed=False,
+    sch, plan = gemm_schedule(m, n, k, isa, epilogue=epilogue, b_packed=False,
                               a_transposed=ta, b_transposed=tb)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     args = [bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x, y]
-    if "bias" in matched:
+    if epilogue.bias:
         bias = matched["bias"]
         if plan.np_ != n:
             bias = bb.emit(relax.op.nn.pad(bias, [0, plan.np_ - n]))
@@ -315,14 +274,13 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         return _emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision, threads)
     if "lhs_scale" in matched:  # the pattern check admits pointwise convolutions only
         raise RuntimeError(f"{name}: a scaled input needs a pointwise convolution")
-    epilogue = dict(bias="bias" in matched, activation=matched.get("activation"),
-                    residual="residual" in matched,
-                    post_activation=matched.get("post_activation"))
+    epilogue = matched["epilogue"]
     x_rows = bb.emit(relax.op.reshape(x, (n, h, w * c)))
     if precision != "float32":
         # bf16 (A and the filter; fp32 tile and epilogue): the input padded to bf16 by a
         # kernel of its own, as TVM widens a bf16 buffer allocated inside the conv kernel
-        sch, plan = conv_schedule(shape, isa, dtype=precision, threads=threads, **epilogue)
+        sch, plan = conv_schedule(shape, isa, epilogue=epilogue, dtype=precision,
+                                  threads=threads)
         matched[ON_TILES] = plan.amx
         prec = plan.precision
         packed = pack_filter(w_oihw.astype(numpy_dtype(prec.b)), plan.nr, vnni=prec.vnni,
@@ -333,27 +291,27 @@ def _lower_conv2d(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name: 
         cvt = bb.add_func(as_relax_kernel(pad.mod["main"]), name.replace(".", "_") + "_a_bf16")
         x_rows = bb.emit(relax.call_tir(cvt, [x_rows], relax.TensorType(image, prec.a)))
     elif register_tile_isa(isa) in ("avx512", "avx2") and winograd_applies(
-            shape, epilogue["activation"], epilogue["post_activation"], isa=isa):
-        sch, plan = winograd_schedule(shape, isa, **epilogue)
+            shape, epilogue, isa=isa):
+        sch, plan = winograd_schedule(shape, isa, epilogue=epilogue)
         packed = pack_winograd_filter(w_oihw, plan.nr, groups)
         name = name.replace("conv2d", "conv2d_winograd", 1)  # so profiles tell them apart
     else:
-        sch, plan = conv_schedule(shape, isa, **epilogue)
+        sch, plan = conv_schedule(shape, isa, epilogue=epilogue)
         packed = pack_filter(w_oihw, plan.nr, groups=groups)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     if precision != "float32":
         _offer_bf16(matched, gv, lambda dtype: conv_schedule(
-            shape, isa, dtype=precision, threads=threads, out_dtype=dtype,
-            **epilogue)[0].mod["main"],
+            shape, isa, epilogue=epilogue.writing(dtype), dtype=precision,
+            threads=threads)[0].mod["main"],
             cvt, lambda: conv_input_schedule(shape, plan, "bfloat16").mod["main"])
     args = [x_rows, relax.const(packed)]
     # Grouped: the kernel writes (n, oh, ow, groups, channels per group), NHWC once reshaped.
     out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
-    if "bias" in matched:
+    if epilogue.bias:
         bias = matched["bias"].value.numpy().reshape(groups, shape.og)
         bias = np.pad(bias, ((0, 0), (0, plan.np_ - shape.og))).astype("float32")
         args.append(relax.const(bias if groups > 1 else bias[0]))  # a row per group
-    if "residual" in matched:
+    if epilogue.residual:
         res = matched["residual"]
         args.append(bb.emit(relax.op.reshape(res, out_shape)) if groups > 1 else res)
     out = relax.call_tir(gv, args, relax.TensorType(out_shape, "float32"))
@@ -372,20 +330,18 @@ def _lower_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], nam
     if multiplier > 1:
         x = bb.emit(relax.op.repeat(x, multiplier, axis=3))
     shape = replace(_conv_shape(x, call.attrs, c, r, s), dilation=int(call.attrs.dilation[0]))
-    options = {"bias": "bias" in matched, "activation": matched.get("activation"),
-               "residual": "residual" in matched,
-               "post_activation": matched.get("post_activation")}
-    sch = depthwise_conv_schedule(shape, isa, **options)
+    epilogue = matched["epilogue"]
+    sch = depthwise_conv_schedule(shape, isa, epilogue=epilogue)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     # In a quantized model the next int8 layer's input: the kernel can write it quantized.
     offers = matched.setdefault(LOWP_OFFERS, LowpOffers())
     offers.producers[gv.name_hint] = lambda dtype, _clips: as_relax_kernel(
-        depthwise_conv_schedule(shape, isa, out_dtype=dtype, **options).mod["main"])
+        depthwise_conv_schedule(shape, isa, epilogue=epilogue.writing(dtype)).mod["main"])
     offers.producer_dtypes[gv.name_hint] = ("uint8", "int8")
     args = [x, relax.const(np.ascontiguousarray(w_rsc, dtype="float32"))]
-    if "bias" in matched:
+    if epilogue.bias:
         args.append(relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32")))
-    if "residual" in matched:
+    if epilogue.residual:
         args.append(matched["residual"])
     return relax.call_tir(gv, args, relax.TensorType((shape.n, shape.oh, shape.ow, c),
                                                      "float32"))
@@ -406,8 +362,9 @@ def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Exp
     w_rsc = matched["weight"].value.numpy()[:, :, 0, :]  # HWIO with I = 1
     r, s, c = w_rsc.shape
     shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
-    expand_act = matched_activation(matched, "expand_act")
-    act = matched_activation(matched, "act") if "act" in matched else None
+    expansion = Epilogue(bias=True, activation=matched_activation(matched, "expand_act"))
+    epilogue = Epilogue(bias=True, activation=matched_activation(matched, "act")
+                        if "act" in matched else None)
     unit = vector_unit(isa)
     lanes = unit.schedule_lanes("float32")
     # bf16 off tiles: the fused fp32 kernel (MobileNetV2 on Zen 5, 1 thread: 3.25 ms as a
@@ -416,18 +373,16 @@ def _lower_expand_depthwise(bb: relax.BlockBuilder, matched: dict[str, relax.Exp
             or plan_expand_depthwise(shape, lanes, threads, unit.num_vregs) is None:
         expanded = _lower_conv2d(
             bb, {"lhs": x, "weight": matched["expand_weight"], "root": call,
-                 "bias": matched["expand_bias"], "activation": expand_act},
+                 "bias": matched["expand_bias"], "epilogue": expansion},
             name.replace("expand_depthwise_conv2d", "conv2d"), isa, precision, threads)
         return _lower_depthwise(
-            bb, {**matched, "lhs": bb.emit(expanded), "activation": act},
+            bb, {**matched, "lhs": bb.emit(expanded), "epilogue": epilogue},
             name.replace("expand_depthwise_conv2d", "depthwise_conv2d"), register_tile_isa(isa))
     matched[KEPT_FP32] = precision != "float32"
-    expansion = _conv_shape(x, call.attrs, c, *w_oihw.shape[2:])
-    sch, plan = expand_depthwise_schedule(shape, expansion, register_tile_isa(isa),
-                                          threads=threads, expand_bias=True,
-                                          expand_activation=expand_act, bias=True,
-                                          activation=act)
-    kernel = f"tpp_expand_{expand_act}_depthwise_conv2d_bias" + (f"_{act}" if act else "")
+    sch, plan = expand_depthwise_schedule(
+        shape, _conv_shape(x, call.attrs, c, *w_oihw.shape[2:]), register_tile_isa(isa),
+        threads=threads, expansion_epilogue=expansion, epilogue=epilogue)
+    kernel = f"tpp_expand_{expansion.activation}_depthwise_conv2d{epilogue.suffix}"
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel)
     args = [x, relax.const(pack_expand_filter(w_oihw, plan.vectors * lanes)),
             relax.const(matched["expand_bias"].value.numpy().reshape(-1).astype("float32")),
@@ -602,8 +557,8 @@ def _lower_eltwise(bb: relax.BlockBuilder, matched: dict[str, relax.Expr], name:
         kinds.append(kind)
         args.append(_rows_in(bb, bb.emit(relax.op.reshape(y, (rows, width))), rows, padded)
                     if kind == "residual" else bb.emit(relax.op.reshape(y, (width,))))
-    if matched.get("activation"):
-        steps.append(matched["activation"])
+    if matched["epilogue"].activation:
+        steps.append(matched["epilogue"].activation)
     sch = equation_schedule(padded, width, tuple(steps), kinds, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((padded, width), "float32")))
@@ -624,7 +579,7 @@ def _lower_instance_norm(bb: relax.BlockBuilder, matched: dict[str, relax.Expr],
     row = relax.TensorType((width,), "float32")
     scale_shift = bb.emit(relax.call_tir(stats_gv, [x2, matched["gamma"], matched["beta"]],
                                          [row, row]))
-    apply = instance_norm_apply_schedule(rows, width, matched.get("activation"), isa)
+    apply = instance_norm_apply_schedule(rows, width, matched["epilogue"].activation, isa)
     gv = bb.add_func(as_relax_kernel(apply.mod["main"]), name.replace(".", "_"))
     out = bb.emit(relax.call_tir(gv, [x2, bb.emit(relax.TupleGetItem(scale_shift, 0)),
                                       bb.emit(relax.TupleGetItem(scale_shift, 1))],
@@ -725,10 +680,7 @@ def _match(pattern: TPPPattern, func: relax.Function, args: list[relax.Expr]
         if expr is None:
             continue
         matched[key] = params.get(expr, expr)
-    if pattern.activation:
-        matched["activation"] = pattern.activation
-    if pattern.post_activation:
-        matched["post_activation"] = pattern.post_activation
+    matched["epilogue"] = pattern.epilogue
     matched["scale_multiplies"] = pattern.scale_multiplies
     return matched
 
@@ -760,7 +712,7 @@ class _Lowerer(relax.PyExprMutator):
             log.info("TPP contraction fell back to TVM: %s", reason)
             self.report.fallbacks[f"tpp.contraction ({reason})"] += 1
             return call
-        self.report.lowered["tpp.contraction"] += 1
+        self.report.kernels[KernelRow("tpp.contraction", "contraction")] += 1
         return out
 
     def transform(self) -> tvm.IRModule:
@@ -780,8 +732,9 @@ class _Lowerer(relax.PyExprMutator):
         pattern = self.patterns.get(comp)
         if pattern is None:  # not one of ours (another codegen's composite)
             return call
+        row = KernelRow(comp, pattern.lowering)
         if self.logs is not None and self.precision == "float32":  # logs hold fp32 kernels
-            tuned = self._tuned(func, call, comp)
+            tuned = self._tuned(func, call, row)
             if tuned is not None:
                 return tuned
         lowering = LOWERINGS[pattern.lowering]
@@ -794,7 +747,11 @@ class _Lowerer(relax.PyExprMutator):
             if prec != "float32":
                 out = self._low_precision(lowering, matched, comp, prec)
                 if out is not None and not matched.get(KEPT_FP32):
-                    comp = precision_label(comp, "bf16", self.isa, prec, matched.get(ON_TILES))
+                    # ON_TILES where the kernel's shape decided; else every prec GEMM of an
+                    # AMX target runs on tiles
+                    tiles = matched.get(ON_TILES)
+                    tiles = runs_on_tiles(self.isa, prec) if tiles is None else tiles
+                    row = replace(row, precision=prec, unit=unit_of(tiles))
             if out is None:
                 out = lowering(self.builder_, matched, comp, self.isa,
                                **({"threads": self.threads}
@@ -804,7 +761,7 @@ class _Lowerer(relax.PyExprMutator):
             log.info("TPP lowering of %s fell back to TVM: %s", comp, reason)
             self.report.fallbacks[f"{comp} ({reason})"] += 1
             return call
-        self.report.lowered[comp] += 1
+        self.report.kernels[row] += 1
         offers = matched.get(LOWP_OFFERS)
         if offers is not None:
             self.lowp_offers.producers.update(offers.producers)
@@ -825,15 +782,16 @@ class _Lowerer(relax.PyExprMutator):
             self.report.rewrites[f"{comp}: {prec} kernel failed, ran on fp32 TPPs ({reason})"] += 1
             return None
 
-    def _tuned(self, func: relax.Function, call: relax.Call, comp: str) -> relax.Expr | None:
+    def _tuned(self, func: relax.Function, call: relax.Call, row: KernelRow
+               ) -> relax.Expr | None:
         kernel = composite_kernel(func, self.logs.target)
         scheduled = None if kernel is None else self.logs.schedule(kernel.func,
                                                                    self.force_tuned)
         if scheduled is None:
             return None
-        self.report.lowered[f"{comp} (tuned)"] += 1
+        self.report.kernels[replace(row, tuned=True)] += 1
         return emit_tuned(self.builder_, func, list(call.args), kernel, scheduled,
-                          comp.replace(".", "_") + "_tuned")
+                          row.pattern.replace(".", "_") + "_tuned")
 
 _CALL_TIR = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_with_grad"))
 
@@ -887,7 +845,7 @@ def lower_tagged_kernels(mod: tvm.IRModule, isa: str, report: LoweringReport) ->
             report.fallbacks[f"tpp.{op} ({reason})"] += 1
             continue
         mod[gv] = as_relax_kernel(sch.mod["main"])
-        report.lowered[f"tpp.{op}"] += 1
+        report.kernels[KernelRow(f"tpp.{op}", "backward")] += 1
     return mod
 
 

@@ -18,6 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.spec import POOL_DTYPES, QUICK_GELU_SCALE
 from ..schedules.expand_depthwise import fusion_pays
 from .exprs import scalar_value
@@ -30,7 +31,7 @@ ACTIVATIONS: dict[str, str] = {
     "relax.sigmoid": "sigmoid",
     "relax.nn.silu": "silu",
     "relax.tanh": "tanh",
-    # ReLU6 as the importer writes a Clip (frontend._clip): minimum(maximum(x, 0), 6),
+    # ReLU6 as the importer writes a Clip (frontend.converters): minimum(maximum(x, 0), 6),
     # bounds checked by activation_constants_hold.
     "relu6": "relu6",
     # CLIP's x * sigmoid(1.702 x), scale checked by activation_constants_hold.
@@ -85,6 +86,37 @@ def activation_constants_hold(a: dict) -> bool:
                for suffix, value in _ACTIVATION_CONSTANTS.items() if key + suffix in a)
 
 
+#: Unary TPP -> the Relax activation (:data:`ACTIVATIONS` key) whose pattern computes it.
+RELAX_ACTIVATIONS = {tpp: op for op, tpp in ACTIVATIONS.items()}
+
+
+def epilogue_pattern(core: DFPattern, epilogue: Epilogue, ann: dict,
+                     bias: DFPattern | None = None, residual_either_side: bool = False
+                     ) -> DFPattern:
+    """``epilogue``'s steps applied to ``core`` as Relax writes them, its operands annotated
+    in ``ann`` (``bias``, ``gate``, ``residual``; a composite activation's constants under
+    ``act_*``/``post_act_*``): the one builder of every fused tail, fp32 and int8. ``bias``:
+    the bias operand's pattern (a constant by default); ``residual_either_side``: the
+    residual may be either operand of its add."""
+    out = core
+    if epilogue.bias:
+        ann["bias"] = bias if bias is not None else is_const()
+        out = is_op("relax.add")(out, ann["bias"])
+    if epilogue.activation:
+        out = activation_pattern(RELAX_ACTIVATIONS[epilogue.activation], out, ann)
+    if epilogue.gate:
+        g = ann["gate"] = wildcard()
+        out = is_op("relax.multiply")(out, g) | is_op("relax.multiply")(g, out)
+    if epilogue.residual:
+        r = ann["residual"] = wildcard()
+        added = is_op("relax.add")(out, r)
+        out = added | is_op("relax.add")(r, out) if residual_either_side else added
+    if epilogue.post_activation:
+        out = activation_pattern(RELAX_ACTIVATIONS[epilogue.post_activation], out, ann,
+                                 "post_act")
+    return out
+
+
 @dataclass(frozen=True)
 class TPPPattern:
     """One fusable subgraph: a name, its dataflow pattern, a check on the match, and what
@@ -95,8 +127,7 @@ class TPPPattern:
     annotations: dict[str, DFPattern]
     check: Callable[[relax.transform.PatternCheckContext], bool]
     lowering: str
-    activation: str | None = None  # the unary TPP of the epilogue, if any
-    post_activation: str | None = None  # the unary TPP after the residual add, if any
+    epilogue: Epilogue = Epilogue()  # the fused steps after the kernel's core
     scale_multiplies: bool = False  # attention: scores * c (True) or scores / c
 
     def as_fusion_pattern(self) -> tuple:
@@ -253,30 +284,11 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
     else:
         out = is_op(op)(lhs, weight)
     ann["root"] = out
-    if bias:
-        b = is_const()
-        out = is_op("relax.add")(out, b)
-        ann["bias"] = b
-        name += "_bias"
-    if activation:
-        out = activation_pattern(activation, out, ann)
-        name += "_" + ACTIVATIONS[activation]
-    if gate:
-        g = wildcard()
-        out = is_op("relax.multiply")(out, g) | is_op("relax.multiply")(g, out)
-        ann["gate"] = g
-        name += "_gate"
-    if residual:
-        r = wildcard()
-        out = is_op("relax.add")(out, r)
-        ann["residual"] = r
-        name += "_residual"
-    if post_activation:
-        out = activation_pattern(post_activation, out, ann, "post_act")
-        name += "_" + ACTIVATIONS[post_activation]
-    ann["out"] = out
-    return TPPPattern(name, out, ann, check, kind.removeprefix("tpp."),
-                      ACTIVATIONS.get(activation), ACTIVATIONS.get(post_activation))
+    epilogue = Epilogue(bias, ACTIVATIONS.get(activation), gate, residual,
+                        ACTIVATIONS.get(post_activation))
+    out = ann["out"] = epilogue_pattern(out, epilogue, ann)
+    return TPPPattern(name + epilogue.suffix, out, ann, check, kind.removeprefix("tpp."),
+                      epilogue)
 
 
 def _any_activation(x: DFPattern, ann: dict, key: str) -> DFPattern:
@@ -427,16 +439,10 @@ def matmul_patterns() -> list[TPPPattern]:
                 b = ann["rhs_t"] = is_op("relax.permute_dims")(rhs)
             out = ann["root"] = is_op("relax.matmul")(a, b)
             name = "tpp.matmul" + ("_ta" if ta else "") + ("_tb" if tb else "")
-            if bias:
-                bv = ann["bias"] = wildcard()
-                out = is_op("relax.add")(out, bv)
-                name += "_bias"
-            if activation:
-                out = activation_pattern(activation, out, ann)
-                name += "_" + ACTIVATIONS[activation]
-            ann["out"] = out
-            table.append(TPPPattern(name, out, ann, _matmul_check, "matmul",
-                                    ACTIVATIONS.get(activation)))
+            epilogue = Epilogue(bias, ACTIVATIONS.get(activation))
+            out = ann["out"] = epilogue_pattern(out, epilogue, ann, bias=wildcard())
+            table.append(TPPPattern(name + epilogue.suffix, out, ann, _matmul_check, "matmul",
+                                    epilogue))
     return table
 
 
@@ -517,7 +523,7 @@ def instance_norm_patterns() -> list[TPPPattern]:
             table.append(TPPPattern(name, out, {"lhs": x, "gamma": gamma, "beta": beta,
                                                 "root": norm, "out": out},
                                     _instance_norm_check, "instance_norm",
-                                    ACTIVATIONS.get(activation)))
+                                    Epilogue(activation=ACTIVATIONS.get(activation))))
     return table
 
 
@@ -581,7 +587,7 @@ def eltwise_patterns() -> list[TPPPattern]:
                 name += "_" + ACTIVATIONS[activation]
             ann["root"] = out
             table.append(TPPPattern(name, out, ann, _eltwise_check, "eltwise",
-                                    ACTIVATIONS.get(activation)))
+                                    Epilogue(activation=ACTIVATIONS.get(activation))))
     return table
 
 

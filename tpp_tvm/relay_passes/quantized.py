@@ -5,7 +5,7 @@ ONNX quantized models reach Relax in two shapes (TVM's converter spells out the 
 * dynamic (``onnxruntime.quantization.quantize_dynamic``: DynamicQuantizeLinear +
   MatMulInteger / ConvInteger + Cast + Mul):
   ``float(op(int32(a_q) - int32(a_zp), int32(W_q))) * s``;
-* QDQ (``quantize_static`` in QDQ format, and QLinearMatMul, which ``frontend.py`` imports
+* QDQ (``quantize_static`` in QDQ format, and QLinearMatMul, which ``frontend.converters`` imports
   as dequantize -> matmul -> quantize): ``op(dequantize(a_q, s_a, z_a),
   dequantize(W_q, s_w, 0))``.
 
@@ -25,6 +25,7 @@ fallback. Either is reported once per layer.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,10 +34,11 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, rewrite_call, wildcard
 
+from ..intrinsics.epilogue import Epilogue
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter, tile_filter_width
 from ..schedules.gemm import gemm_schedule
-from ..schedules.gemm_plan import PRECISIONS, int8_gemm_dtype
+from ..schedules.gemm_plan import PRECISIONS, int8_gemm_dtype, runs_on_tiles
 from ..schedules.reduce_all import LANES, reduce_all_schedule
 from .exprs import bindings, const_value, dtype_of, shape_of
 from .fake_quant import (
@@ -45,54 +47,44 @@ from .fake_quant import (
     expose_folded_relus,
     quantize_before_max_pool,
 )
-from .lower import LoweringReport, as_relax_kernel, precision_label
+from .lower import as_relax_kernel
 from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
-from .patterns import ACTIVATIONS, activation_constants_hold, activation_pattern
+from .patterns import ACTIVATIONS, activation_constants_hold, epilogue_pattern
+from .report import KernelRow, LoweringReport, unit_of
 from .transposes import TO_NCHW, TO_NHWC, sink_transposes
 
 
 @dataclass(frozen=True)
 class _Epilogue:
-    """What an int8 kernel applies to its fp32 result: ``post(act(C + bias) + residual)``;
+    """An int8 kernel's fused tail: its ``steps`` after dequantizing (the bias is no step:
+    it goes into the dequantize offset, :func:`_dequantize_rows`) and their operands.
     ``residual`` is in the layout of the graph's output (NCHW for a convolution).
     ``residual_quantization``: (scale, zero point) where the residual is the quantized
     tensor (u8/s8) itself, ``dequantize(residual, scale, zero point)`` being the value
     added (a ResNet block's input, which the next block's int8 convolution reads too)."""
 
+    steps: Epilogue = Epilogue()
     bias: np.ndarray | None = None
-    activation: str | None = None
     residual: relax.Expr | None = None
-    post_activation: str | None = None
     residual_quantization: tuple[float, float] | None = None
-
-    @property
-    def residual_dtype(self) -> str:
-        return "float32" if self.residual_quantization is None else dtype_of(self.residual)
 
     @property
     def suffix(self) -> str:
         """How the report names the fused steps: ``_bias_relu``, ``_bias_residual_relu``,
         ``_bias_residual_u8_relu``."""
-        residual = None if self.residual is None else (
-            "residual" if self.residual_quantization is None
-            else f"residual_{self.residual_dtype.replace('uint', 'u').replace('int', 's')}")
-        steps = ["bias" if self.bias is not None else None, self.activation, residual,
-                 self.post_activation]
-        return "".join(f"_{step}" for step in steps if step)
+        return ("_bias" if self.bias is not None else "") + self.steps.suffix
 
-    def schedule_args(self, clips_at_zero: bool = False) -> dict:
-        """The kernel's epilogue options. The bias is no step of its own: it goes into the
-        dequantize offset (:func:`_dequantize_rows`). ``clips_at_zero``: the kernel writes
-        a quantization whose range starts at 0 (its zero point is the dtype's lowest), which
-        saturates what a final ReLU would zero, so the ReLU is left out (and with nothing
-        else to do, the whole equation pass between dequantizing and quantizing)."""
-        activation, post = self.activation, self.post_activation
+    def kernel(self, clips_at_zero: bool = False) -> Epilogue:
+        """The kernel's epilogue. ``clips_at_zero``: the kernel writes a quantization whose
+        range starts at 0 (its zero point is the dtype's lowest), which saturates what a
+        final ReLU would zero, so the ReLU is left out (and with nothing else to do, the
+        whole equation pass between dequantizing and quantizing)."""
+        activation, post = self.steps.activation, self.steps.post_activation
         if clips_at_zero and post == "relu":
             post = None
-        elif clips_at_zero and activation == "relu" and post is None and self.residual is None:
+        elif clips_at_zero and activation == "relu" and post is None and not self.steps.residual:
             activation = None
-        return {"activation": activation, "residual": self.residual is not None,
-                "post_activation": post, "residual_dtype": self.residual_dtype}
+        return replace(self.steps, activation=activation, post_activation=post)
 
 
 class _Emitter:
@@ -109,8 +101,8 @@ class _Emitter:
         self.report = report
         self.dtype = dtype
         self.prec = PRECISIONS[dtype]
-        self.tag = "int8" if dtype == "int8" else f"int8 via {dtype}"
         self.kernels = 0
+        self.int8_kernels: set[str] = set()  # the kernel functions' names, as emitted
         self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8
         self.declined: dict[int, tuple[str, bool]] = {}
         self.fp32_rewrites = 0  # integer convolutions rewritten in fp32 (no int8 kernel)
@@ -157,13 +149,14 @@ class _Emitter:
         """The int8 GEMM call on (m, K) rows ``a2`` of ``a_dtype`` (``residual``: (m, N)):
         (m, N) fp32."""
         k, n = w_q.shape
-        sch, plan = gemm_schedule(m, n, k, self.isa, dtype=self.dtype, dequantize=True,
-                                  threads=self.threads, **epi.schedule_args())
+        sch, plan = gemm_schedule(m, n, k, self.isa, epilogue=epi.kernel(), dtype=self.dtype,
+                                  dequantize=True, threads=self.threads)
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
         self.kernels += 1
+        self.int8_kernels.add(gv.name_hint)
         self.offers.producers[gv.name_hint] = lambda dtype, clips: as_relax_kernel(gemm_schedule(
-            m, n, k, self.isa, dtype=self.dtype, dequantize=True, threads=self.threads,
-            out_dtype=dtype, **epi.schedule_args(clips))[0].mod["main"])
+            m, n, k, self.isa, epilogue=epi.kernel(clips).writing(dtype), dtype=self.dtype,
+            dequantize=True, threads=self.threads)[0].mod["main"])
         a2, zp = self._activations(a2, a_zp, a_dtype)
         packed = relax.const(pack_b_numpy(self._weights(w_q), plan.nr, "kn", plan.kp,
                                           self.prec.vnni))
@@ -171,8 +164,8 @@ class _Emitter:
         args = [a2, packed, *_dequantize_rows(scale, zp, colsum, plan.np_, epi),
                 *_residual_operands(residual, epi, plan.np_)]
         out = relax.call_tir(gv, args, relax.TensorType((m, n), "float32"))
-        self.report.lowered[precision_label(f"{name}{epi.suffix}", self.tag, self.isa,
-                                            self.dtype)] += 1
+        self.report.kernels[KernelRow(f"{name}{epi.suffix}", "int8_matmul", self.dtype,
+                                      unit_of(runs_on_tiles(self.isa, self.dtype)))] += 1
         return out
 
     def _activations(self, a: relax.Expr, a_zp: relax.Expr, dtype: str
@@ -224,13 +217,14 @@ class _Emitter:
         if taps != s:  # zero taps that make its filter rows whole tile steps (a stem)
             w_q = np.pad(w_q, ((0, 0), (0, 0), (0, 0), (0, taps - s)))
             shape = replace(shape, s=taps, pad=(*shape.pad[:3], shape.pad[3] + taps - s))
-        sch, plan = conv_schedule(shape, self.isa, dtype=self.dtype, threads=self.threads,
-                                  **epi.schedule_args())
+        sch, plan = conv_schedule(shape, self.isa, epilogue=epi.kernel(), dtype=self.dtype,
+                                  threads=self.threads)
         gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
         self.kernels += 1
+        self.int8_kernels.add(gv.name_hint)
         self.offers.producers[gv.name_hint] = lambda dtype, clips: as_relax_kernel(conv_schedule(
-            shape, self.isa, dtype=self.dtype, threads=self.threads, out_dtype=dtype,
-            **epi.schedule_args(clips))[0].mod["main"])
+            shape, self.isa, epilogue=epi.kernel(clips).writing(dtype), dtype=self.dtype,
+            threads=self.threads)[0].mod["main"])
         x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, a_dtype)
         # the padding's value: the zero point, in the kernel's A dtype
         zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
@@ -246,8 +240,8 @@ class _Emitter:
         out = relax.call_tir(gv, args, relax.TensorType(out_shape, "float32"))
         if groups > 1:
             out = relax.op.reshape(out, (n, shape.oh, shape.ow, oc))
-        self.report.lowered[precision_label(f"{name}{epi.suffix}", self.tag, self.isa,
-                                            self.dtype, plan.amx)] += 1
+        self.report.kernels[KernelRow(f"{name}{epi.suffix}", "int8_conv2d", self.dtype,
+                                      unit_of(plan.amx))] += 1
         return relax.op.permute_dims(out, TO_NCHW)
 
     @staticmethod
@@ -336,7 +330,8 @@ def _residual_operands(residual: relax.Expr | None, epi: _Epilogue, width: int
     return [residual, relax.const(scale)]
 
 
-def _quantized_residual(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]
+def _quantized_residual(expr: relax.Expr, bound: dict[relax.Var, relax.Expr],
+                        int8_kernels: AbstractSet[str]
                         ) -> tuple[relax.Expr, tuple[float, float]] | None:
     """(the u8/s8 tensor, (scale, zero point)) where ``expr`` is a per-tensor
     ``dequantize`` of one with constant positive scale that is worth adding as it is: an
@@ -344,7 +339,8 @@ def _quantized_residual(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]
     input, or its shortcut's output), so adding it quantized leaves no fp32 copy of the
     stream at all. A transformer's residual (a LayerNorm output, or a sum a LayerNorm reads
     too) stays fp32: it is written in fp32 anyway, and its 8-bit copy only loses precision
-    (BERT: 2.1e-2 -> 3.6e-2 from the fp32 model, as fast)."""
+    (BERT: 2.1e-2 -> 3.6e-2 from the fp32 model, as fast). ``int8_kernels``: the names of
+    the int8 kernel functions emitted so far (:attr:`_Emitter.int8_kernels`)."""
     value = bound.get(expr, expr)
     if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.dequantize"):
         return None
@@ -355,12 +351,14 @@ def _quantized_residual(expr: relax.Expr, bound: dict[relax.Var, relax.Expr]
         return None
     source = bound.get(q, q)
     if not (isinstance(source, relax.Call) and getattr(source.op, "name", "") == "relax.quantize"
-            and _int8_result(source.args[0], bound) and _read_by_int8_layers(q, bound)):
+            and _int8_result(source.args[0], bound, int8_kernels)
+            and _read_by_int8_layers(q, bound, int8_kernels)):
         return None
     return q, (float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0]))
 
 
-def _int8_result(expr: relax.Expr, bound: dict[relax.Var, relax.Expr], depth: int = 4) -> bool:
+def _int8_result(expr: relax.Expr, bound: dict[relax.Var, relax.Expr],
+                 int8_kernels: AbstractSet[str], depth: int = 4) -> bool:
     """Whether ``expr`` is what an int8 kernel's epilogue computes: a contraction (or a
     kernel made of one), plus a bias, plus a residual, through a ReLU."""
     value = bound.get(expr, expr)
@@ -370,9 +368,9 @@ def _int8_result(expr: relax.Expr, bound: dict[relax.Var, relax.Expr], depth: in
     if name in _KERNELS:
         return True
     if name == "relax.call_tir":
-        return value.args[0].name_hint.startswith(("tpp_int8_matmul", "tpp_int8_conv2d"))
+        return value.args[0].name_hint in int8_kernels
     if name in ("relax.nn.relu", "relax.add"):
-        return any(_int8_result(arg, bound, depth - 1) for arg in value.args[:2])
+        return any(_int8_result(arg, bound, int8_kernels, depth - 1) for arg in value.args[:2])
     return False
 
 
@@ -380,7 +378,8 @@ def _int8_result(expr: relax.Expr, bound: dict[relax.Var, relax.Expr], depth: in
 _VIEWS = ("relax.reshape", "relax.permute_dims", "relax.expand_dims")
 
 
-def _read_by_int8_layers(q: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> bool:
+def _read_by_int8_layers(q: relax.Expr, bound: dict[relax.Var, relax.Expr],
+                         int8_kernels: AbstractSet[str]) -> bool:
     """Whether every reader of the quantized ``q`` is an int8 layer: an int8 kernel, or
     its dequantized value read only by contractions and residual adds."""
     def readers(var: relax.Expr) -> list[tuple[relax.Var, relax.Call]]:
@@ -393,10 +392,10 @@ def _read_by_int8_layers(q: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> b
     for var, call in readers(q):
         name = getattr(call.op, "name", "")
         if name in _VIEWS:
-            if not _read_by_int8_layers(var, bound):
+            if not _read_by_int8_layers(var, bound, int8_kernels):
                 return False
         elif name == "relax.call_tir":
-            if not call.args[0].name_hint.startswith("tpp_int8"):
+            if call.args[0].name_hint not in int8_kernels:
                 return False
         elif name == "relax.dequantize":
             if any(getattr(c.op, "name", "") not in (*_KERNELS, "relax.add")
@@ -409,7 +408,7 @@ def _read_by_int8_layers(q: relax.Expr, bound: dict[relax.Var, relax.Expr]) -> b
 
 def _integer_pattern(op: str):
     """``float(op(int32(a_q) - a_zp, int32(W) - w_zp)) * scale``: MatMulInteger or
-    ConvInteger (``frontend.py``) followed by the dequantizing multiply."""
+    ConvInteger (``frontend.converters``) followed by the dequantizing multiply."""
     a_q, a_zp, w, w_zp, scale = wildcard(), wildcard(), is_const(), is_const(), wildcard()
     a32 = is_op("relax.astype")(a_q)
     lhs = is_op("relax.subtract")(a32, is_op("relax.astype")(a_zp)) | a32
@@ -462,58 +461,57 @@ def _bias_value(expr: relax.Expr, n: int, conv: bool = False,
 
 @dataclass(frozen=True)
 class _EpiloguePattern:
-    """One fused-epilogue shape around a contraction pattern, with its operand patterns."""
+    """One fused-epilogue shape around a contraction pattern: its steps and the patterns of
+    their operands (``patterns.epilogue_pattern``'s annotations)."""
 
     pattern: DFPattern
-    bias: DFPattern | None = None
-    activation: str | None = None
-    residual: DFPattern | None = None
-    post_activation: str | None = None
-    constants: dict[str, DFPattern] | None = None
-    """A composite activation's constant patterns (ReLU6's bounds, quick GELU's scale),
-    checked by ``patterns.activation_constants_hold``."""
+    steps: Epilogue
+    ann: dict[str, DFPattern]
 
-    def value(self, m, call: relax.Call, w: np.ndarray, bound: dict) -> _Epilogue | None:
+    def value(self, m, call: relax.Call, w: np.ndarray, bound: dict,
+              int8_kernels: AbstractSet[str]) -> _Epilogue | None:
         """The epilogue a match stands for; None when its operands do not fit (a bias
         that is not a constant row, a residual of another shape, clip bounds not ReLU6's)."""
-        if self.constants and not activation_constants_hold(
-                {key: m[p] for key, p in self.constants.items()}):
+        constants = {key: m[p] for key, p in self.ann.items() if key.startswith(("act_",
+                                                                                 "post_act_"))}
+        if not activation_constants_hold(constants):
             return None
         conv = call.op.name != "relax.matmul"
         bias = None
-        if self.bias is not None:
-            bias = _bias_value(m[self.bias], _out_channels(call, w), conv, bound)
+        if self.steps.bias:
+            bias = _bias_value(m[self.ann["bias"]], _out_channels(call, w), conv, bound)
             if bias is None:
                 return None
-        residual = m[self.residual] if self.residual is not None else None
-        if residual is not None and (dtype_of(residual) != "float32"
-                                     or shape_of(residual) != shape_of(m[self.pattern])):
+        steps = replace(self.steps, bias=False)
+        if not steps.residual:
+            return _Epilogue(steps, bias)
+        residual = m[self.ann["residual"]]
+        if dtype_of(residual) != "float32" or shape_of(residual) != shape_of(m[self.pattern]):
             return None
-        quantized = None if residual is None or self.activation is not None \
-            or self.post_activation not in (None, "relu") else _quantized_residual(residual, bound)
+        quantized = None if steps.activation is not None \
+            or steps.post_activation not in (None, "relu") \
+            else _quantized_residual(residual, bound, int8_kernels)
         if quantized is not None and not _grouped(call):
-            return _Epilogue(bias, None, quantized[0], self.post_activation, quantized[1])
-        return _Epilogue(bias, self.activation, residual, self.post_activation)
+            return _Epilogue(replace(steps, residual_dtype=dtype_of(quantized[0])), bias,
+                             quantized[0], quantized[1])
+        return _Epilogue(steps, bias, residual)
 
 
 def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
     """The fused-epilogue variants of ``core``, biggest first: ``relu(core + bias +
     residual)`` (a ResNet block's last convolution), ``act(core + bias)``, ``core + bias``,
     ``core``. Each is rewritten in its own pass, so a contraction followed by a bias and
-    an activation becomes one kernel, not three."""
-    bias, residual = wildcard(), wildcard()
-    with_bias = is_op("relax.add")(core, bias)
-    variants = []
-    for pre, pre_bias in ((with_bias, bias), (core, None)):
-        added = is_op("relax.add")(pre, residual) | is_op("relax.add")(residual, pre)
-        variants.append(_EpiloguePattern(is_op("relax.nn.relu")(added), pre_bias,
-                                         residual=residual, post_activation="relu"))
-        variants.append(_EpiloguePattern(added, pre_bias, residual=residual))
-    for op in ACTIVATIONS:  # ReLU6: MobileNetV2's, from a QDQ range of [0, 6] (fake_quant)
-        constants: dict[str, DFPattern] = {}
-        variants.append(_EpiloguePattern(activation_pattern(op, with_bias, constants), bias,
-                                          ACTIVATIONS[op], constants=constants or None))
-    return [*variants, _EpiloguePattern(with_bias, bias), _EpiloguePattern(core)]
+    an activation becomes one kernel, not three. (ReLU6 is MobileNetV2's, from a QDQ range
+    of [0, 6]: ``fake_quant``.)"""
+    variants = [Epilogue(bias, residual=True, post_activation=post)
+                for bias in (True, False) for post in ("relu", None)]
+    variants += [Epilogue(True, activation) for activation in ACTIVATIONS.values()]
+    out = []
+    for steps in [*variants, Epilogue(bias=True), Epilogue()]:
+        ann: dict[str, DFPattern] = {}
+        pattern = epilogue_pattern(core, steps, ann, bias=wildcard(), residual_either_side=True)
+        out.append(_EpiloguePattern(pattern, steps, ann))
+    return out
 
 
 #: Quantized contractions: Relax op -> (report name of the integer form, of the QDQ form).
@@ -592,7 +590,7 @@ def _rewrite_integer(func: relax.Function, emitter: _Emitter, op: str, name: str
                 emitter.decline(m[core], "weight zero point", in_fp32=False)
                 return orig
             call, weight = m[core], const_value(m[w])
-            epi = variant.value(m, call, weight, bound)
+            epi = variant.value(m, call, weight, bound, emitter.int8_kernels)
             if epi is None:
                 return orig
             zp = m[a_zp] if a_zp in m else relax.const(0, "int32")
@@ -655,7 +653,7 @@ def _rewrite_qdq(func: relax.Function, emitter: _Emitter, op: str, name: str
                 emitter.decline(m[core], "per-input-channel weight scales", in_fp32=True)
                 return orig
             call = m[core]
-            epi = variant.value(m, call, w, bound)
+            epi = variant.value(m, call, w, bound, emitter.int8_kernels)
             if epi is None:
                 return orig
             s = emitter.bb.normalize(relax.op.multiply(m[s_a], m[s_w]))

@@ -33,6 +33,7 @@ from tvm import s_tir, te, tirx
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from ..intrinsics.amx import TILE_CONFIG_ATTR
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.llvm_ir import AMX_GROUPS, AMX_ROWS
 from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm import split_tasks
@@ -240,14 +241,12 @@ def conv_input_schedule(shape: ConvShape, plan: GemmPlan, in_dtype: str = "float
     return sch
 
 
-def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
-            residual: bool, post_activation: str | None = None, out_dtype: str = "float32",
-            residual_dtype: str = "float32", source: ConvShape | None = None
-            ) -> tuple[list[te.Tensor], te.Tensor, list]:
+def conv_te(shape: ConvShape, plan: GemmPlan, epilogue: Epilogue = Epilogue(),
+            source: ConvShape | None = None) -> tuple[list[te.Tensor], te.Tensor, list]:
     """TE stages of the convolution; inputs: data, packed filter, [zero point, scale,
-    offset (int8)], [bias], [residual [, its scale row: u8/s8 ``residual_dtype``, see
-    :func:`~.gemm_te.epilogue_te`]] (int8 writing u8/s8 with no epilogue step: zero point
-    and the requantize rows of :func:`~.gemm_te.int8_epilogue_te`).
+    offset (int8)], the ``epilogue``'s operands (:func:`~.gemm_te.epilogue_te`) (int8
+    writing u8/s8 with no epilogue step: zero point and the requantize rows of
+    :func:`~.gemm_te.int8_epilogue_te`).
 
     int8 (u8 data x s8 filter): the filter is VNNI-4 packed ``(OC/nr, R, S*Cp/4, nr, 4)``
     over channels padded to Cp (a multiple of 4), spatial padding holds the activation's
@@ -322,28 +321,22 @@ def conv_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None
     valid = (sh.n, sh.oh, sh.ow, *gdim, sh.og)
     c_axes = (0, 1, 3, 2, 4) if G > 1 else None
     if int8:
-        extra, out, epilogue = int8_epilogue_te(
-            C, valid, bias, activation, residual, post_activation, c_axes,
-            out_dtype=out_dtype, residual_dtype=residual_dtype,
-            group_axis=2 if G > 1 else None)
-        return [X, W, zero_point, *extra], out, epilogue
-    extra, out, epilogue = epilogue_te(C, valid, bias, activation, residual, post_activation,
-                                       c_axes, out_dtype=out_dtype, residual_dtype=residual_dtype)
-    return [X, W, *extra], out, epilogue
+        extra, out, stages = int8_epilogue_te(C, valid, epilogue, c_axes,
+                                              group_axis=2 if G > 1 else None)
+        return [X, W, zero_point, *extra], out, stages
+    extra, out, stages = epilogue_te(C, valid, epilogue, c_axes)
+    return [X, W, *extra], out, stages
 
 
-def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
-                  activation: str | None = None, residual: bool = False,
-                  post_activation: str | None = None, dtype: str = "float32",
-                  threads: int = 1, out_dtype: str = "float32",
-                  residual_dtype: str = "float32") -> tuple[s_tir.Schedule, GemmPlan]:
+def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue(),
+                  dtype: str = "float32", threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
     ``"float32"``, ``"bfloat16"`` (bf16 data, already padded, and filter; fp32
     accumulation and epilogue) or ``"int8"`` (u8 data x s8 filter, dequantized to fp32 in
     the epilogue: parameters as :func:`conv_te` lists them; ``"int16"``: the same values
     widened to s16, for AVX2's ``vpmaddwd``). ``threads``: the parallel tasks of a
-    convolution on AMX tiles (each configures the tiles once). ``out_dtype``: as
-    :func:`~.gemm.gemm_schedule`'s (bf16 or u8/s8 for the next layer)."""
+    convolution on AMX tiles (each configures the tiles once). ``epilogue``: as
+    :func:`~.gemm.gemm_schedule`'s (writing bf16 or u8/s8 for the next layer)."""
     if dtype not in ("float32", "bfloat16", "int8", "int16"):
         raise UnsupportedDTypeError(
             f"conv2d: dtype {dtype!r} unsupported; float32, bfloat16 (data padded to bf16 "
@@ -356,8 +349,7 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     source = None if plan.a_prepadded else strided_pointwise(shape)
     if source is not None:  # computed on the gathered pixels' image
         shape, source = source, shape
-    inputs, out, stages = conv_te(shape, plan, bias, activation, residual, post_activation,
-                                  out_dtype, residual_dtype, source)
+    inputs, out, stages = conv_te(shape, plan, epilogue, source)
     func = te.create_prim_func([*inputs, out])
     if tiles is not None:
         func = func.with_attr(TILE_CONFIG_ATTR, [plan.mr, plan.nr])
@@ -383,14 +375,14 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
         panels = sch.fuse(*go, oo) if go else oo
         sch.parallel(panels)
         schedule_image_pad(sch, cc)
-        epilogue = fuse_epilogue(sch, panels, plan.mr, plan.nr, stages)
+        epilogue_blocks = fuse_epilogue(sch, panels, plan.mr, plan.nr, stages)
         init = sch.decompose_reduction(blk, rs[0] if rs else ko)
         tensorize_rows(sch, init, TPPSpec("zero", prec.acc, m=plan.mr, n=plan.nr), isa,
                        "C panel init")
         if not try_tensorize(sch, xi, replace(tile, k=kc, beta=1, batch=1), isa,
                              "conv tile"):
             raise RuntimeError("K-blocked conv microkernel did not tensorize")  # a bug
-        tensorize_epilogue(sch, epilogue, isa)
+        tensorize_epilogue(sch, epilogue_blocks, isa)
         return sch, plan
     # Per group: its panels outer or its image outer (groups outermost either way).
     if weights_outer(shape.n * shape.h * shape.w * cc * elem // 4,
@@ -403,10 +395,10 @@ def conv_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     if tiles is None:
         sch.parallel(tile_loop)
     schedule_image_pad(sch, cc)
-    epilogue = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
+    epilogue_blocks = fuse_epilogue(sch, tile_loop, plan.mr, plan.nr, stages)
     if not try_tensorize(sch, xi, tile, "amx" if tiles else isa, "conv tile"):
         raise RuntimeError("conv microkernel did not tensorize")  # a bug, not user input
-    tensorize_epilogue(sch, epilogue, isa)
+    tensorize_epilogue(sch, epilogue_blocks, isa)
     if tiles is not None:  # after tensorizing: a split fused loop blocks blockize
         blocks = shape.n * shape.groups * shape.oh * (plan.mp // plan.mr) * (plan.np_ // plan.nr)
         split_tasks(sch, tile_loop, blocks, threads)

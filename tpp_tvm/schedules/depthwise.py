@@ -23,6 +23,7 @@ from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics.eltwise_template import BOUND_SLOTS, EQUATION_GROUP
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import quant_expr
 from ..intrinsics.vector_math import (
@@ -69,24 +70,27 @@ class RowTaps:
             LONG_CHAINS.intersection({activation, post_activation}))
 
     @classmethod
-    def declare(cls, sh: ConvShape, isa: str, bias: bool, activation: str | None,
-                residual: bool, post_activation: str | None, out_dtype: str = "float32"
-                ) -> RowTaps:
-        """Declare the filter, [bias], [residual], [1/scale, zero point (u8/s8
-        ``out_dtype``)] and output arguments, in that order."""
+    def declare(cls, sh: ConvShape, isa: str, epilogue: Epilogue) -> RowTaps:
+        """Declare the filter, [bias], [residual], [1/scale, zero point (u8/s8 output)] and
+        output arguments, in that order. The epilogue's steps are applied to the
+        accumulators in registers: bias, activation, residual, post-activation (no gate,
+        no quantized residual)."""
+        if epilogue.gate or epilogue.quantized_residual or epilogue.out_dtype == "bfloat16":
+            raise UnsupportedDTypeError(
+                f"depthwise conv2d: epilogue {epilogue.suffix or '(none)'} writing "
+                f"{epilogue.out_dtype}; bias, activations and an fp32 residual, written as "
+                "float32, uint8 or int8")
         w = T.arg("w", T.Buffer((sh.r, sh.s, sh.c), "float32"))
-        bias_t = T.arg("bias", T.Buffer((sh.c,), "float32")) if bias else None
+        bias_t = T.arg("bias", T.Buffer((sh.c,), "float32")) if epilogue.bias else None
         res_t = T.arg("residual", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), "float32")) \
-            if residual else None
+            if epilogue.residual else None
         quantization = None
-        if out_dtype != "float32":
-            if out_dtype not in ("uint8", "int8"):
-                raise UnsupportedDTypeError(
-                    f"depthwise conv2d: output dtype {out_dtype!r}; float32, uint8 or int8")
+        if epilogue.out_dtype != "float32":
             quantization = (T.arg("q_scale", T.Buffer((sh.c,), "float32")),
                             T.arg("q_offset", T.Buffer((sh.c,), "float32")))
-        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), out_dtype))
-        return cls(sh, isa, w, bias_t, res_t, out, activation, post_activation, quantization)
+        out = T.arg("out", T.Buffer((sh.n, sh.oh, sh.ow, sh.c), epilogue.out_dtype))
+        return cls(sh, isa, w, bias_t, res_t, out, epilogue.activation,
+                   epilogue.post_activation, quantization)
 
     def row(self, b: tirx.PrimExpr, i: tirx.PrimExpr, read: Callable, c0: tirx.PrimExpr,
             vectors: int, lanes: int | None = None) -> None:
@@ -186,13 +190,11 @@ def apply_epilogue(values: list, keys: list, lanes: int, bias, act: Callable | N
         store(slice_lanes(result[0], u * lanes, lanes), key)
 
 
-def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool = False,
-                            activation: str | None = None, residual: bool = False,
-                            post_activation: str | None = None, out_dtype: str = "float32"
-                            ) -> s_tir.Schedule:
+def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *,
+                            epilogue: Epilogue = Epilogue()) -> s_tir.Schedule:
     """The depthwise convolution PrimFunc: inputs x (n, h, w, c), filter (r, s, c)
     [, bias (c,)][, residual (n, oh, ow, c)][, 1/scale, zero point (c,)], output
-    (n, oh, ow, c): fp32, or quantized (u8/s8 ``out_dtype``: the next int8 layer's input,
+    (n, oh, ow, c): fp32, or quantized (u8/s8 ``epilogue.out_dtype``: the next int8 layer's input,
     written by the store instead of a quantize kernel reading the fp32 result back).
 
     Padding is never materialized: a tap row outside the input is skipped once per output
@@ -220,8 +222,7 @@ def depthwise_conv_schedule(shape: ConvShape, isa: str = "avx512", *, bias: bool
         T.func_name("main")
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         x = T.arg("x", T.Buffer((sh.n, sh.h, sh.w, sh.c), "float32"))
-        taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation,
-                               out_dtype)
+        taps = RowTaps.declare(sh, isa, epilogue)
         whole, rest = divmod(sh.c, taps.lanes)
 
         def reader(c0: int, lanes: int) -> Callable:

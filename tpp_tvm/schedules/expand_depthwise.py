@@ -31,6 +31,7 @@ from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics.eltwise_template import EQUATION_GROUP
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.vector_math import LONG_CHAINS, avx512_forms, vector_fn
 from ..target import host_isa
@@ -122,17 +123,17 @@ def pointwise(shape: ConvShape, cin: int) -> ConvShape:
 
 
 def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str = "avx512",
-                              *, threads: int = 1, expand_bias: bool = False,
-                              expand_activation: str | None = None, bias: bool = False,
-                              activation: str | None = None, residual: bool = False,
-                              post_activation: str | None = None
+                              *, threads: int = 1,
+                              expansion_epilogue: Epilogue = Epilogue(),
+                              epilogue: Epilogue = Epilogue()
                               ) -> tuple[s_tir.Schedule, ExpandPlan]:
     """The fused kernel and its blocking: inputs x (n, h1, w1, cin), the expansion's filter
     packed by :func:`pack_expand_filter` with ``plan.vectors`` vectors a block [and its
     bias (c,)], the depthwise filter (r, s, c) [, bias (c,)][, residual (n, oh, ow, c)];
     output (n, oh, ow, c). ``shape`` is the depthwise convolution's (c expanded channels),
     ``expansion`` the convolution producing its input: 1x1 (:func:`pointwise`) or any
-    window and stride (a stem)."""
+    window and stride (a stem). ``expansion_epilogue`` applies to the expanded rows (a bias
+    and an activation), ``epilogue`` to the depthwise result."""
     sh, ex = shape, expansion
     lanes = vector_isa(isa).schedule_lanes("float32")
     plan = plan_expand_depthwise(sh, lanes, threads, vector_isa(isa).num_vregs)
@@ -145,6 +146,12 @@ def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str =
             f"expansion + depthwise conv2d: the expansion's output {ex.n}x{ex.oh}x{ex.ow}x"
             f"{ex.oc} (groups {ex.groups}) is not the depthwise input {sh.n}x{sh.h}x{sh.w}"
             f"x{sh.c}")
+    if expansion_epilogue.post_steps or expansion_epilogue.out_dtype != "float32":
+        raise UnsupportedShapeError(
+            f"expansion + depthwise conv2d: the expansion's epilogue "
+            f"{expansion_epilogue.suffix} writing {expansion_epilogue.out_dtype}; a bias and "
+            "an activation, in fp32")
+    expand_activation = expansion_epilogue.activation
     vec = f"float32x{lanes}"
     block = plan.vectors * lanes
     blocks = sh.c // block
@@ -160,8 +167,9 @@ def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str =
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         x = T.arg("x", T.Buffer((ex.n, ex.h, ex.w, ex.c), "float32"))
         w1 = T.arg("w_expand", T.Buffer((blocks, ex.r, ex.s, ex.c, block), "float32"))
-        b1 = T.arg("bias_expand", T.Buffer((sh.c,), "float32")) if expand_bias else None
-        taps = RowTaps.declare(sh, isa, bias, activation, residual, post_activation)
+        b1 = T.arg("bias_expand", T.Buffer((sh.c,), "float32")) \
+            if expansion_epilogue.bias else None
+        taps = RowTaps.declare(sh, isa, epilogue)
 
         def expand_tiles(b, h, ring, slot, c0, lo: int, hi: int, checked: bool) -> None:
             """Pixel tiles [lo, hi) of expanded row ``h``, channels [c0, c0 + block), into

@@ -22,6 +22,7 @@ from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
 from ..intrinsics.amx import A_ROWS_ATTR, TILE_CONFIG_ATTR
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm_plan import (
     GemmPlan,
@@ -46,33 +47,28 @@ from .tensorize import (
 )
 
 
-def gemm_schedule(m: int, n: int, k: int, isa: str, *, batch: int | None = None,
-                  bias: bool = False, activation: str | None = None, residual: bool = False,
-                  b_packed: bool = True, post_activation: str | None = None,
-                  dtype: str = "float32", dequantize: bool = False,
-                  a_transposed: bool = False, b_transposed: bool = False,
-                  a_scale: float = 1.0, a_col_scale: bool = False, threads: int = 1,
-                  gate: bool = False, out_dtype: str = "float32",
-                  residual_dtype: str = "float32"
-                  ) -> tuple[s_tir.Schedule, GemmPlan]:
+def gemm_schedule(m: int, n: int, k: int, isa: str, *, epilogue: Epilogue = Epilogue(),
+                  batch: int | None = None, b_packed: bool = True, dtype: str = "float32",
+                  dequantize: bool = False, a_transposed: bool = False,
+                  b_transposed: bool = False, a_scale: float = 1.0, a_col_scale: bool = False,
+                  threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) GEMM PrimFunc for these options, and its blocking.
 
     On an AMX target a bf16/int8 GEMM with packed B runs on tiles (32 x 32 blocks, one
     parallel task per thread of ``threads``, see ``intrinsics/amx.py``); everything else on the
     vector unit. Parameters in order: A, B (packed), [A's column scale (K,)], [scale,
-    offset (int8 ``dequantize``)], [bias], [gate], [residual [, its scale row: a u8/s8
-    ``residual_dtype``]], [1/scale, zero point (``out_dtype`` u8/s8)], output: fp32, or
+    offset (int8 ``dequantize``)], the ``epilogue``'s operands (bias, gate, residual [, its
+    scale row]), [1/scale, zero point (u8/s8 output)], output: fp32, or the epilogue's
     ``out_dtype`` (bf16: the tile converted on its way out; u8/s8: quantized, see
     :func:`~.gemm_te.epilogue_te`). An int8 GEMM writing u8/s8 with no epilogue step takes
     the requantize rows (:func:`~.gemm_te.int8_epilogue_te`) in place of scale, offset,
     1/scale and zero point."""
-    check_gemm(m, n, k, dtype, activation)
+    check_gemm(m, n, k, dtype)
     check_low_precision(isa, dtype)
     tiles = runs_on_tiles(isa, dtype) and b_packed
     plan = plan_gemm(m, n, k, dtype, isa if tiles else register_tile_isa(isa))
-    inputs, out, stages = gemm_te(plan, batch, bias, activation, residual, b_packed,
-                                  post_activation, dequantize, a_transposed, b_transposed,
-                                  a_scale, a_col_scale, gate, out_dtype, residual_dtype)
+    inputs, out, stages = gemm_te(plan, batch, epilogue, b_packed, dequantize, a_transposed,
+                                  b_transposed, a_scale, a_col_scale)
     func = te.create_prim_func([*inputs, out])
     if tiles:
         if batch is None and plan.mp != plan.m and plan.kp == plan.k and not plan.a_prepadded:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from tvm.target import Target
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
-from ..intrinsics import OPS
 from ..intrinsics.llvm_ir import AMX_DOT, dot_features
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.vector_isa import VectorISA
@@ -23,8 +22,6 @@ from ..target import host_isa, missing_features
 
 #: Rows and columns of an AMX GEMM's output block (2 x 2 tiles of 16 x 16).
 AMX_BLOCK = 32
-#: Activations a GEMM epilogue accepts: every unary TPP except zero/copy.
-ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
 
 
 @dataclass(frozen=True)
@@ -223,7 +220,7 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
     return best[1]
 
 
-def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> None:
+def check_gemm(m: int, n: int, k: int, dtype: str) -> None:
     """Refuse, with a message naming what is supported, a GEMM no kernel exists for."""
     if dtype not in PRECISIONS:
         raise UnsupportedDTypeError(
@@ -231,10 +228,6 @@ def check_gemm(m: int, n: int, k: int, dtype: str, activation: str | None) -> No
             "u8 activations x s8 weights into int32)")
     if min(m, n, k) < 1:
         raise UnsupportedShapeError(f"GEMM: M, N, K must be >= 1, got {m}x{n}x{k}")
-    if activation is not None and activation not in ACTIVATIONS:
-        raise UnsupportedShapeError(
-            f"GEMM: activation {activation!r} unsupported; one of {', '.join(ACTIVATIONS)}"
-        )
 
 
 def check_low_precision(isa: str, dtype: str, what: str = "GEMM") -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.spec import (
-    QUANTIZED_OPERANDS,
     ROW_OPERANDS,
     equation_expr,
     equation_operands,
@@ -29,27 +29,24 @@ from .gemm_plan import GemmPlan
 WEIGHTS = "B_packed"
 
 
-def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | None,
-            residual: bool = False, b_packed: bool = True,
-            post_activation: str | None = None, dequantize: bool = False,
+def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
+            b_packed: bool = True, dequantize: bool = False,
             a_transposed: bool = False, b_transposed: bool = False, a_scale: float = 1.0,
-            a_col_scale: bool = False, gate: bool = False, out_dtype: str = "float32",
-            residual_dtype: str = "float32"
+            a_col_scale: bool = False
             ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """TE stages of the GEMM; returns (inputs, output, epilogue stages).
 
     Inputs in order: A ((M, K), or (K, M) when ``a_transposed``), B (packed panels, or an
     activation operand when ``b_packed`` is False: (K, N), or (N, K) when ``b_transposed``),
     then for int8 with ``dequantize`` the per-column scale and offset (padded to the packed
-    width), bias (likewise), gate (M, N: the result multiplies it, after the activation),
-    residual (M, N) [and its scale row: a u8/s8 ``residual_dtype``, see
-    :func:`epilogue_te`]. A transposed A is copied into (M, K) rows and a
-    transposed B into packed panels inside the kernel (``A_transpose``, ``B_pack``,
-    transpose TPPs where unpadded), so backward GEMMs (dY Wᵀ, Xᵀ dY) run the same
-    microkernel. ``a_scale`` multiplies A on its way in (C = s·A·B, as a custom
-    contraction's constant factor). ``a_col_scale`` adds an input S (K,) right after B and
-    computes (A diag(S)) B: a squeeze-excite channel scale applied to A's rows as each row
-    tile is read (``A_colscale``), never as a pass of its own over the activation.
+    width), then the ``epilogue``'s operands (:func:`epilogue_te`). A transposed A is
+    copied into (M, K) rows and a transposed B into packed panels inside the kernel
+    (``A_transpose``, ``B_pack``, transpose TPPs where unpadded), so backward GEMMs
+    (dY Wᵀ, Xᵀ dY) run the same microkernel. ``a_scale`` multiplies A on its way in
+    (C = s·A·B, as a custom contraction's constant factor). ``a_col_scale`` adds an input
+    S (K,) right after B and computes (A diag(S)) B: a squeeze-excite channel scale
+    applied to A's rows as each row tile is read (``A_colscale``), never as a pass of its
+    own over the activation.
     Transposed or scaled operands are fp32 only.
     """
     m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
@@ -128,24 +125,17 @@ def gemm_te(plan: GemmPlan, batch: int | None, bias: bool, activation: str | Non
     if dequantize:
         if prec.acc != "int32":
             raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
-        epilogue_inputs, out, stages = int8_epilogue_te(
-            C, (*lead, m, n), bias, activation, residual, post_activation, gate=gate,
-            out_dtype=out_dtype, residual_dtype=residual_dtype)
+        epilogue_inputs, out, stages = int8_epilogue_te(C, (*lead, m, n), epilogue)
         return inputs + epilogue_inputs, out, stages
-    if prec.acc != "float32" and (bias or activation or residual or post_activation):
+    if prec.acc != "float32" and epilogue.steps:
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
-    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), bias, activation, residual,
-                                               post_activation, gate=gate, out_dtype=out_dtype,
-                                               residual_dtype=residual_dtype)
+    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), epilogue)
     return inputs + epilogue_inputs, out, stages
 
 
-def int8_epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
-                     residual: bool, post_activation: str | None = None,
-                     c_axes: tuple[int, ...] | None = None, gate: bool = False,
-                     out_dtype: str = "float32", residual_dtype: str = "float32",
-                     group_axis: int | None = None
+def int8_epilogue_te(C: te.Tensor, valid: tuple[int, ...], epilogue: Epilogue,
+                     c_axes: tuple[int, ...] | None = None, group_axis: int | None = None
                      ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """An int32 contraction C's :func:`dequantize_te` then :func:`epilogue_te` (inputs: the
     dequantize rows, then the epilogue's). With no step between dequantizing and a u8/s8
@@ -157,20 +147,21 @@ def int8_epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activatio
     ``requantize_add[_relu]`` pass, its inputs the dequantize rows, the residual, then
     :data:`RESIDUAL_REQUANTIZE_ROWS`: the residual's scale row times q (the caller folds
     it) and the zero point row."""
-    steps = bias or activation or residual or post_activation or gate
+    out_dtype = epilogue.out_dtype
     plain = c_axes is None and group_axis is None
-    if out_dtype in ("uint8", "int8") and not steps and plain:
+    if out_dtype in ("uint8", "int8") and not epilogue.steps and plain:
         scale, offset = (te.placeholder((int(C.shape[-1]),), "float32", name=name)
                          for name in REQUANTIZE_ROWS)
         out = te.compute(valid, lambda *ix: quant_expr(
             "requantize", C[ix], scale[ix[-1]], offset[ix[-1]], out_dtype), name="out_q")
         return [scale, offset], out, [("out_q", (REQUANTIZE, out_dtype))]
-    if out_dtype in ("uint8", "int8") and residual and residual_dtype == out_dtype and plain \
-            and not (bias or activation or gate) and post_activation in (None, "relu"):
-        return _requantize_add_te(C, valid, post_activation == "relu", out_dtype)
+    if out_dtype in ("uint8", "int8") and epilogue.residual \
+            and epilogue.residual_dtype == out_dtype and plain \
+            and epilogue.pre_steps == () and not epilogue.gate \
+            and epilogue.post_activation in (None, "relu"):
+        return _requantize_add_te(C, valid, epilogue.post_activation == "relu", out_dtype)
     deq_inputs, C, deq_stages = dequantize_te(C, group_axis)
-    inputs, out, stages = epilogue_te(C, valid, bias, activation, residual, post_activation,
-                                      c_axes, gate, out_dtype, residual_dtype)
+    inputs, out, stages = epilogue_te(C, valid, epilogue, c_axes)
     return deq_inputs + inputs, out, deq_stages + stages
 
 
@@ -189,10 +180,8 @@ def _requantize_add_te(C: te.Tensor, valid: tuple[int, ...], relu: bool, out_dty
     return [scale, offset, res, out_scale, out_offset], out, [("out_q", (op, out_dtype))]
 
 
-def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
-                residual: bool, post_activation: str | None = None,
-                c_axes: tuple[int, ...] | None = None, gate: bool = False,
-                out_dtype: str = "float32", residual_dtype: str = "float32"
+def epilogue_te(C: te.Tensor, valid: tuple[int, ...], epilogue: Epilogue,
+                c_axes: tuple[int, ...] | None = None
                 ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """The fused epilogue after a contraction C (padded in its last two dims), as equation
     TPPs: Y = post(act(C + bias) [* gate] + residual), one pass over each register tile.
@@ -206,7 +195,7 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     (n, oh, ow, group, channel)) gives, for each dim of C, the output dim it is: all steps
     then run in one ``out`` stage that also transposes, with a bias row per group.
 
-    ``out_dtype="bfloat16"``: a last stage (``out_bf16``, a converting copy TPP on the
+    ``epilogue.out_dtype="bfloat16"``: a last stage (``out_bf16``, a converting copy TPP on the
     tile) writes the result as bf16, for a consumer that takes bf16 (the next layer of a
     bf16 model), so the activation never makes an fp32 round trip through memory. It
     reads a padded tile itself, in place of the plain copy that drops the padding (one
@@ -215,27 +204,18 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     more inputs, per output column: 1/scale and the zero point (the next int8 layer's
     input quantization).
 
-    ``residual_dtype="uint8"``/``"int8"``: the residual is a quantized tile r (the next
-    int8 layer's input, a quarter of the bytes), added as ``r`` converted to fp32, and a
-    ``scale`` row input follows it: Y = relu(C + r) * scale. The caller has folded the
-    residual's quantization into C (C / s_r - z_r): with s_r > 0 that is
-    ``relu(C + (r - z_r) * s_r)``, so no bias or pre-activation may stand between (a bias
-    folds into C's dequantize offset) and the post-activation is ReLU or none.
+    A quantized residual (``epilogue.residual_dtype`` u8/s8, see :class:`Epilogue`) comes
+    with its ``scale`` row input after it; the caller has folded the residual's
+    quantization into C (C / s_r - z_r): with s_r > 0, Y = relu(C + r) * s_r is
+    ``relu(C + (r - z_r) * s_r)``.
     """
-    if residual_dtype != "float32":
-        if not residual or bias or activation or gate or c_axes is not None \
-                or post_activation not in (None, "relu"):
-            raise UnsupportedShapeError(
-                f"epilogue: a {residual_dtype} residual takes no bias, activation, gate or "
-                f"groups and only a ReLU after it (got bias={bias}, activation={activation}, "
-                f"post_activation={post_activation})")
-    inputs, out, stages = _epilogue_te(C, valid, bias, activation, residual, post_activation,
-                                       c_axes, gate, residual_dtype)
+    if epilogue.quantized_residual and c_axes is not None:
+        raise UnsupportedShapeError(
+            f"epilogue: a {epilogue.residual_dtype} residual in a grouped convolution")
+    inputs, out, stages = _epilogue_te(C, valid, epilogue, c_axes)
+    out_dtype = epilogue.out_dtype
     if out_dtype == "float32":
         return inputs, out, stages
-    if out_dtype not in ("bfloat16", "uint8", "int8"):
-        raise UnsupportedDTypeError(f"epilogue: output dtype {out_dtype!r}; float32, "
-                                    "bfloat16, uint8 or int8")
     src = out
     if stages and stages[-1] == ("out", ()):
         # the conversion drops the padding itself: no plain copy pass before it
@@ -249,9 +229,6 @@ def epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: st
     out = te.compute(valid, lambda *ix: tirx.Cast("bfloat16", src[ix]), name="out_bf16")
     return inputs, out, [*stages, ("out_bf16", (TO_BF16,))]
 
-
-#: The equation step adding a quantized residual tile, by the tile's dtype.
-_QUANTIZED_RESIDUAL = {dt: step for step, dt in QUANTIZED_OPERANDS.items()}
 
 #: The epilogue step that converts the finished fp32 tile to bf16 (see ``epilogue_te``).
 TO_BF16 = "to_bf16"
@@ -269,21 +246,18 @@ REQUANTIZE_ROWS = ("rq_scale", "rq_offset")
 RESIDUAL_REQUANTIZE_ROWS = ("rq_residual_scale", "q_offset")
 
 
-def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], bias: bool, activation: str | None,
-                 residual: bool, post_activation: str | None,
-                 c_axes: tuple[int, ...] | None, gate: bool, residual_dtype: str
+def _epilogue_te(C: te.Tensor, valid: tuple[int, ...], epilogue: Epilogue,
+                 c_axes: tuple[int, ...] | None
                  ) -> tuple[list[te.Tensor], te.Tensor, list[tuple[str, tuple[str, ...]]]]:
     """:func:`epilogue_te` in fp32."""
-    quantized = residual_dtype != "float32"
-    residual_step = _QUANTIZED_RESIDUAL[residual_dtype] if quantized else "residual"
-    pre = (("bias",) if bias else ()) + ((activation,) if activation else ())
-    post = ((("gate",) if gate else ()) + ((residual_step,) if residual else ())
-            + ((post_activation,) if post_activation else ()) + (("scale",) if quantized else ()))
+    pre, post = epilogue.pre_steps, epilogue.post_steps
+    bias, gate, residual = epilogue.bias, epilogue.gate, epilogue.residual
     gate_t = te.placeholder(valid, "float32", name="gate") if gate else None
-    res_t = te.placeholder(valid, residual_dtype, name="residual") if residual else None
+    res_t = te.placeholder(valid, epilogue.residual_dtype, name="residual") if residual \
+        else None
     # a quantized residual's scale: a row like the bias (padded width)
     rescale_t = te.placeholder((int(C.shape[-1]),), "float32", name="residual_scale") \
-        if quantized else None
+        if epilogue.quantized_residual else None
     post_operands = [t for t in (gate_t, res_t, rescale_t) if t is not None]
     if c_axes is not None:
         bias_t = te.placeholder((valid[-2], int(C.shape[-1])), "float32",

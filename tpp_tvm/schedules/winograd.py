@@ -26,6 +26,7 @@ from tvm import s_tir, te, tirx
 
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
+from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands
 from ..target import host_isa
 from .conv import FILTER, ConvShape
@@ -54,16 +55,22 @@ MIN_PARALLEL_BLOCKS = 16
 WINOGRAD_ACTIVATIONS = (None, "relu", "relu6")
 
 
-def winograd_applies(shape: ConvShape, activation: str | None = None,
-                     post_activation: str | None = None, dtype: str = "float32",
-                     isa: str = "avx512") -> bool:
+def winograd_applies(shape: ConvShape, epilogue: Epilogue = Epilogue(),
+                     dtype: str = "float32", isa: str = "avx512") -> bool:
     """Whether F(2x2, 3x3) takes this convolution: 3x3, stride 1, fp32, channels per group
-    whole vectors, an output of at least 4x4 (smaller ones are mostly tile padding), and a
-    transformed filter panel that fits in half the L2 (:func:`plan_winograd`)."""
+    whole vectors, an output of at least 4x4 (smaller ones are mostly tile padding), a
+    transformed filter panel that fits in half the L2 (:func:`plan_winograd`), and an
+    epilogue the output transform applies (bias, ReLU or ReLU6, an fp32 residual; fp32
+    out)."""
     return (shape.r == 3 and shape.s == 3 and shape.stride == 1 and dtype == "float32"
             and shape.cg % _lanes(isa) == 0 and shape.oh >= 4 and shape.ow >= 4
-            and activation in WINOGRAD_ACTIVATIONS and post_activation in WINOGRAD_ACTIVATIONS
-            and plan_winograd(shape, isa) is not None)
+            and _takes(epilogue) and plan_winograd(shape, isa) is not None)
+
+
+def _takes(epilogue: Epilogue) -> bool:
+    return (epilogue.activation in WINOGRAD_ACTIVATIONS
+            and epilogue.post_activation in WINOGRAD_ACTIVATIONS and not epilogue.gate
+            and not epilogue.quantized_residual and epilogue.out_dtype == "float32")
 
 
 def _lanes(isa: str) -> int:
@@ -158,8 +165,7 @@ def filters_stay(shape: ConvShape, plan: GemmPlan) -> bool:
     return 16 * shape.cg * plan.np_ * 4 <= budget
 
 
-def winograd_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | None,
-                residual: bool, post_activation: str | None = None
+def winograd_te(shape: ConvShape, plan: GemmPlan, epilogue: Epilogue = Epilogue()
                 ) -> tuple[list[te.Tensor], te.Tensor]:
     """TE stages; inputs: data (n, h, w*c), transformed filter, [bias], [residual]; output
     NHWC (n, oh, ow, oc), grouped (n, oh, ow, groups, og) like ``conv_te``."""
@@ -203,12 +209,15 @@ def winograd_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | 
         return te.sum(v * u, axis=k)
 
     M = te.compute((sh.n, *gdim, th, 4, 4, twp, ocp), product, name="M")
-    steps = ((("bias",) if bias else ()) + ((activation,) if activation else ())
-             + (("residual",) if residual else ())
-             + ((post_activation,) if post_activation else ()))
+    if not _takes(epilogue):
+        raise UnsupportedShapeError(
+            f"Winograd conv2d: epilogue {epilogue.suffix} writing {epilogue.out_dtype}; bias, "
+            "ReLU or ReLU6 and an fp32 residual, written as float32")
+    steps = epilogue.steps
     valid = (sh.n, sh.oh, sh.ow, *gdim, og)
-    bias_t = te.placeholder((*gdim, ocp), "float32", name="bias_packed") if bias else None
-    res_t = te.placeholder(valid, "float32", name="residual") if residual else None
+    bias_t = te.placeholder((*gdim, ocp), "float32", name="bias_packed") \
+        if epilogue.bias else None
+    res_t = te.placeholder(valid, "float32", name="residual") if epilogue.residual else None
     operands = [t for t in (bias_t, res_t) if t is not None]
     kinds = equation_operands(steps)
 
@@ -229,9 +238,8 @@ def winograd_te(shape: ConvShape, plan: GemmPlan, bias: bool, activation: str | 
     return [X, U, *operands], out
 
 
-def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
-                      activation: str | None = None, residual: bool = False,
-                      post_activation: str | None = None) -> tuple[s_tir.Schedule, GemmPlan]:
+def winograd_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue()
+                      ) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled F(2x2, 3x3) convolution and its GEMM blocking (``plan.nr`` packs the
     filter: :func:`pack_winograd_filter`)."""
     isa = register_tile_isa(isa)
@@ -240,7 +248,7 @@ def winograd_schedule(shape: ConvShape, isa: str, *, bias: bool = False,
     if plan is None:
         raise UnsupportedShapeError(
             f"Winograd conv2d: no filter panel of {shape.cg} channels fits half the L2")
-    inputs, out = winograd_te(shape, plan, bias, activation, residual, post_activation)
+    inputs, out = winograd_te(shape, plan, epilogue)
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
     # The output's loops lead: per block of mr tiles of a tile row and one nr-channel
     # panel, the input transform, the 16 GEMM tiles and the output transform run in turn.
