@@ -27,6 +27,8 @@ from .exprs import bindings, static_shape
 _UNARY = frozenset({
     "relax.nn.relu", "relax.astype", "relax.clip", "relax.sigmoid", "relax.tanh",
     "relax.erf", "relax.exp", "relax.round", "relax.sqrt", "relax.negative",
+    # no layout inference in TVM, so ConvertLayout wraps it in transposes (CSPDarknet)
+    "relax.nn.leakyrelu",
 })
 #: Element-wise ops with two (broadcasting) tensor inputs.
 _BINARY = frozenset({
