@@ -131,3 +131,56 @@ def test_hardswish_is_an_epilogue_of_every_contraction_family():
     for kernel in ("conv2d_bias_hardswish", "depthwise_conv2d_bias_hardswish",
                    "dense_bias_hardswish"):
         assert lowered.get(f"tpp.{kernel}") == 1, lowered
+
+
+@pytest.mark.parametrize("slope,fused", [(0.01, True), (0.1, False)])
+def test_leaky_relu_is_an_epilogue_of_every_contraction_family(slope, fused):
+    """CSPDarknet's LeakyReLU (slope 0.01, torch's default) after a convolution, a
+    depthwise convolution and a dense layer: one kernel each; another slope is no such
+    step, and stays exact as an op of its own."""
+    import checks
+    import numpy as np
+    from onnx import helper
+
+    rng = np.random.default_rng(6)
+    c = 24
+    consts = {"w": rng.standard_normal((c, c, 3, 3)) * 0.2, "b": rng.standard_normal(c),
+              "wd": rng.standard_normal((c, 1, 3, 3)), "wm": rng.standard_normal((c, 16)),
+              "bm": rng.standard_normal(16)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["h"], ["a"], alpha=slope),
+             helper.make_node("Conv", ["a", "wd", "b"], ["d"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["d"], ["e"], alpha=slope),
+             helper.make_node("GlobalAveragePool", ["e"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["mm"]),
+             helper.make_node("Add", ["mm", "bm"], ["mb"]),
+             helper.make_node("LeakyRelu", ["mb"], ["y"], alpha=slope)]
+    model = checks.onnx_model(nodes, {"x": [1, c, 10, 10]}, consts)
+    feeds = {"x": rng.standard_normal((1, c, 10, 10)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    lowered = compiled.report_data["lowered"]
+    for kernel in ("conv2d_bias", "depthwise_conv2d_bias", "dense_bias"):
+        assert (lowered.get(f"tpp.{kernel}_leaky_relu") == 1) == fused, lowered
+
+
+def test_leaky_relu_is_an_int8_epilogue(tmp_path):
+    """The same step after an int8 GEMM (ONNX Runtime's dynamic quantization: a
+    MatMulInteger whose result the LeakyReLU reads): one kernel, as close to fp32 as ONNX
+    Runtime's own int8 result. (ORT's static QDQ quantizes the LeakyReLU's input on its
+    own, so there the step runs as an equation TPP after the int8 convolution.)"""
+    import onnx
+    import torch
+    from test_quantized import _compiled_like_onnxruntime, _quantize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.LeakyReLU(),
+                              torch.nn.Linear(96, 32)).eval()
+    path = str(tmp_path / "fp32.onnx")
+    torch.onnx.export(net, (torch.randn(4, 64),), path, input_names=["input"],
+                      opset_version=17, dynamo=False)
+    model = _quantize("dynamic", path, str(tmp_path / "int8.onnx"))
+    compiled = _compiled_like_onnxruntime(onnx.load(path), model, "dynamic")[0]
+    rows = compiled.report_data["kernels"]
+    fused = [r for r in rows if r["pattern"] == "tpp.matmul_integer_bias_leaky_relu"]
+    assert len(fused) == 1 and fused[0]["precision"] == "int8", rows

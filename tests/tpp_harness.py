@@ -66,6 +66,7 @@ UNARY = {
     "copy": lambda x: x,
     "relu": lambda x: np.maximum(x, 0),
     "relu6": lambda x: np.clip(x, 0, 6),
+    "leaky_relu": lambda x: np.where(x < 0, np.float32(0.01) * x, x),
     "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
     "silu": lambda x: x / (1 + np.exp(-x)),
     "quick_gelu": lambda x: x / (1 + np.exp(-1.702 * x)),

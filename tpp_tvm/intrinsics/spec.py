@@ -64,6 +64,8 @@ def const(x: tirx.Expr, value: float) -> tirx.Expr:
 
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
+#: The negative slope of ``leaky_relu`` (torch's and ONNX's default; CSPNet's, YOLO's).
+LEAKY_RELU_SLOPE = 0.01
 #: The sigmoid's input scale in ``quick_gelu`` (OpenAI CLIP's activation).
 QUICK_GELU_SCALE = 1.702
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
@@ -114,6 +116,9 @@ OPS: dict[str, OpDef] = {
                   "Y = max(X, 0), NaN stays NaN"),
     "relu6": OpDef("unary", lambda x: tirx.min(tirx.max(x, const(x, 0.0)), const(x, 6.0)),
                    "Y = min(max(X, 0), 6), NaN stays NaN"),
+    "leaky_relu": OpDef("unary", lambda x: tirx.Select(x < const(x, 0.0),
+                                                       x * const(x, LEAKY_RELU_SLOPE), x),
+                        "Y = X where X >= 0, else 0.01 X (the default slope of torch and ONNX)"),
     "hardswish": OpDef("unary", lambda x: x * (tirx.min(tirx.max(x + const(x, 3.0),
                                                                   const(x, 0.0)),
                                                          const(x, 6.0)) / const(x, 6.0)),

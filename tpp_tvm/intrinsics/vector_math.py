@@ -72,7 +72,7 @@ from tvm import tirx
 from tvm.ir.expr import TensorLoad
 
 from .llvm_ir import intrinsic_id
-from .spec import OPS, QUICK_GELU_SCALE, const, dtype_of
+from .spec import LEAKY_RELU_SLOPE, OPS, QUICK_GELU_SCALE, const, dtype_of
 
 Expr = tirx.Expr
 
@@ -525,6 +525,10 @@ def _relu6(x: Expr) -> Expr:
     return tirx.Select(x > splat(x, 6.0), splat(x, 6.0), _relu(x))
 
 
+def _leaky_relu(x: Expr) -> Expr:
+    return tirx.Select(x < splat(x, 0.0), x * splat(x, LEAKY_RELU_SLOPE), x)
+
+
 def _hardswish(x: Expr) -> Expr:
     # times 1/6 rather than a division: within an ulp of ONNX Runtime's / 6
     return x * _relu6(x + splat(x, 3.0)) * splat(x, 1.0 / 6.0)
@@ -544,6 +548,7 @@ FAST: dict[str, Callable[..., Expr]] = {
     "relu_inv": _relu_inv,
     "relu": _relu,
     "relu6": _relu6,
+    "leaky_relu": _leaky_relu,
     "hardswish": _hardswish,
 }
 

@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from ..intrinsics.epilogue import Epilogue
-from ..intrinsics.spec import POOL_DTYPES, QUICK_GELU_SCALE
+from ..intrinsics.spec import LEAKY_RELU_SLOPE, POOL_DTYPES, QUICK_GELU_SCALE
 from ..schedules.expand_depthwise import fusion_pays
 from .exprs import scalar_value
 
@@ -39,6 +39,8 @@ ACTIVATIONS: dict[str, str] = {
     # x * (min(max(x + 3, 0), 6) / 6) as the importer writes HardSwish (frontend's
     # converter), constants checked by activation_constants_hold.
     "hardswish": "hardswish",
+    # the default slope only (the pattern checks it: activation_pattern)
+    "relax.nn.leakyrelu": "leaky_relu",
 }
 
 #: Activations written as several Relax ops (not one op with that name).
@@ -74,6 +76,9 @@ def activation_pattern(op: str, x: DFPattern, ann: dict | None = None, key: str 
         scaled = is_op("relax.multiply")(x, scale) | is_op("relax.multiply")(scale, x)
         gate = is_op("relax.sigmoid")(scaled)
         return is_op("relax.multiply")(x, gate) | is_op("relax.multiply")(gate, x)
+    if op == "relax.nn.leakyrelu":  # its slope as ONNX (float32) or torch (double) gives it
+        return (is_op(op)(x).has_attr({"alpha": LEAKY_RELU_SLOPE})
+                | is_op(op)(x).has_attr({"alpha": float(np.float32(LEAKY_RELU_SLOPE))}))
     return is_op(op)(x)
 
 
@@ -518,7 +523,7 @@ def instance_norm_patterns() -> list[TPPPattern]:
         for activation in (*[a for a in ACTIVATIONS if a not in COMPOSITE_ACTIVATIONS], None):
             x, gamma, beta = wildcard(), is_const(), is_const()
             norm = is_op(f"relax.nn.{norm_op}")(x, gamma, beta)
-            out = is_op(activation)(norm) if activation else norm
+            out = activation_pattern(activation, norm) if activation else norm
             name = f"tpp.{norm_op}" + (f"_{ACTIVATIONS[activation]}" if activation else "")
             table.append(TPPPattern(name, out, {"lhs": x, "gamma": gamma, "beta": beta,
                                                 "root": norm, "out": out},
