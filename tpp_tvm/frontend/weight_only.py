@@ -94,9 +94,17 @@ def matmul_nbits(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     blocks, blob = -(-k // block), block * bits // 8
 
     def f32(x: Any) -> Any:
+        if _const(x) is not None:
+            return relax.const(_const(x).astype(np.float32))
         return x if str(x.ty.dtype) == "float32" else bb.normalize(relax.op.astype(x, "float32"))
 
-    codes = bb.normalize(relax.op.reshape(b, (n, blocks, blob)))
+    def shaped(x: Any, shape: tuple[int, ...]) -> Any:
+        """``x`` reshaped; a constant stays one (the graph pass reads it as it is)."""
+        value = _const(x)
+        return relax.const(value.reshape(shape)) if value is not None else \
+            bb.normalize(relax.op.reshape(x, shape))
+
+    codes = shaped(b, (n, blocks, blob))
     if bits == 4:  # byte j -> codes 2j (low nibble) and 2j + 1 (high nibble)
         shifts = np.tile(np.array([0, 4], np.uint8), blob)
         codes = bb.normalize(relax.op.bitwise_and(
@@ -112,8 +120,8 @@ def matmul_nbits(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
             relax.const(unpack_zero_points(packed, n, blocks, bits).reshape(n, blocks, 1)),
             "float32")
     else:  # one per block, in A's dtype
-        zp = relax.op.reshape(f32(zero_points), (n, blocks, 1))
-    per_block = relax.op.reshape(f32(scales), (n, blocks, 1))
+        zp = shaped(f32(zero_points), (n, blocks, 1))
+    per_block = shaped(f32(scales), (n, blocks, 1))
     w = relax.op.multiply(relax.op.subtract(relax.op.astype(codes, "float32"), zp), per_block)
     w = bb.normalize(relax.op.reshape(bb.normalize(w), (n, blocks * block)))
     if blocks * block != k:

@@ -52,6 +52,7 @@ from .report import LoweringReport
 from .residual_order import OrderResidualOperands
 from .scalar_constants import fold_scalar_constants
 from .transposes import SinkLayoutTransposes
+from .weight_only import lower_weight_only
 
 PIPELINE_NAME = "tpp"
 log = logging.getLogger(__name__)
@@ -70,6 +71,17 @@ def quantized_pass(isa: str, report: LoweringReport, threads: int = 1
     return _quantized
 
 
+def weight_only_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
+    """Weight-only quantized matmuls (``MatMulNBits``) onto the weight-only kernel, the
+    weights kept packed."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tpp.LowerWeightOnlyMatmuls")
+    def _weight_only(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return lower_weight_only(mod, isa, report)
+
+    return _weight_only
+
+
 def simplify_passes(isa: str | None = None, report: LoweringReport | None = None,
                     threads: int = 1) -> list[tvm.transform.Pass]:
     """Inference simplification; on a TPP ISA, quantized matmuls become int8 TPPs first."""
@@ -77,8 +89,10 @@ def simplify_passes(isa: str | None = None, report: LoweringReport | None = None
     if isa is not None:
         # Before constant folding, which would fold the s8 weights' casts away; after
         # canonicalization, so a GELU after a quantized matmul fuses into its epilogue.
-        passes.append(quantized_pass(isa, report if report is not None else LoweringReport(),
-                                     threads))
+        report = report if report is not None else LoweringReport()
+        passes.append(quantized_pass(isa, report, threads))
+        # Before constant folding too, which would expand the packed weights to fp32.
+        passes.append(weight_only_pass(isa, report))
     return passes + [
         relax.transform.DecomposeOpsForInference(),
         fold_constants(),

@@ -1,0 +1,280 @@
+"""Weight-only quantized matmuls: ``com.microsoft:MatMulNBits`` imported
+(``frontend/weight_only.py``), rewritten onto the packed-weight kernel
+(``relay_passes/weight_only.py``) and the kernel itself (``schedules/weight_only.py``),
+against ONNX Runtime and numpy."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from checks import VECTOR_ISA, assert_runs_like_onnxruntime, plain_llvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+import tpp_tvm
+from tpp_tvm.errors import UnsupportedOperatorError, UnsupportedShapeError
+from tpp_tvm.frontend import from_onnx
+from tpp_tvm.frontend.weight_only import unpack_zero_points
+from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.relay_passes.exprs import bindings
+from tpp_tvm.relay_passes.pipeline import tpp_kernel_passes
+from tpp_tvm.relay_passes.report import LoweringReport
+from tpp_tvm.schedules.weight_only import (
+    WeightOnlyShape,
+    dequantize_reference,
+    pack_weights,
+    plan,
+    weight_only_schedule,
+)
+from tpp_tvm.tir_pipeline import compile_kernels
+
+requires_ort = pytest.mark.requires_onnxruntime
+
+
+def _pack_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
+    """(N, blocks) zero points packed as the spec stores them (the inverse of
+    :func:`unpack_zero_points`)."""
+    if bits == 8:
+        return zp.reshape(-1).astype(np.uint8)
+    n, blocks = zp.shape
+    padded = np.pad(zp, ((0, 0), (0, blocks % 2))).astype(np.uint8)
+    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).reshape(-1)
+
+
+def nbits_model(a_shape: list[int], n: int, *, bits: int = 4, block: int = 32,
+                zero_points: str | None = None, bias: bool = False, seed: int = 0,
+                extra_attrs: dict | None = None, g_idx: np.ndarray | None = None
+                ) -> tuple[onnx.ModelProto, dict]:
+    """A one-node MatMulNBits model with random codes, scales, and ``zero_points`` None,
+    ``"packed"`` (uint8, the spec's packing) or ``"float"`` (one per block, fp32)."""
+    rng = np.random.default_rng(seed)
+    k = a_shape[-1]
+    blocks = -(-k // block)
+    codes = rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8)
+    scales = (rng.random((n, blocks), dtype=np.float32) * 0.1 + 0.01).reshape(-1)
+    inits = [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "scales")]
+    inputs = ["a", "codes", "scales"]
+    unpacked = rng.integers(0, 1 << bits, (n, blocks), dtype=np.uint8)
+    if zero_points == "packed":
+        inits.append(numpy_helper.from_array(_pack_zero_points(unpacked, bits), "zp"))
+    elif zero_points == "float":
+        inits.append(numpy_helper.from_array(unpacked.astype(np.float32).reshape(-1), "zp"))
+    inputs.append("zp" if zero_points else "")
+    if g_idx is not None:
+        inits.append(numpy_helper.from_array(g_idx.astype(np.int32), "g_idx"))
+    inputs.append("g_idx" if g_idx is not None else "")
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+    inputs.append("bias" if bias else "")
+    while inputs[-1] == "":
+        inputs.pop()
+    attrs = dict(K=k, N=n, bits=bits, block_size=block) | (extra_attrs or {})
+    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft",
+                            name="wq_proj", **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*a_shape[:-1], n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    feeds = {"a": rng.standard_normal(a_shape).astype(np.float32)}
+    return model, feeds
+
+
+# bits, block, A's shape, N, zero points, bias: odd blocks, K % block != 0, 3-D A, rows
+# that pad to the chunk, N not whole tiles.
+CASES = [
+    (4, 16, [1, 40], 24, "packed", True),
+    (4, 32, [1, 64], 64, None, False),
+    (4, 64, [2, 3, 136], 48, "packed", False),
+    (4, 256, [5, 256], 40, "float", True),
+    (8, 16, [1, 48], 32, None, True),
+    (8, 32, [3, 100], 64, "packed", False),
+    (8, 128, [2, 200], 16, None, False),  # ONNX Runtime has no 8-bit fp32 zero points
+]
+
+
+@requires_ort
+@pytest.mark.parametrize("bits, block, a_shape, n, zp, bias", CASES)
+def test_matmul_nbits_runs_like_onnxruntime(bits, block, a_shape, n, zp, bias):
+    model, feeds = nbits_model(a_shape, n, bits=bits, block=block, zero_points=zp, bias=bias)
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert f"tpp.matmul_int{bits}_weights{'_bias' if bias else ''}: 1" in compiled.report()
+
+
+def _ort_quantized(block: int, symmetric: bool) -> tuple[onnx.ModelProto, dict]:
+    quantizer = pytest.importorskip(
+        "onnxruntime.quantization.matmul_nbits_quantizer",
+        reason="ONNX Runtime's MatMulNBitsQuantizer (needs onnx_ir)")
+    rng = np.random.default_rng(3)
+    k, n = 96, 64
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="down")]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, k])],
+        [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.standard_normal((n, k)).astype(np.float32), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantizer.MatMulNBitsQuantizer(copy.deepcopy(model), block_size=block,
+                                       is_symmetric=symmetric)
+    q.process()
+    return q.model.model, {"x": rng.standard_normal((2, k)).astype(np.float32)}
+
+
+@requires_ort
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_onnxruntime_quantizer_output(symmetric):
+    model, feeds = _ort_quantized(32, symmetric)
+    assert [node.op_type for node in model.graph.node].count("MatMulNBits") == 2
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert "tpp.matmul_int4_weights: 2" in compiled.report()
+    assert "tpp_matmul_int4_weights" in " ".join(compiled.report_data["tpp_functions"])
+
+
+def _constants(mod: tvm.IRModule) -> list[np.ndarray]:
+    """The constants the calls of ``mod``'s Relax functions take."""
+    found: list[np.ndarray] = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, tvm.ir.Constant):
+            found.append(expr.value.numpy())
+        elif isinstance(expr, relax.Call | relax.Tuple):
+            for arg in expr.args if isinstance(expr, relax.Call) else expr.fields:
+                visit(arg)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            for value in bindings(func).values():
+                visit(value)
+    return found
+
+
+def test_weights_stay_packed():
+    """The lowered module's weights are the 4-bit bytes (N * K / 2), re-tiled, plus one
+    fp32 scale a block: no fp32 copy of W."""
+    k, n, block = 256, 64, 32
+    model, _ = nbits_model([1, k], n, block=block, zero_points="packed")
+    target = tpp_tvm.target(num_cores=1)
+    report = LoweringReport()
+    with target:
+        mod = tvm.transform.Sequential(tpp_kernel_passes(target, report))(from_onnx(model))
+    sizes = sorted((c.dtype.name, c.size) for c in _constants(mod) if c.size > 1)
+    assert ("uint8", n * k // 2) in sizes, sizes
+    assert ("float32", n * k // block) in sizes, sizes  # scales
+    assert not any(dtype == "float32" and size >= n * k for dtype, size in sizes), sizes
+    assert sum(report.kernels.values()) == 1
+
+
+def test_plain_llvm_compiles_the_imported_form():
+    """TVM's own path (no TPP key) builds the imported ops as they are."""
+    model, feeds = nbits_model([2, 72], 24, zero_points="packed", bias=True)
+    want = dequantize_reference_for(model, feeds)
+    compiled = tpp_tvm.compile_onnx(model, target=plain_llvm(num_cores=1))
+    np.testing.assert_allclose(compiled(**feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def dequantize_reference_for(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
+    """numpy's Y of a :func:`nbits_model` (4 bits, packed zero points, bias)."""
+    node = model.graph.node[0]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    shape = WeightOnlyShape(m=1, k=attrs["K"], n=attrs["N"], bits=attrs["bits"],
+                            block=attrs["block_size"])
+    zp = unpack_zero_points(init["zp"], shape.n, shape.blocks, shape.bits)
+    w = dequantize_reference(shape, init["codes"], init["scales"].reshape(shape.n, -1), zp)
+    return feeds["a"] @ w.T + init["bias"]
+
+
+def test_g_idx_reordering_is_refused_by_name():
+    k, block = 64, 32
+    model, _ = nbits_model([1, k], 16, block=block, g_idx=np.arange(k)[::-1] // block)
+    with pytest.raises(UnsupportedOperatorError, match="wq_proj.*g_idx"):
+        tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+
+
+@requires_ort
+def test_default_g_idx_and_accuracy_level_are_taken():
+    k, block = 64, 32
+    model, feeds = nbits_model([1, k], 16, block=block, g_idx=np.arange(k) // block,
+                               extra_attrs={"accuracy_level": 1})
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert "tpp.matmul_int4_weights: 1" in compiled.report()
+
+
+def test_unsupported_bits_are_refused_by_name():
+    model, _ = nbits_model([1, 64], 16, bits=4, extra_attrs={"bits": 3})
+    with pytest.raises(UnsupportedOperatorError, match="wq_proj.*3-bit"):
+        tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+
+
+# m, k, n, bits, block, zero points, bias: rows padded to the chunk, N not whole tiles.
+KERNELS = [
+    (1, 64, 64, 4, 32, False, False),
+    (3, 96, 48, 4, 16, True, True),
+    (5, 256, 80, 8, 64, True, False),
+    (8, 128, 40, 8, 128, False, True),
+]
+
+
+@pytest.mark.parametrize("m, k, n, bits, block, zp, bias", KERNELS)
+def test_kernel_against_numpy(m, k, n, bits, block, zp, bias):
+    shape = WeightOnlyShape(m, k, n, bits, block, zp, bias)
+    p = plan(shape, VECTOR_ISA)
+    rng = np.random.default_rng(m * k + n)
+    codes = rng.integers(0, 256, (n, shape.blocks, block * bits // 8), dtype=np.uint8)
+    scales = rng.standard_normal((n, shape.blocks)).astype(np.float32)
+    zps = rng.integers(0, 1 << bits, (n, shape.blocks), dtype=np.uint8) if zp else None
+    b = rng.standard_normal(n).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    want = a @ dequantize_reference(shape, codes, scales, zps).T + (b if bias else 0)
+    packed, tile_scales, tile_zps = pack_weights(shape, p, codes, scales, zps)
+    assert packed.nbytes == p.cols * shape.blocks * block * bits // 8  # same bytes, tiled
+    args = [np.pad(a, ((0, p.rows - m), (0, p.depth - k))), packed, tile_scales]
+    args += [tile_zps] if zp else []
+    args += [np.pad(b, (0, p.cols - n))] if bias else []
+    out = tvm.runtime.tensor(np.zeros((p.rows, p.cols), np.float32))
+    lib = compile_kernels(weight_only_schedule(shape, VECTOR_ISA).mod,
+                          tpp_tvm.target(num_cores=1)).jit()
+    lib["main"](*[tvm.runtime.tensor(x) for x in args], out)
+    np.testing.assert_allclose(out.numpy()[:m, :n], want, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.requires_avx512
+def test_kernel_unpacks_in_registers():
+    """AVX-512: a 64-byte line of 4-bit codes per step, widened (vpmovzxbd, vcvtdq2ps) and
+    multiplied in 16-lane FMAs; no scalar loop over the codes."""
+    shape = WeightOnlyShape(1, 256, 128, 4, 32)
+    asm = compile_kernels(weight_only_schedule(shape, "avx512").mod,
+                          tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
+    assert "vfmadd231ps\t%zmm" in asm or "vfmadd231ps %zmm" in asm
+    assert "vpmovzxbd" in asm and "vcvtdq2ps" in asm
+
+
+def test_shape_checks():
+    with pytest.raises(UnsupportedShapeError, match="3-bit"):
+        WeightOnlyShape(1, 64, 16, bits=3)
+    with pytest.raises(UnsupportedShapeError, match="scalable"):
+        plan(WeightOnlyShape(1, 64, 16), "sve")
+
+
+def test_zero_point_packing_round_trips():
+    rng = np.random.default_rng(0)
+    for bits, blocks in ((4, 5), (4, 6), (8, 3)):
+        zp = rng.integers(0, 1 << bits, (7, blocks), dtype=np.uint8)
+        packed = _pack_zero_points(zp, bits)
+        assert packed.size == 7 * -(-blocks * bits // 8)
+        np.testing.assert_array_equal(unpack_zero_points(packed, 7, blocks, bits), zp)
+
+
+@requires_ort
+def test_reference_matches_onnxruntime():
+    """The numpy reference the kernel test trusts is ONNX Runtime's math."""
+    model, feeds = nbits_model([2, 72], 24, zero_points="packed", bias=True)
+    np.testing.assert_allclose(dequantize_reference_for(model, feeds),
+                               run_onnxruntime(model, feeds)[0], rtol=1e-4, atol=1e-4)
