@@ -4,13 +4,13 @@ parameters a lowering needs are fields of the entry, not read back out of its na
 import pytest
 
 from tpp_tvm.intrinsics.epilogue import Epilogue
-from tpp_tvm.relay_passes.lower import LOWERINGS
+from tpp_tvm.relay_passes.families import FAMILIES
 from tpp_tvm.relay_passes.patterns import pattern_table
 
 
 def test_every_pattern_has_a_lowering():
     table = pattern_table()
-    assert {p.lowering for p in table} == set(LOWERINGS)
+    assert {p.lowering for p in table} == set(FAMILIES)
     names = [p.name for p in table]
     assert len(names) == len(set(names)), "pattern names must be unique (they key the table)"
 

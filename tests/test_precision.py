@@ -99,17 +99,17 @@ def test_bf16_without_tiles_says_whether_it_pays() -> None:
 def test_a_failing_bf16_kernel_runs_on_fp32_tpps(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 kernel that cannot be built leaves the layer on the fp32 TPP kernel (reported
     as a rewrite), not on TVM's untuned code, which ran a ViT matmul 100x slower."""
-    from tpp_tvm.relay_passes import lower
+    from tpp_tvm.relay_passes.families import gemm
     from tpp_tvm.target import target
 
-    real = lower.gemm_schedule
+    real = gemm.gemm_schedule
 
     def failing(*args, dtype: str = "float32", **kwargs):
         if dtype != "float32":
             raise RuntimeError("GEMM microkernel did not tensorize")
         return real(*args, dtype=dtype, **kwargs)
 
-    monkeypatch.setattr(lower, "gemm_schedule", failing)
+    monkeypatch.setattr(gemm, "gemm_schedule", failing)
     model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
     inputs = models.example_inputs(model)
     compiled = compile_onnx(model, target=target("avx512", num_cores=1), precision="bf16")

@@ -2,7 +2,7 @@
 
 Patterns are data (name, dataflow pattern, check, lowering and its parameters), as in TVM's
 ``relax/backend/patterns.py``: adding a fused subgraph is one entry here plus, for a new
-kernel family, one lowering in ``lower.py``. Names read
+kernel family, one ``KernelFamily`` in ``families/``. Names read
 ``tpp.<kernel>[_bias][_<activation>][_residual]`` and are for people (reports, kernel
 names): nothing parses them back; what a lowering needs is a field of the entry. The order
 of the table is the matching priority (the most fused variant first).
@@ -125,7 +125,8 @@ def epilogue_pattern(core: DFPattern, epilogue: Epilogue, ann: dict,
 @dataclass(frozen=True)
 class TPPPattern:
     """One fusable subgraph: a name, its dataflow pattern, a check on the match, and what
-    lowers it (``lowering``, a kernel family of ``lower.LOWERINGS``, with its parameters)."""
+    lowers it (``lowering``, the name of a kernel family in ``families.FAMILIES``, with its
+    parameters)."""
 
     name: str
     pattern: DFPattern
@@ -378,7 +379,7 @@ def expand_depthwise_patterns() -> list[TPPPattern]:
 
 def runtime_weight_conv_pattern() -> TPPPattern:
     """``conv2d(x, W)`` with W computed at run time: a trained filter, or a weight-gradient
-    convolution whose "filter" is dY. The filter is packed per call (``lower.py``)."""
+    convolution whose "filter" is dY. The filter is packed per call (``families/conv.py``)."""
     lhs, weight = wildcard(), wildcard()
     out = is_op("relax.nn.conv2d")(lhs, weight)
     return TPPPattern("tpp.conv2d_runtime_weight", out,

@@ -1,0 +1,94 @@
+"""The attention family: softmax(Q Kᵀ · scale + mask) V as one fused kernel over the
+flattened (batch · head) dimension (``schedules/attention.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+from ...schedules.attention import (
+    AttentionShape,
+    attention_schedule,
+    attention_tile_schedule,
+    padded_keys,
+    padded_query_rows,
+    query_block_rows,
+    tile_query_rows,
+)
+from ...schedules.gemm_plan import runs_on_tiles
+from ..patterns import mask_rows_broadcast
+from .base import KernelFamily, Lowered, Match, as_relax_kernel, dims, kernel_name
+
+
+def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
+                    isa: str, precision: str = "float32", threads: int = 1) -> Lowered:
+    """One fused attention kernel over the flattened (batch·head) dimension. In bf16 on an
+    AMX target its two products run on tiles (queries padded to blocks of 32) where the
+    head size is whole 32s and there are 16 queries or more; elsewhere it stays fp32.
+    Queries and keys may differ in number, and V's head size (the output's) from Q's and
+    K's (LeViT's subsampling attention: 49 queries over 196 keys, values 4x wider)."""
+    q, kt, v = matched["q"], matched["k_t"], matched["v"]
+    qs, ks = dims(q), dims(kt)
+    dv = dims(v)[-1]
+    tile_rows = (tile_query_rows(qs[-2], qs[-1], dv)
+                 if precision != "float32" and runs_on_tiles(isa, precision) else None)
+    tiles = tile_rows is not None
+    bh = int(np.prod(qs[:-2]))
+    group = 1
+    if "k_grouped" in matched:  # shared K/V heads read in place, not repeated
+        k = matched["k_grouped"]
+        group = qs[1] // dims(k)[1]
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        v = matched["v_grouped"]
+    c = float(matched["scale"].value.numpy().reshape(()))
+    scale = c if matched.scale_multiplies else 1.0 / c
+    rows = tile_rows or padded_query_rows(qs[-2], query_block_rows(isa))
+    keys = padded_keys(ks[-1])
+    q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
+    if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
+        q3 = bb.emit(relax.op.nn.pad(q3, [0, 0, 0, rows - qs[-2], 0, 0]))
+    kt3 = bb.emit(relax.op.reshape(kt, (bh // group, ks[-2], ks[-1])))
+    v3 = bb.emit(relax.op.reshape(v, (bh // group, ks[-1], dv)))
+    if keys != ks[-1]:  # zero keys and values, masked out below
+        kt3 = bb.emit(relax.op.nn.pad(kt3, [0, 0, 0, 0, 0, keys - ks[-1]]))
+        v3 = bb.emit(relax.op.nn.pad(v3, [0, 0, 0, keys - ks[-1], 0, 0]))
+    args = [q3, kt3]
+    heads = bh
+    masked = "mask" in matched or keys != ks[-1]
+    per_query = False
+    if "mask" in matched:
+        mask = matched["mask"]
+        ms = dims(mask)
+        if len(ms) != len(qs) or not mask_rows_broadcast(tuple(ms[:-2]), tuple(qs[:-2])):
+            # a constant broadcast over inner dims (a bias per head): one row per (b, h)
+            full = np.broadcast_to(mask.value.numpy(), (*qs[:-2], *ms[-2:]))
+            mask = relax.const(np.ascontiguousarray(full))
+            ms = dims(mask)
+        mask_rows = int(np.prod(ms[:-2]))
+        heads = bh // mask_rows
+        per_query = ms[-2] > 1
+        mask3 = bb.emit(relax.op.reshape(mask, (mask_rows, ms[-2], ms[-1])))
+        if keys != ks[-1]:
+            mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, 0, 0, keys - ks[-1]],
+                                            pad_value=float("-inf")))
+        if per_query and rows != qs[-2]:  # the padded query rows' outputs are dropped
+            mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, rows - qs[-2], 0, 0]))
+        args.append(mask3)
+    elif masked:
+        pad_mask = np.zeros((1, 1, keys), "float32")
+        pad_mask[..., ks[-1]:] = -np.inf
+        args.append(relax.const(pad_mask))
+    args.append(v3)
+    shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
+                           zero_masked_rows="nan_guard" in matched, group=group,
+                           mask_per_query=per_query, dim_v=dv)
+    sch = attention_tile_schedule(shape, threads) if tiles else attention_schedule(shape, isa)
+    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
+    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, dv), "float32")))
+    if rows != qs[-2]:
+        out = bb.emit(relax.op.strided_slice(out, axes=[1], begin=[0], end=[qs[-2]]))
+    return Lowered(relax.op.reshape(out, (*qs[:-1], dv)), on_tiles=tiles or None,
+                   kept_fp32=precision != "float32" and not tiles)
+
+
+FAMILIES = (KernelFamily("attention", lower_attention, ("float32", "bfloat16")),)
