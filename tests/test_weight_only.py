@@ -105,6 +105,58 @@ def test_matmul_nbits_runs_like_onnxruntime(bits, block, a_shape, n, zp, bias):
     assert f"tpp.matmul_int{bits}_weights{'_bias' if bias else ''}: 1" in compiled.report()
 
 
+# bits, block, A's shape, N, zero points: accuracy level 4 (A quantized to int8 per block).
+LEVEL4_CASES = [
+    (4, 32, [1, 128], 64, None),
+    (4, 16, [3, 100], 48, "packed"),
+    (8, 64, [2, 200], 32, "packed"),
+]
+
+
+@requires_ort
+@pytest.mark.requires_avx512_vnni
+@pytest.mark.parametrize("bits, block, a_shape, n, zp", LEVEL4_CASES)
+def test_accuracy_level_4_runs_like_onnxruntime(bits, block, a_shape, n, zp):
+    """Level 4: A's blocks quantized to int8 as ONNX Runtime's CPU kernel does, the codes
+    multiplied on vpdpbusd: ONNX Runtime's results, not the fp32 ones (0.5% apart)."""
+    model, feeds = nbits_model(a_shape, n, bits=bits, block=block, zero_points=zp,
+                               extra_attrs={"accuracy_level": 4})
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert f"tpp.matmul_int{bits}_weights [int8]: 1" in compiled.report()
+
+
+def test_accuracy_level_4_on_tvms_path():
+    """The imported level-4 form (A quantized and dequantized in Relax) builds on TVM's own
+    path too, with the int8-rounded A."""
+    model, feeds = nbits_model([2, 72], 24, zero_points="packed", bias=True,
+                               extra_attrs={"accuracy_level": 4})
+    want = dequantize_reference_for(model, {"a": int8_blocks(feeds["a"], 32)})
+    compiled = tpp_tvm.compile_onnx(model, target=plain_llvm(num_cores=1))
+    np.testing.assert_allclose(compiled(**feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.requires_avx2
+def test_accuracy_level_4_without_int8_dot_products_runs_in_fp32():
+    """An AVX2 target has no vpdpbusd: level 4 takes the unquantized A to the fp32 kernel
+    (8 lanes), more accurate than the level asks."""
+    model, feeds = nbits_model([2, 72], 24, zero_points="packed", bias=True,
+                               extra_attrs={"accuracy_level": 4})
+    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target("avx2", num_cores=1))
+    np.testing.assert_allclose(compiled(**feeds)[0], dequantize_reference_for(model, feeds),
+                               rtol=1e-4, atol=1e-4)
+    assert "tpp.matmul_int4_weights_bias: 1" in compiled.report()
+
+
+def int8_blocks(a: np.ndarray, block: int) -> np.ndarray:
+    """``a`` (M, K) quantized to int8 per row block (max|a| / 127, nearest even) and back."""
+    m, k = a.shape
+    blocks = -(-k // block)
+    tiles = np.pad(a, ((0, 0), (0, blocks * block - k))).reshape(m, blocks, block)
+    scale = np.abs(tiles).max(-1, keepdims=True) / np.float32(127)
+    codes = np.rint(tiles * (np.float32(1) / np.maximum(scale, np.finfo(np.float32).tiny)))
+    return (codes * scale).reshape(m, -1)[:, :k].astype(np.float32)
+
+
 def _ort_quantized(block: int, symmetric: bool) -> tuple[onnx.ModelProto, dict]:
     quantizer = pytest.importorskip(
         "onnxruntime.quantization.matmul_nbits_quantizer",
@@ -221,9 +273,17 @@ KERNELS = [
 ]
 
 
-@pytest.mark.parametrize("m, k, n, bits, block, zp, bias", KERNELS)
-def test_kernel_against_numpy(m, k, n, bits, block, zp, bias):
-    shape = WeightOnlyShape(m, k, n, bits, block, zp, bias)
+def _int8_kernel_cases():
+    marks = [pytest.mark.requires_avx512_vnni]
+    return [pytest.param(*case, True, marks=marks) for case in KERNELS] + \
+        [(*case, False) for case in KERNELS]
+
+
+@pytest.mark.parametrize("m, k, n, bits, block, zp, bias, int8", _int8_kernel_cases())
+def test_kernel_against_numpy(m, k, n, bits, block, zp, bias, int8):
+    shape = WeightOnlyShape(m, k, n, bits, block, zp, bias, int8_activations=int8)
+    if int8 and VECTOR_ISA != "avx512":
+        pytest.skip(f"int8 activations run on AVX-512 lanes; this host's ISA is {VECTOR_ISA}")
     p = plan(shape, VECTOR_ISA)
     rng = np.random.default_rng(m * k + n)
     codes = rng.integers(0, 256, (n, shape.blocks, block * bits // 8), dtype=np.uint8)
@@ -231,7 +291,9 @@ def test_kernel_against_numpy(m, k, n, bits, block, zp, bias):
     zps = rng.integers(0, 1 << bits, (n, shape.blocks), dtype=np.uint8) if zp else None
     b = rng.standard_normal(n).astype(np.float32)
     a = rng.standard_normal((m, k)).astype(np.float32)
-    want = a @ dequantize_reference(shape, codes, scales, zps).T + (b if bias else 0)
+    a[0, :block] = 0  # an all-zero block: scale 0 for int8 activations
+    a_used = int8_blocks(a, block) if int8 else a
+    want = a_used @ dequantize_reference(shape, codes, scales, zps).T + (b if bias else 0)
     packed, tile_scales, tile_zps = pack_weights(shape, p, codes, scales, zps)
     assert packed.nbytes == p.cols * shape.blocks * block * bits // 8  # same bytes, tiled
     args = [np.pad(a, ((0, p.rows - m), (0, p.depth - k))), packed, tile_scales]
@@ -254,6 +316,16 @@ def test_kernel_unpacks_in_registers():
                           tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
     assert "vfmadd231ps\t%zmm" in asm or "vfmadd231ps %zmm" in asm
     assert "vpmovzxbd" in asm and "vcvtdq2ps" in asm
+
+
+@pytest.mark.requires_avx512_vnni
+def test_int8_kernel_uses_vpdpbusd():
+    """Int8 activations: each 64-byte vector of codes (16 columns x 4 k, or x 8 k in
+    nibbles) is one or two vpdpbusd against 4 of A's int8 codes broadcast."""
+    shape = WeightOnlyShape(1, 256, 128, 4, 32, int8_activations=True)
+    asm = compile_kernels(weight_only_schedule(shape, "avx512").mod,
+                          tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
+    assert "vpdpbusd" in asm
 
 
 def test_shape_checks():

@@ -16,6 +16,11 @@ TVM target compiles it as it is (constant folding turns W into fp32 there), and 
 targets ``relay_passes/weight_only.py`` recognises the form before constant folding and
 replaces it by the weight-only kernel on the packed bytes. Zero points packed in 4 bits are
 unpacked here to one uint8 a block (N * blocks bytes: 1/16 of 4-bit codes at block 32).
+
+``accuracy_level`` 4 (int8 compute) is written as what ONNX Runtime's CPU kernel computes:
+A's row blocks quantized to int8 and dequantized before the matmul
+(:func:`int8_fake_quantized`), so every target gives its results; the graph pass runs that
+form on int8 dot products. Levels 0-3 compute in fp32, which meets each of them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ log = logging.getLogger(__name__)
 BITS = (4, 8)
 #: ``accuracy_level`` values of the spec: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 for A.
 ACCURACY_LEVELS = range(5)
+#: The level at which A is quantized to int8 per block (ONNX Runtime's CPU kernel does so);
+#: the others compute in fp32, which meets each (a level names the least precision of A).
+INT8_LEVEL = 4
 
 
 def _node(attrs: dict[str, Any]) -> str:
@@ -53,6 +61,30 @@ def unpack_zero_points(packed: np.ndarray, n: int, blocks: int, bits: int) -> np
         return rows[:, :blocks].copy()
     nibbles = np.stack([rows & 15, rows >> 4], axis=-1).reshape(n, 2 * per_row)
     return nibbles[:, :blocks].copy()
+
+
+def int8_fake_quantized(bb: Any, x: Any, k: int, block: int) -> Any:
+    """``x`` (..., K) as accuracy level 4 computes with it: each row's blocks of ``block``
+    quantized to int8 (scale ``max|x| / 127``, rounded to nearest even) and dequantized, as
+    ONNX Runtime's CPU kernel does before its int8 dot products (``relay_passes/weight_only``
+    reads the chain back and quantizes inside the kernel instead)."""
+    from tvm import relax
+
+    shape = [int(d) for d in x.ty.shape.values]
+    rows, blocks = int(np.prod(shape[:-1])), -(-k // block)
+    flat = relax.op.reshape(x, (rows, k))
+    if blocks * block != k:
+        flat = relax.op.nn.pad(flat, [0, 0, 0, blocks * block - k])
+    tiles = bb.normalize(relax.op.reshape(flat, (rows, blocks, block)))
+    amax = relax.op.max(relax.op.abs(tiles), axis=[2], keepdims=True)
+    scale = bb.normalize(relax.op.divide(amax, relax.const(np.float32(127))))
+    inverse = relax.op.divide(relax.const(np.float32(1)), relax.op.maximum(
+        scale, relax.const(np.finfo(np.float32).tiny)))  # all-zero blocks stay 0
+    codes = relax.op.round(relax.op.multiply(tiles, inverse))
+    out = relax.op.reshape(relax.op.multiply(codes, scale), (rows, blocks * block))
+    if blocks * block != k:
+        out = relax.op.strided_slice(out, axes=[1], begin=[0], end=[k])
+    return bb.normalize(relax.op.reshape(out, shape))
 
 
 def _check_g_idx(g_idx: Any, k: int, block: int, where: str) -> None:
@@ -83,8 +115,7 @@ def matmul_nbits(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
             f"{where}: block_size {block}; the spec allows powers of 2 from 16")
     if level not in ACCURACY_LEVELS:
         raise UnsupportedOperatorError(f"{where}: accuracy_level {level}, one of 0-4")
-    # Computing in fp32 meets every level (each names the least precision A may take).
-    log.debug("%s: accuracy_level %d, computed in fp32", where, level)
+    log.debug("%s: accuracy_level %d", where, level)
     _check_g_idx(g_idx, k, block, where)
     dtype = str(a.ty.dtype)
     if dtype not in ("float32", "float16"):
@@ -126,7 +157,10 @@ def matmul_nbits(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     w = bb.normalize(relax.op.reshape(bb.normalize(w), (n, blocks * block)))
     if blocks * block != k:
         w = bb.normalize(relax.op.strided_slice(w, axes=[1], begin=[0], end=[k]))
-    y = bb.normalize(relax.op.matmul(f32(a), relax.op.permute_dims(w, [1, 0])))
+    x = f32(a)
+    if level == INT8_LEVEL:
+        x = int8_fake_quantized(bb, x, k, block)
+    y = bb.normalize(relax.op.matmul(x, relax.op.permute_dims(w, [1, 0])))
     if bias is not None:
         y = bb.normalize(relax.op.add(y, f32(bias)))
     return y if dtype == "float32" else bb.normalize(relax.op.astype(y, dtype))

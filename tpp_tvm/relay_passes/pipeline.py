@@ -77,7 +77,7 @@ def weight_only_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="tpp.LowerWeightOnlyMatmuls")
     def _weight_only(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return lower_weight_only(mod, isa, report)
+        return lower_weight_only(mod, isa, report, tvm.target.Target.current(allow_none=True))
 
     return _weight_only
 

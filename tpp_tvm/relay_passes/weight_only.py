@@ -7,14 +7,18 @@ scales)`` (sliced to K), the codes unpacked from bytes by ``repeat``, ``right_sh
 fp32 constants), recognises that form with its constants, checks them (the shifts, mask,
 zero points and shapes are exactly the import's), and emits ``call_tir`` of
 ``schedules/weight_only.py``'s kernel on the same bytes re-tiled (:func:`pack_weights`),
-the bias fused. A form it declines (a zero point that is not a code, a scalable ISA, a
-non-constant operand) stays as it was: folded to fp32 weights, it runs on the fp32 GEMM
-TPP, and the report lists it among the rewrites with the reason.
+the bias fused. Where A is quantized to int8 per block first (accuracy level 4) and the
+target has ``vpdpbusd``, the kernel takes the unquantized A and quantizes it itself, for
+int8 dot products; without them, the fp32 kernel takes the unquantized A. A form it
+declines (a zero point that is not a code, a scalable ISA, a non-constant operand) stays as
+it was: folded to fp32 weights, it runs on the fp32 GEMM TPP, and the report lists it among
+the rewrites with the reason.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import tvm
@@ -23,13 +27,14 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from ..errors import TPPError
+from ..schedules.gemm_plan import int8_gemm_dtype
 from ..schedules.weight_only import (
     WeightOnlyShape,
     pack_weights,
     plan,
     weight_only_schedule,
 )
-from .exprs import const_value, dtype_of, static_shape
+from .exprs import bindings, const_value, dtype_of, static_shape
 from .lower import as_relax_kernel
 from .report import KernelRow, LoweringReport
 
@@ -58,6 +63,33 @@ def _pattern():
                  widened=widened, zp=zp, zp_codes=zp_codes, scales=scales, flat=flat,
                  sliced=sliced, a=a, mm=mm, bias=bias)
     return is_op("relax.add")(mm, bias), mm, parts
+
+
+def _int8_activations_pattern():
+    """(root, x): ``x`` quantized to int8 per row block and dequantized, as
+    ``frontend.weight_only.int8_fake_quantized`` writes accuracy level 4."""
+    x = wildcard()
+    flat = is_op("relax.reshape")(x, wildcard())
+    padded = is_op("relax.nn.pad")(flat, varg_default_wildcard=True) | flat
+    tiles = is_op("relax.reshape")(padded, wildcard())
+    scale = is_op("relax.divide")(is_op("relax.max")(is_op("relax.abs")(tiles)), is_const())
+    inverse = is_op("relax.divide")(is_const(), is_op("relax.maximum")(scale, is_const()))
+    deq = is_op("relax.multiply")(
+        is_op("relax.round")(is_op("relax.multiply")(tiles, inverse)), scale)
+    back = is_op("relax.reshape")(deq, wildcard())
+    sliced = is_op("relax.strided_slice")(back, varg_default_wildcard=True) | back
+    return is_op("relax.reshape")(sliced, wildcard()), x, tiles
+
+
+def _int8_source(a: relax.Expr, block: int, var2val: dict) -> relax.Expr | None:
+    """The unquantized A behind ``a`` when ``a`` is A quantized to int8 in blocks of
+    ``block`` (accuracy level 4), else None."""
+    root, x, tiles = _int8_activations_pattern()
+    found = root.extract_matched_expr(a, var2val)
+    if not found:
+        return None
+    shape = static_shape(found[tiles])
+    return found[x] if shape is not None and shape[-1] == block else None
 
 
 class _Declined(Exception):
@@ -148,37 +180,58 @@ def _emit(bb: relax.BlockBuilder, a: relax.Expr, shape: WeightOnlyShape, isa: st
 
 
 def rewrite_weight_only(func: relax.Function, bb: relax.BlockBuilder, isa: str,
-                        report: LoweringReport) -> relax.Function:
-    """Replace each imported weight-only matmul of ``func`` (bias fused) by the kernel."""
+                        report: LoweringReport, int8_dot: bool = False) -> relax.Function:
+    """Replace each imported weight-only matmul of ``func`` (bias fused) by the kernel.
+    ``int8_dot``: the target has ``vpdpbusd``, so a matmul whose A is quantized to int8
+    (accuracy level 4) runs on it; elsewhere such a matmul takes the unquantized A to the
+    fp32 kernel (more accurate than the level asks)."""
     with_bias, plain, parts = _pattern()
     declined: dict[int, str] = {}  # once per matmul, however many roots tried it
 
-    def rewrite(orig: relax.Expr, m) -> relax.Expr:
-        try:
-            shape, codes, scales, zero_points, bias = _read(m, parts)
-            out = _emit(bb, m[parts["a"]], shape, isa, codes, scales, zero_points, bias)
-        except (_Declined, TPPError) as why:
-            declined[tvm_ffi.structural_hash(m[parts["mm"]])] = str(why)
-            return orig
-        suffix = "_bias" if bias is not None else ""
-        report.kernels[KernelRow(f"tpp.matmul_int{shape.bits}_weights{suffix}", FAMILY)] += 1
-        return out
+    def rewrite_with(var2val: dict):
+        def rewrite(orig: relax.Expr, m) -> relax.Expr:
+            try:
+                shape, codes, scales, zero_points, bias = _read(m, parts)
+                a = m[parts["a"]]
+                source = _int8_source(a, shape.block, var2val)
+                if source is not None and int8_dot:
+                    try:
+                        int8 = replace(shape, int8_activations=True)
+                        out = _emit(bb, source, int8, isa, codes, scales, zero_points, bias)
+                        shape = int8
+                    except TPPError:  # no int8 kernel for this ISA or block: fp32
+                        out = _emit(bb, source, shape, isa, codes, scales, zero_points, bias)
+                else:
+                    out = _emit(bb, a if source is None else source, shape, isa, codes,
+                                scales, zero_points, bias)
+            except (_Declined, TPPError) as why:
+                declined[tvm_ffi.structural_hash(m[parts["mm"]])] = str(why)
+                return orig
+            suffix = "_bias" if bias is not None else ""
+            precision = "int8" if shape.int8_activations else "float32"
+            report.kernels[KernelRow(f"tpp.matmul_int{shape.bits}_weights{suffix}", FAMILY,
+                                     precision)] += 1
+            return out
+        return rewrite
 
     for root in (with_bias, plain):
-        func = rewrite_call(root, rewrite, func)
+        func = rewrite_call(root, rewrite_with(bindings(func)), func)
     for why in declined.values():
         report.rewrites[f"{DECLINED} ({why})"] += 1
     return func
 
 
-def lower_weight_only(mod: tvm.IRModule, isa: str, report: LoweringReport) -> tvm.IRModule:
-    """:func:`rewrite_weight_only` over every Relax function of ``mod``; the unpacking ops
-    left without readers are removed."""
+def lower_weight_only(mod: tvm.IRModule, isa: str, report: LoweringReport,
+                      target: tvm.target.Target | None = None) -> tvm.IRModule:
+    """:func:`rewrite_weight_only` over every Relax function of ``mod`` (int8 activations
+    where ``isa`` and ``target``'s CPU have u8 x s8 dot products); the unpacking ops left
+    without readers are removed."""
     bb = relax.BlockBuilder(mod)
     changed = False
+    int8_dot = int8_gemm_dtype(isa, target) == "int8"
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            new = rewrite_weight_only(func, bb, isa, report)
+            new = rewrite_weight_only(func, bb, isa, report, int8_dot)
             if not new.same_as(func):
                 bb.update_func(gv, new)
                 changed = True

@@ -19,10 +19,17 @@ widen to fp32 lanes for FMAs against A's two broadcast values: vectorized over N
 byte read once per row chunk, accumulators of even and odd k apart (twice the independent
 FMA chains). Tiles run in parallel; inside a tile, chunks of ``mr`` rows share every load.
 
+With int8 activations (ONNX Runtime's ``accuracy_level`` 4, which quantizes A's blocks to
+int8 before its dot products), each row's blocks are quantized once per call and the codes
+go to ``vpdpbusd`` as they are: a 64-byte vector holds 16 columns x 4 consecutive k (for 4
+bits, the next 4 k in the high nibbles), so one load, a mask and a shift feed 128 u8 x s8
+products into int32 lanes; per block, ``s_w * s_a * (dot - z * sum(A codes))``. No widening:
+on one Xeon core this path streams 4-bit weights about twice as fast as the fp32 one.
+
 Decode (a few rows) is one chunk: the weights stream once. Prefill (many rows) runs the same
 kernel chunk by chunk; a tile's weights (``K/2 * nt`` bytes) stay in L2 between chunks, but
-the FMAs run on widened codes at about a third of the fp32 GEMM's rate (a bf16/AMX or int8
-prefill kernel is the next step).
+the fp32 path's FMAs run on widened codes at about a third of the fp32 GEMM's rate (AMX
+tiles for prefill are the next step).
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ BITS = (4, 8)
 MAX_ROWS = 4
 #: Accumulator registers a chunk may use (of 32 AVX-512 vectors; the rest hold codes).
 ACC_REGISTERS = 24
+#: int32 lanes of the int8 kernel's dot product (``vpdpbusd`` on 512 bits: 64 u8 x s8).
+DOT_LANES = 16
+DOT = "llvm.x86.avx512.vpdpbusd.512"
+#: The smallest normal fp32: an all-zero block's inverse scale stays finite.
+TINY = float(np.finfo(np.float32).tiny)
 
 
 @dataclass(frozen=True)
@@ -58,14 +70,17 @@ class WeightOnlyShape:
     block: int = 32
     zero_points: bool = False
     bias: bool = False
+    int8_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
             raise UnsupportedShapeError(
                 f"weight-only matmul: {self.bits}-bit weights; supported are {BITS}")
-        if self.block < 2 or self.block % 2:
+        step = 8 if self.int8_activations else 2
+        if self.block < step or self.block % step:
             raise UnsupportedShapeError(
-                f"weight-only matmul: block size {self.block}; an even size is needed")
+                f"weight-only matmul: block size {self.block}; a multiple of {step} is "
+                "needed")
         if min(self.m, self.k, self.n) < 1:
             raise UnsupportedShapeError(f"weight-only matmul: empty shape {self}")
 
@@ -77,6 +92,12 @@ class WeightOnlyShape:
     def pairs(self) -> int:
         """k-pairs per block (one byte per column for 4 bits, two for 8)."""
         return self.block // 2
+
+    @property
+    def groups(self) -> int:
+        """Steps per block of the int8 kernel: 8 k (two quads in the nibbles of 4 bytes)
+        for 4 bits, 4 k (one quad) for 8."""
+        return self.block // (8 if self.bits == 4 else 4)
 
 
 @dataclass(frozen=True)
@@ -110,8 +131,15 @@ def plan(shape: WeightOnlyShape, isa: str = "avx512") -> WeightOnlyPlan:
         raise UnsupportedShapeError(
             f"weight-only matmul: no kernel for the scalable ISA {isa} yet")
     lanes = disa.schedule_lanes("float32")
+    if shape.int8_activations and lanes != DOT_LANES:
+        raise UnsupportedShapeError(
+            f"weight-only matmul: int8 activations need {DOT_LANES} int32 lanes "
+            f"(AVX512_VNNI); {isa} has {lanes}")
     mr = min(shape.m, MAX_ROWS)
-    fits = [v for v in (4, 2, 1) if 3 * mr * v <= ACC_REGISTERS]
+    # fp32: two partial sums and one total per vector; int8: one of each. Wider than 4
+    # vectors measured no faster (4096 x 4096, 4 and 8 bits, one core).
+    per_vector = 2 if shape.int8_activations else 3
+    fits = [v for v in (4, 2, 1) if per_vector * mr * v <= ACC_REGISTERS]
     vectors = next((v for v in fits if shape.n % (v * lanes) == 0), fits[-1])
     nt = vectors * lanes
     return WeightOnlyPlan(mr=mr, nt=nt, lanes=lanes, rows=-(-shape.m // mr) * mr,
@@ -129,11 +157,14 @@ def pack_weights(shape: WeightOnlyShape, p: WeightOnlyPlan, codes: np.ndarray,
     pad = p.cols - n
     codes = np.asarray(codes, np.uint8).reshape(n, blocks, -1)
     codes = np.pad(codes, ((0, pad), (0, 0), (0, 0)))
-    if shape.bits == 8:  # (N, blocks, pairs, 2)
-        codes = codes.reshape(p.cols, blocks, shape.pairs, 2)
-    tiled = codes.reshape(p.tiles, p.nt, *codes.shape[1:])
-    order = (0, 2, 3, 1) if shape.bits == 4 else (0, 2, 3, 4, 1)
-    packed = np.ascontiguousarray(tiled.transpose(order))
+    if shape.int8_activations:
+        packed = _dot_layout(shape, p, codes)
+    else:
+        if shape.bits == 8:  # (N, blocks, pairs, 2)
+            codes = codes.reshape(p.cols, blocks, shape.pairs, 2)
+        tiled = codes.reshape(p.tiles, p.nt, *codes.shape[1:])
+        order = (0, 2, 3, 1) if shape.bits == 4 else (0, 2, 3, 4, 1)
+        packed = np.ascontiguousarray(tiled.transpose(order))
 
     def per_block(x: np.ndarray, dtype: str) -> np.ndarray:
         x = np.pad(np.asarray(x, dtype).reshape(n, blocks), ((0, pad), (0, 0)))
@@ -143,21 +174,36 @@ def pack_weights(shape: WeightOnlyShape, p: WeightOnlyPlan, codes: np.ndarray,
     return packed, per_block(scales, "float32"), zp
 
 
+def _dot_layout(shape: WeightOnlyShape, p: WeightOnlyPlan, codes: np.ndarray) -> np.ndarray:
+    """(tiles, blocks, groups, nt * 4) bytes for ``vpdpbusd``: per column, 4 consecutive
+    k's codes in 4 bytes (one int32 lane); for 4 bits the next 4 k in their high nibbles."""
+    cols, blocks = codes.shape[:2]
+    if shape.bits == 4:
+        q = np.stack([codes & 15, codes >> 4], axis=-1).reshape(cols, blocks, shape.groups,
+                                                                  2, 4)
+        codes = q[..., 0, :] | (q[..., 1, :] << 4)
+    quads = codes.reshape(p.tiles, p.nt, blocks, shape.groups, 4)
+    return np.ascontiguousarray(quads.transpose(0, 2, 3, 1, 4)).reshape(
+        p.tiles, blocks, shape.groups, p.nt * 4)
+
+
 def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.Schedule:
     """The kernel: A (rows, depth) fp32, packed codes, scales (tiles, blocks, nt) fp32
     [, zero points (tiles, blocks, nt) uint8][, bias (cols,) fp32] -> Y (rows, cols) fp32,
-    shapes of :func:`plan` and :func:`pack_weights` (A zero-padded by the caller)."""
+    shapes of :func:`plan` and :func:`pack_weights` (A zero-padded by the caller).
+
+    With ``int8_activations`` (ONNX Runtime's accuracy level 4), each row's blocks of A are
+    first quantized to int8 (scale ``max|a| / 127``, nearest even) and the codes multiply
+    them on ``vpdpbusd`` (64 u8 x s8 products a step) into int32, scaled per block."""
     sh, p = shape, plan(shape, isa)
     lanes, vec = p.lanes, f"float32x{p.lanes}"
-    code_shape = ((p.tiles, sh.blocks, sh.pairs, p.nt) if sh.bits == 4
-                  else (p.tiles, sh.blocks, sh.pairs, 2, p.nt))
+    if sh.int8_activations:
+        code_shape = (p.tiles, sh.blocks, sh.groups, p.nt * 4)
+    elif sh.bits == 4:
+        code_shape = (p.tiles, sh.blocks, sh.pairs, p.nt)
+    else:
+        code_shape = (p.tiles, sh.blocks, sh.pairs, 2, p.nt)
     default_zp = float(1 << (sh.bits - 1))
-
-    def bcast(x) -> tirx.PrimExpr:
-        return tirx.Broadcast(x, lanes)
-
-    def widen(x) -> tirx.PrimExpr:
-        return tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", x))
 
     with IRBuilder() as builder, T.prim_func():
         T.func_name("main")
@@ -170,48 +216,42 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
         bias = T.arg("bias", T.Buffer((p.cols,), "float32")) if sh.bias else None
         y = T.arg("y", T.Buffer((p.rows, p.cols), "float32"))
 
-        # Each row's block sums of A, for the zero points' share.
+        # Per row and block: the sum of A's values (or of its int8 codes), for the zero
+        # points' share, and with int8 activations A's scale and codes, 4 to a word.
         sums = T.alloc_buffer((p.rows, sh.blocks), "float32")
-        with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
-            T.buffer_store(sums, tirx.const(0.0, "float32"), [i, b])
-            with T.serial(0, sh.block) as kk:
-                T.buffer_store(sums, sums[i, b] + a[i, b * sh.block + kk], [i, b])
+        if sh.int8_activations:
+            a_scale = T.alloc_buffer((p.rows, sh.blocks), "float32")
+            a_words = T.alloc_buffer((p.rows, p.depth // 4), "int32")
+            _quantize_rows(sh, p, a, sums, a_scale, a_words)
+            block_dots = _DotBlock(sh, p, codes, a_words)
+        else:
+            a_scale = None
+            with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
+                T.buffer_store(sums, tirx.const(0.0, "float32"), [i, b])
+                with T.serial(0, sh.block) as kk:
+                    T.buffer_store(sums, sums[i, b] + a[i, b * sh.block + kk], [i, b])
+            block_dots = _FmaBlock(sh, p, codes, a)
 
         with T.parallel(0, p.tiles) as tile, T.serial(0, p.rows // p.mr) as chunk:
             row0 = chunk * p.mr
             acc = T.alloc_buffer((p.mr * p.vectors,), vec, scope="local")
-            part = T.alloc_buffer((2 * p.mr * p.vectors,), vec, scope="local")
-            zero = bcast(tirx.const(0.0, "float32"))
+            zero = tirx.Broadcast(tirx.const(0.0, "float32"), lanes)
             for u in range(p.mr * p.vectors):
                 T.buffer_store(acc, zero, [u])
             with T.serial(0, sh.blocks) as b:
-                for u in range(2 * p.mr * p.vectors):
-                    T.buffer_store(part, zero, [u])
-                with T.serial(0, sh.pairs) as j:
-                    k0 = b * sh.block + 2 * j
-                    for c in range(p.vectors):
-                        lane = tirx.Ramp(c * lanes, 1, lanes)
-                        if sh.bits == 4:
-                            byte = codes[tile, b, j, lane]
-                            halves = (byte & bcast(tirx.const(15, "uint8")),
-                                      byte >> bcast(tirx.const(4, "uint8")))
-                        else:
-                            halves = (codes[tile, b, j, 0, lane], codes[tile, b, j, 1, lane])
-                        for h, q in enumerate(halves):
-                            qf = widen(q)
-                            for r in range(p.mr):
-                                u = 2 * (r * p.vectors + c) + h
-                                T.buffer_store(part, part[u] + bcast(a[row0 + r, k0 + h]) * qf,
-                                               [u])
+                dot = block_dots.emit(tile, row0, b)
                 for c in range(p.vectors):
                     lane = tirx.Ramp(c * lanes, 1, lanes)
                     s = scales[tile, b, lane]
-                    z = widen(zps[tile, b, lane]) if zps is not None else bcast(
-                        tirx.const(default_zp, "float32"))
+                    z = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
+                         if zps is not None else _bcast(tirx.const(default_zp, "float32"),
+                                                        lanes))
                     for r in range(p.mr):
                         u = r * p.vectors + c
-                        dot = part[2 * u] + part[2 * u + 1] - z * bcast(sums[row0 + r, b])
-                        T.buffer_store(acc, acc[u] + s * dot, [u])
+                        scale = s if a_scale is None else \
+                            s * _bcast(a_scale[row0 + r, b], lanes)
+                        value = dot(r, c) - z * _bcast(sums[row0 + r, b], lanes)
+                        T.buffer_store(acc, acc[u] + scale * value, [u])
             for r in range(p.mr):
                 for c in range(p.vectors):
                     col = tirx.Ramp(tile * p.nt + c * lanes, 1, lanes)
@@ -220,6 +260,104 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
                         out = out + bias[col]
                     T.buffer_store(y, out, [row0 + r, col])
     return s_tir.Schedule(builder.get())
+
+
+def _bcast(x, lanes: int) -> tirx.PrimExpr:
+    return tirx.Broadcast(x, lanes)
+
+
+class _FmaBlock:
+    """One block's dot products in fp32: codes split from their bytes, widened to fp32
+    lanes, FMAs against A's broadcast values; even and odd k in separate accumulators."""
+
+    def __init__(self, sh: WeightOnlyShape, p: WeightOnlyPlan, codes, a) -> None:
+        self.sh, self.p, self.codes, self.a = sh, p, codes, a
+
+    def emit(self, tile, row0, b):
+        """Emit the block's loop; returns ``dot(r, c)``, the fp32 vector of row ``r``,
+        column vector ``c``."""
+        sh, p, codes, lanes = self.sh, self.p, self.codes, self.p.lanes
+        vec = f"float32x{lanes}"
+        part = T.alloc_buffer((2 * p.mr * p.vectors,), vec, scope="local")
+        for u in range(2 * p.mr * p.vectors):
+            T.buffer_store(part, _bcast(tirx.const(0.0, "float32"), lanes), [u])
+        with T.serial(0, sh.pairs) as j:
+            k0 = b * sh.block + 2 * j
+            for c in range(p.vectors):
+                lane = tirx.Ramp(c * lanes, 1, lanes)
+                if sh.bits == 4:
+                    byte = codes[tile, b, j, lane]
+                    halves = (byte & _bcast(tirx.const(15, "uint8"), lanes),
+                              byte >> _bcast(tirx.const(4, "uint8"), lanes))
+                else:
+                    halves = (codes[tile, b, j, 0, lane], codes[tile, b, j, 1, lane])
+                for h, q in enumerate(halves):
+                    qf = tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", q))
+                    for r in range(p.mr):
+                        u = 2 * (r * p.vectors + c) + h
+                        T.buffer_store(part, part[u] + _bcast(self.a[row0 + r, k0 + h],
+                                                              lanes) * qf, [u])
+        return lambda r, c: part[2 * (r * p.vectors + c)] + part[2 * (r * p.vectors + c) + 1]
+
+
+class _DotBlock:
+    """One block's dot products on ``vpdpbusd``: 64 code bytes (16 columns x 4 k) against
+    4 int8 codes of A broadcast, into int32 lanes; 4-bit codes as two quads a byte."""
+
+    def __init__(self, sh: WeightOnlyShape, p: WeightOnlyPlan, codes, a_words) -> None:
+        self.sh, self.p, self.codes, self.a_words = sh, p, codes, a_words
+
+    def emit(self, tile, row0, b):
+        sh, p = self.sh, self.p
+        wide, ivec = DOT_LANES * 4, f"int32x{DOT_LANES}"
+        part = T.alloc_buffer((p.mr * p.vectors,), ivec, scope="local")
+        for u in range(p.mr * p.vectors):
+            T.buffer_store(part, _bcast(tirx.const(0, "int32"), DOT_LANES), [u])
+        quads = 2 if sh.bits == 4 else 1
+        with T.serial(0, sh.groups) as g:
+            word0 = (b * sh.block) // 4 + quads * g
+            for c in range(p.vectors):
+                v = self.codes[tile, b, g, tirx.Ramp(c * wide, 1, wide)]
+                if sh.bits == 4:
+                    halves = (v & _bcast(tirx.const(15, "uint8"), wide),
+                              v >> _bcast(tirx.const(4, "uint8"), wide))
+                else:
+                    halves = (v,)
+                for h, q in enumerate(halves):
+                    q8 = T.reinterpret(f"int8x{wide}", q)
+                    for r in range(p.mr):
+                        u = r * p.vectors + c
+                        a4 = T.reinterpret(f"int8x{wide}", _bcast(
+                            self.a_words[row0 + r, word0 + h], DOT_LANES))
+                        T.buffer_store(part, T.call_llvm_pure_intrin(ivec, DOT, part[u], q8,
+                                                                     a4), [u])
+        vec = f"float32x{DOT_LANES}"
+        return lambda r, c: tirx.Cast(vec, part[r * p.vectors + c])
+
+
+def _quantize_rows(sh: WeightOnlyShape, p: WeightOnlyPlan, a, sums, a_scale, a_words
+                   ) -> None:
+    """A's blocks as int8 codes (4 to an int32 word, k ascending from the low byte), their
+    scales and the sums of their codes."""
+    top = T.alloc_buffer((1,), "float32", scope="local")
+    total = T.alloc_buffer((1,), "int32", scope="local")
+    with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
+        T.buffer_store(top, tirx.const(0.0, "float32"), [0])
+        with T.serial(0, sh.block) as kk:
+            T.buffer_store(top, tirx.max(top[0], tirx.abs(a[i, b * sh.block + kk])), [0])
+        T.buffer_store(a_scale, top[0] / tirx.const(127.0, "float32"), [i, b])
+        inverse = tirx.const(1.0, "float32") / tirx.max(a_scale[i, b],
+                                                         tirx.const(TINY, "float32"))
+        T.buffer_store(total, tirx.const(0, "int32"), [0])
+        with T.serial(0, sh.block // 4) as w:
+            qs = [tirx.Cast("int32", tirx.nearbyint(a[i, b * sh.block + 4 * w + t] * inverse))
+                  for t in range(4)]
+            word = qs[0] & 0xFF
+            for t in range(1, 4):
+                word = word | ((qs[t] & 0xFF) << (8 * t))
+            T.buffer_store(a_words, word, [i, (b * sh.block) // 4 + w])
+            T.buffer_store(total, total[0] + qs[0] + qs[1] + qs[2] + qs[3], [0])
+        T.buffer_store(sums, tirx.Cast("float32", total[0]), [i, b])
 
 
 def dequantize_reference(shape: WeightOnlyShape, codes: np.ndarray, scales: np.ndarray,
