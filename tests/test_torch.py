@@ -155,6 +155,53 @@ def test_torch_compile_backend_options_and_eager_fallback() -> None:
     torch._dynamo.reset()
 
 
+class WithRareOps(torch.nn.Module):
+    """A convolution and dense layers around operators TVM's importer lacks (digamma,
+    kthvalue: a two-output operator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.a = torch.nn.Linear(16, 64)
+        self.b = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = self.conv(x).relu()
+        h = torch.digamma(h + 1.0)
+        h = torch.kthvalue(h.flatten(2), 3, dim=-1)[0]
+        return self.b(torch.nn.functional.gelu(self.a(h)))
+
+
+def test_operators_the_import_lacks_run_in_eager_between_compiled_parts() -> None:
+    """The graph is not given up to eager whole: the convolution and the dense layers run
+    on TPP kernels in compiled parts, digamma and kthvalue in eager between them, with
+    one warning naming them; the result matches eager."""
+    from tpp_tvm.torch_partition import partition
+
+    torch.manual_seed(0)
+    model = WithRareOps().eval()
+    compiled = torch.compile(model, backend="tpp_tvm", options={"threads": 1})
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = compiled(x)
+        _close(compiled(x), model(x))
+    messages = [str(w.message) for w in caught if "tpp_tvm" in str(w.message)]
+    assert len(messages) == 1 and "digamma.default" in messages[0] \
+        and "kthvalue.default" in messages[0] and "in eager" in messages[0], messages
+    assert "running a graph in eager" not in messages[0]
+    _close(got, model(x))
+    torch._dynamo.reset()
+    # The split itself: which operators stay in eager, and the kernels the parts run on.
+    graph = partition(model, [x], {"threads": 1})
+    assert graph.unsupported == {"digamma.default": 1, "kthvalue.default": 1}, \
+        graph.eager_operators
+    kernels = {row["pattern"] for part in graph.parts for row in part.report_data["kernels"]}
+    assert any("conv2d" in k for k in kernels) and any("dense" in k for k in kernels), kernels
+    with torch.no_grad():
+        _close(graph(x), model(x))
+
+
 def test_backend_is_registered_by_entry_point() -> None:
     from torch._dynamo import list_backends
 

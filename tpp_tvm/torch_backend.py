@@ -12,9 +12,11 @@ What each graph becomes:
   whose weights change after compiling (training) needs recompiling, as with freezing.
 - A graph is compiled per input shape on its first call (dynamo's ``dynamic=True`` graphs
   too: their symbolic sizes take each call's values), and cached.
-- A graph tpp_tvm cannot take (an operator TVM's importer lacks, a graph that needs
-  gradients: call the model under ``torch.no_grad()``) runs in eager, with a one-line
-  warning naming why: a model torch can run never fails because of the backend.
+- A graph with operators TVM's importer lacks runs as compiled parts with those operators
+  in eager between them (:mod:`tpp_tvm.torch_partition`), with a one-line warning naming
+  them. A graph tpp_tvm cannot take at all (no part compiles, or it needs gradients: call
+  the model under ``torch.no_grad()``) runs in eager, with a one-line warning naming why:
+  a model torch can run never fails because of the backend.
 """
 
 from __future__ import annotations
@@ -44,29 +46,6 @@ def _state_inputs(gm: Any, example_inputs: list[Any]) -> list[bool]:
     return flags
 
 
-def _bound_module(gm: Any, fixed: dict[int, Any], count: int) -> Any:
-    """``gm`` with the inputs in ``fixed`` (position → the module's state, or a size dynamo
-    passes as an int) bound, as an ``nn.Module`` ``torch.export`` takes: the rest, tensors
-    the caller passes, are its inputs."""
-    import torch
-
-    class Bound(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.graph_module = gm
-            for k, value in fixed.items():
-                if isinstance(value, torch.Tensor):
-                    self.register_buffer(f"state_{k}", value.detach(), persistent=False)
-
-        def forward(self, *args):
-            it = iter(args)
-            full = [(getattr(self, f"state_{k}") if isinstance(fixed[k], torch.Tensor)
-                     else fixed[k]) if k in fixed else next(it) for k in range(count)]
-            return self.graph_module(*full)
-
-    return Bound()
-
-
 class CompiledGraph:
     """The callable dynamo runs in place of one graph: compiled per input shape."""
 
@@ -87,7 +66,9 @@ class CompiledGraph:
         """The compiled model for these arguments and the tensors it takes."""
         import torch
 
+        from .errors import UnsupportedOperatorError
         from .torch_model import TorchModel
+        from .torch_partition import bound_module
 
         fixed = dict(self._state)
         tensors = []
@@ -102,12 +83,31 @@ class CompiledGraph:
                     for k, a in enumerate(args) if k not in self._state)
         model = self._models.get(key)
         if model is None:
+            module = bound_module(self._gm, fixed, self._count)
             options = {k: v for k, v in self._options.items() if k != "threads"}
-            model = TorchModel(_bound_module(self._gm, fixed, self._count), tensors, **options)
+            try:
+                model = TorchModel(module, tensors, **options)
+            except UnsupportedOperatorError as whole:
+                model = self._split(module, tensors, whole)
             if "threads" in self._options:
                 model.threads = int(self._options["threads"])
             self._models[key] = model
         return model, tensors
+
+    def _split(self, module: Any, tensors: list[Any], whole: Exception) -> Any:
+        """The graph as compiled parts with the operators the import lacks in eager
+        between them (warned once, naming them); raises ``whole`` if no part compiles."""
+        from .torch_partition import partition
+
+        try:
+            graph = partition(module, tensors, self._options)
+        except Exception as exc:
+            raise whole from exc
+        lacking = ", ".join(f"{name} x{count}" if count > 1 else name
+                            for name, count in graph.unsupported.items())
+        warnings.warn(f"tpp_tvm: {len(graph.parts)} part(s) of a graph on TPPs, operators "
+                      f"TVM's importer lacks in eager between them: {lacking}", stacklevel=4)
+        return graph
 
     def __call__(self, *args: Any) -> Any:
         import torch
