@@ -19,7 +19,7 @@ AVX-512 epilogue TPPs between the tile calls leave the tile state alone.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
@@ -34,6 +34,8 @@ from .llvm_ir import (
     AMX_GROUPS,
     AMX_ROWS,
     NO_CONFIG,
+    IRFunction,
+    TileBrgemm,
     amx_brgemm,
     amx_configure,
     module_text,
@@ -218,11 +220,22 @@ def _epilogue_slicing(epilogue: list[tirx.Stmt], steps: int) -> tuple[int, int, 
     return max(1, min(EPILOGUE_SLICES, steps, unit)), unit, loops[-1]
 
 
-def _pipelined(loop: tirx.For, prefetch_panels: bool = True) -> tirx.Stmt | None:
-    """``loop`` (one tile block per iteration: microkernel into C, then the epilogue that
-    reads C, if any) rewritten so that each iteration's tile steps are interleaved with the
-    previous block's epilogue and prefetch the next B panel, and the last block's epilogue
-    follows the loop; None when the loop does not have that form."""
+@dataclass(frozen=True)
+class _TileBlock:
+    """One iteration of a tile-block loop, read apart: the work before the microkernel
+    call, the call's tile kernel and arguments (let-bound values substituted), and the
+    epilogue after it."""
+
+    parts: TileBrgemm
+    args: tuple[tirx.PrimExpr, ...]  # a, b, c, lda, a_batch, b_group, b_batch, ldc
+    c_buffer: tirx.Buffer
+    prologue: list[tirx.Stmt]
+    epilogue: list[tirx.Stmt]
+
+
+def _tile_block(loop: tirx.For) -> _TileBlock | None:
+    """``loop``'s body as prologue, one tile microkernel call and epilogue; None when it is
+    not one (no or several tile calls, a C that is not a buffer, tiles in the epilogue)."""
     items = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
     calls = [i for i, s in enumerate(items) if _tile_call(s) is not None]
     if len(calls) != 1 or not isinstance(loop.extent, tirx.IntImm) or loop.extent.value < 2:
@@ -245,60 +258,83 @@ def _pipelined(loop: tirx.For, prefetch_panels: bool = True) -> tirx.Stmt | None
             if _calls_tiles(stmt):
                 return None
             epilogue.append(substitute(stmt, lets))
-    # Work before the microkernel (A's padding or column scale) stays before it, unless it
-    # shares a buffer the previous block's epilogue, now after it, writes or still reads; a
-    # C zero fill is dropped where the microkernel does not read C (beta 0).
-    epilogue_reads = [*_buffers(epilogue, TensorLoad), c_buffer]
-    epilogue_writes = _buffers(epilogue, tirx.BufferStore)
+    args = tuple(substitute(x, lets) for x in (a, b, c, lda, a_batch, b_group, b_batch, ldc))
+    return _TileBlock(parts, args, c_buffer, prologue, epilogue)
+
+
+def _kept_prologue(block: _TileBlock) -> list[tirx.Stmt] | None:
+    """Work before the microkernel (A's padding or column scale) stays before it, unless it
+    shares a buffer the previous block's epilogue, now after it, writes or still reads
+    (None: the loop cannot be pipelined); a C zero fill is dropped where the microkernel
+    does not read C (beta 0)."""
+    epilogue_reads = [*_buffers(block.epilogue, TensorLoad), block.c_buffer]
+    epilogue_writes = _buffers(block.epilogue, tirx.BufferStore)
     kept = []
-    for stmt in prologue:
-        if parts.beta == 0 and _writes_only(stmt, c_buffer):
+    for stmt in block.prologue:
+        if block.parts.beta == 0 and _writes_only(stmt, block.c_buffer):
             continue
         if _shared(_buffers([stmt], tirx.BufferStore), epilogue_reads + epilogue_writes) \
                 or _shared(_buffers([stmt], TensorLoad), epilogue_writes):
             return None
         kept.append(stmt)
-    a, b, c, lda, a_batch, b_group, b_batch, ldc = (
-        substitute(x, lets) for x in (a, b, c, lda, a_batch, b_group, b_batch, ldc))
+    return kept
+
+
+def _row_slice(i: int, stmt: tirx.Stmt, s: int, slicing: tuple[int, int, int]
+               ) -> tirx.Stmt | None:
+    """Slice ``s`` of epilogue statement ``i``: the same share of the block's rows in
+    every loop (iterations [s u / S, (s+1) u / S) times extent / u, u the smallest
+    extent), so a loop reading what an earlier loop wrote (the copy out of the block's
+    epilogue buffer) reads only rows that are done; statements before the first loop
+    run in slice 0, after the last one in the last slice."""
+    slices, unit, last_loop = slicing
+    if _sliceable(stmt):
+        per = stmt.extent.value // unit
+        lo, hi = s * unit // slices * per, (s + 1) * unit // slices * per
+        if lo == hi:
+            return None
+        return fresh_copy(tirx.For(stmt.loop_var, stmt.min + lo, hi - lo, stmt.kind,
+                                    stmt.body))
+    return fresh_copy(stmt) if s == (0 if i < last_loop else slices - 1) else None
+
+
+def _extern(fn: IRFunction, *args) -> tirx.Stmt:
+    return tirx.Evaluate(tirx.call_extern("void", fn.name, *args))
+
+
+def _pipelined(loop: tirx.For, prefetch_panels: bool = True) -> tirx.Stmt | None:
+    """``loop`` (one tile block per iteration: microkernel into C, then the epilogue that
+    reads C, if any) rewritten so that each iteration's tile steps are interleaved with the
+    previous block's epilogue and prefetch the next B panel, and the last block's epilogue
+    follows the loop; None when the loop does not have that form."""
+    block = _tile_block(loop)
+    if block is None:
+        return None
+    kept = _kept_prologue(block)
+    if kept is None:
+        return None
+    parts, epilogue = block.parts, block.epilogue
+    a, b, c, lda, a_batch, b_group, b_batch, ldc = block.args
     slicing = _epilogue_slicing(epilogue, parts.steps)
     if slicing is None:
         return None
-    slices, unit, last_loop = slicing
+    slices = slicing[0]
     v = loop.loop_var
     prev = [(v, v - 1)]
-
-    def row_slice(i: int, stmt: tirx.Stmt, s: int) -> tirx.Stmt | None:
-        """Slice ``s`` of epilogue statement ``i``: the same share of the block's rows in
-        every loop (iterations [s u / S, (s+1) u / S) times extent / u, u the smallest
-        extent), so a loop reading what an earlier loop wrote (the copy out of the block's
-        epilogue buffer) reads only rows that are done; statements before the first loop
-        run in slice 0, after the last one in the last slice."""
-        if _sliceable(stmt):
-            per = stmt.extent.value // unit
-            lo, hi = s * unit // slices * per, (s + 1) * unit // slices * per
-            if lo == hi:
-                return None
-            return fresh_copy(tirx.For(stmt.loop_var, stmt.min + lo, hi - lo, stmt.kind,
-                                        stmt.body))
-        return fresh_copy(stmt) if s == (0 if i < last_loop else slices - 1) else None
-
-    def extern(fn, *args) -> tirx.Stmt:
-        return tirx.Evaluate(tirx.call_extern("void", fn.name, *args))
-
     prefetch = (_next_panel(b, v, parts.steps) if prefetch_panels else None) or (b, 0)
-    body = [*(fresh_copy(p) for p in kept), extern(parts.begin, c, ldc)]
+    body = [*(fresh_copy(p) for p in kept), _extern(parts.begin, c, ldc)]
     for s in range(slices):
         t0, t1 = s * parts.steps // slices, (s + 1) * parts.steps // slices
-        body.append(extern(parts.run, a, b, lda, a_batch, b_group, b_batch,
-                           tirx.const(t0, "int32"), tirx.const(t1, "int32"), prefetch[0],
-                           tirx.const(prefetch[1], "int32")))
-        work = [r for r in (row_slice(i, e, s) for i, e in enumerate(epilogue))
+        body.append(_extern(parts.run, a, b, lda, a_batch, b_group, b_batch,
+                            tirx.const(t0, "int32"), tirx.const(t1, "int32"), prefetch[0],
+                            tirx.const(prefetch[1], "int32")))
+        work = [r for r in (_row_slice(i, e, s, slicing) for i, e in enumerate(epilogue))
                 if r is not None]
         if work:
             body.append(tirx.IfThenElse(v > loop.min, substitute(tirx.SeqStmt(work)
                                                                   if len(work) > 1 else work[0],
                                                                   prev), None))
-    body.append(extern(parts.end, c, ldc))
+    body.append(_extern(parts.end, c, ldc))
     text = tvm.ir.StringImm(module_text(parts.begin, parts.run, parts.end))
     body = tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", text, tirx.SeqStmt(body))
     last = [(v, loop.min + loop.extent - 1)]

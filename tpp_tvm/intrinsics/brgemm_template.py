@@ -64,50 +64,70 @@ def brgemm_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return _scalable_impl(spec, isa)
 
 
+class _Panels:
+    """How a scalable FMA BRGEMM reads and writes its operands: column panels of ``NV``
+    vectors (``plain`` whole ones, then ``masked`` predicated ones), as many panels as the
+    run-time vector length needs to cover N."""
+
+    def __init__(self, spec: TPPSpec, isa: VectorISA) -> None:
+        M, N, dt = spec.m, spec.n, spec.dtype
+        self.spec, self.isa, self.dt = spec, isa, dt
+        self.geo = contraction_geometry(spec)
+        self.lanes = isa.lanes(dt)  # an int, or a vscale expression on a scalable ISA
+        self.vt = isa.vtype(dt)
+        self.plain, self.masked = column_panel(N, M, isa, dt)
+        self.NV = self.plain + self.masked  # vectors per panel
+        # Fixed width: one panel (the loop vanishes); scalable: as many as the run-time VL
+        # needs.
+        self.panels = 1 if not isa.scalable else tirx.floordiv(N + self.NV * self.lanes - 1,
+                                                                self.NV * self.lanes)
+        self.beta0 = spec.beta == 0
+
+    def col(self, p, v):
+        return (p * self.NV + v) * self.lanes
+
+    def mask(self, p, v):
+        return self.isa.tail_mask(self.col(p, v), self.spec.n, self.dt)
+
+    def a_el(self, A, ivs, i):
+        lv = _loop_vars(ivs)
+        return A[self.geo.a_index(lv[:-1], i, lv[-1])]
+
+    def b_vec(self, B, ivs, p, v):
+        lv = _loop_vars(ivs)
+        return B[self.geo.b_index(lv[:-1], lv[-1], self.isa.ramp(self.col(p, v), self.dt))]
+
+    def b_masked(self, B, ivs, p, v):
+        lv = _loop_vars(ivs)
+        return self.isa.masked_load(B[self.geo.b_index(lv[:-1], lv[-1], self.col(p, v))],
+                                    self.mask(p, v), self.dt)
+
+    def zero(self):
+        return self.isa.broadcast(tirx.const(0, self.dt), self.dt)
+
+    def c_init(self, C, i, p, v):
+        return self.zero() if self.beta0 else C[i, self.isa.ramp(self.col(p, v), self.dt)]
+
+    def c_init_masked(self, C, i, p, v):
+        if self.beta0:
+            return self.zero()
+        return self.isa.masked_load(C[i, self.col(p, v)], self.mask(p, v), self.dt)
+
+    def fma(self, a, b, c):
+        return T.call_llvm_pure_intrin(self.vt, "llvm.fma", self.isa.broadcast(a, self.dt), b,
+                                       c)
+
+
 def _scalable_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     """fp32 FMA BRGEMM for a scalable ISA (SVE): predicated column panels sized for the
     minimum vector length, one register per accumulator."""
     M, N, K = spec.m, spec.n, spec.k
     dt = spec.dtype
-    geo = contraction_geometry(spec)
-    lanes = isa.lanes(dt)  # an int, or a vscale expression on a scalable ISA
-    vt = isa.vtype(dt)
-    plain, masked = column_panel(N, M, isa, dt)
-    NV = plain + masked  # vectors per panel
-    # Fixed width: one panel (the loop vanishes); scalable: as many as the run-time VL needs.
-    panels = 1 if not isa.scalable else tirx.floordiv(N + NV * lanes - 1, NV * lanes)
-    beta0 = spec.beta == 0
+    pn = _Panels(spec, isa)
+    geo, vt, plain, NV, panels, beta0 = pn.geo, pn.vt, pn.plain, pn.NV, pn.panels, pn.beta0
     reduction = (*geo.batch, K)
-
-    def col(p, v):
-        return (p * NV + v) * lanes
-
-    def mask(p, v):
-        return isa.tail_mask(col(p, v), N, dt)
-
-    def a_el(A, ivs, i):
-        lv = _loop_vars(ivs)
-        return A[geo.a_index(lv[:-1], i, lv[-1])]
-
-    def b_vec(B, ivs, p, v):
-        lv = _loop_vars(ivs)
-        return B[geo.b_index(lv[:-1], lv[-1], isa.ramp(col(p, v), dt))]
-
-    def b_masked(B, ivs, p, v):
-        lv = _loop_vars(ivs)
-        return isa.masked_load(B[geo.b_index(lv[:-1], lv[-1], col(p, v))], mask(p, v), dt)
-
-    def zero():
-        return isa.broadcast(tirx.const(0, dt), dt)
-
-    def c_init(C, i, p, v):
-        return zero() if beta0 else C[i, isa.ramp(col(p, v), dt)]
-
-    def c_init_masked(C, i, p, v):
-        return zero() if beta0 else isa.masked_load(C[i, col(p, v)], mask(p, v), dt)
-
-    def fma(a, b, c):
-        return T.call_llvm_pure_intrin(vt, "llvm.fma", isa.broadcast(a, dt), b, c)
+    col, mask, a_el, b_vec, b_masked = pn.col, pn.mask, pn.a_el, pn.b_vec, pn.b_masked
+    c_init, c_init_masked, fma = pn.c_init, pn.c_init_masked, pn.fma
 
     # Built with the IR builder rather than parsed TVMScript so that each accumulator is its
     # own one-vector buffer: LLVM keeps those in registers, while an (M, NV) array of

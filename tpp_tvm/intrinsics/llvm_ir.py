@@ -130,6 +130,113 @@ NO_UNROLL_METADATA = ("!9001 = distinct !{!9001, !9002}",
                       '!9002 = !{!"llvm.loop.unroll.disable"}')
 
 
+class _DotBrgemmText:
+    """The LLVM IR of one dot-product BRGEMM microkernel as it is written: its lines and the
+    intrinsic declarations they need (see :func:`dot_brgemm`)."""
+
+    def __init__(self, op: DotOp, a_dtype: str, b_dtype: str, m: int, n: int,
+                 lanes: int) -> None:
+        self.op, self.a_dtype, self.b_dtype, self.m, self.lanes = op, a_dtype, b_dtype, m, lanes
+        self.V, self.acc_dt = op.vnni, op.acc_dtype
+        self.acc = _vec(lanes, self.acc_dt)
+        self.at, self.bt = _vec(lanes * self.V, a_dtype), _vec(lanes * self.V, b_dtype)
+        self.ea, self.eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
+        full = n // lanes
+        self.nv = -(-n // lanes)
+        self.widths = [lanes] * full + ([n - full * lanes] if n % lanes else [])
+        operands = f"{self.acc}, {self.at}, {self.bt}" if op.accumulates \
+            else f"{self.at}, {self.bt}"
+        self.declares = {f"declare {self.acc} @{op.intrinsic}({operands})"}
+        self.body: list[str] = []
+
+    def emit(self, line_decl: tuple[str, str]) -> None:
+        line, decl = line_decl
+        self.body.append(line)
+        if decl:
+            self.declares.add(decl)
+
+    def load_c(self, beta: int) -> dict[tuple[int, int], str]:
+        """C's rows loaded into the accumulators' initial values (zeros for beta 0)."""
+        body, lanes, acc_dt = self.body, self.lanes, self.acc_dt
+        init = {}
+        for i in range(self.m):
+            body.append(f"  %crow{i} = mul i32 {i}, %ldc")
+            for v, w in enumerate(self.widths):
+                init[i, v] = "zeroinitializer" if beta == 0 else f"%init{i}_{v}"
+                if beta == 0:
+                    continue
+                body.append(f"  %coff{i}_{v} = add i32 %crow{i}, {v * lanes}")
+                body.append(f"  %pc{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
+                            f"i32 %coff{i}_{v}")
+                self.emit(_masked_load(f"%init{i}_{v}", lanes, acc_dt, f"%pc{i}_{v}", w))
+        return init
+
+    def loop_heads(self, init: dict[tuple[int, int], str]) -> None:
+        """The filter-row loop's and the VNNI-group loop's heads: the accumulators' phis,
+        A's row pointers and B's group pointer."""
+        m, nv, acc, ea, eb, V = self.m, self.nv, self.acc, self.ea, self.eb, self.V
+        body = self.body
+        body += ["  %lda64 = sext i32 %lda to i64", "  %a_batch64 = sext i32 %a_batch to i64",
+                 "  %b_group64 = sext i32 %b_group to i64",
+                 "  %b_batch64 = sext i32 %b_batch to i64",
+                 "  br label %rows", "rows:", "  %r = phi i64 [ 0, %entry ], [ %rn, %next ]"]
+        body += [f"  %accr{i}_{v} = phi {acc} [ {init[i, v]}, %entry ], [ %new{i}_{v}, %next ]"
+                 for i in range(m) for v in range(nv)]
+        body += ["  %ra = mul i64 %r, %a_batch64", "  %rb = mul i64 %r, %b_batch64",
+                 f"  %pbr = getelementptr inbounds {eb}, ptr %b, i64 %rb"]
+        for i in range(m):
+            body += [f"  %arow{i} = mul i64 {i}, %lda64", f"  %aoff{i} = add i64 %ra, %arow{i}",
+                     f"  %par{i} = getelementptr inbounds {ea}, ptr %a, i64 %aoff{i}"]
+        body += ["  br label %loop", "loop:", "  %g = phi i64 [ 0, %rows ], [ %gn, %loop ]"]
+        body += [f"  %acc{i}_{v} = phi {acc} [ %accr{i}_{v}, %rows ], [ %new{i}_{v}, %loop ]"
+                 for i in range(m) for v in range(nv)]
+        body += [f"  %ga = mul i64 %g, {V}", "  %gb = mul i64 %g, %b_group64",
+                 f"  %pbg = getelementptr inbounds {eb}, ptr %pbr, i64 %gb"]
+
+    def dot_step(self) -> None:
+        """One VNNI group: A's groups broadcast, B's vectors loaded, one dot product per
+        accumulator."""
+        op, lanes, V, acc, at, bt = self.op, self.lanes, self.V, self.acc, self.at, self.bt
+        body = self.body
+        for i in range(self.m):
+            body += [f"  %pa{i} = getelementptr inbounds {self.ea}, ptr %par{i}, i64 %ga",
+                     f"  %a32_{i} = load i32, ptr %pa{i}, align 1",
+                     f"  %a1_{i} = insertelement <{lanes} x i32> poison, i32 %a32_{i}, i64 0",
+                     f"  %as{i} = shufflevector <{lanes} x i32> %a1_{i}, <{lanes} x i32> "
+                     f"poison, <{lanes} x i32> zeroinitializer",
+                     f"  %av{i} = bitcast <{lanes} x i32> %as{i} to {at}"]
+        for v, w in enumerate(self.widths):
+            body.append(f"  %pb{v} = getelementptr inbounds {self.eb}, ptr %pbg, "
+                        f"i64 {v * lanes * V}")
+            self.emit(_masked_load(f"%bv{v}", lanes * V, self.b_dtype, f"%pb{v}", w * V))
+        for i in range(self.m):
+            for v in range(self.nv):
+                if op.accumulates:
+                    body.append(f"  %new{i}_{v} = call {acc} @{op.intrinsic}({acc} "
+                                f"%acc{i}_{v}, {at} %av{i}, {bt} %bv{v})")
+                    continue
+                body += [f"  %dot{i}_{v} = call {acc} @{op.intrinsic}({at} %av{i}, "
+                         f"{bt} %bv{v})",
+                         f"  %new{i}_{v} = add {acc} %acc{i}_{v}, %dot{i}_{v}"]
+
+    def loop_ends(self, kgroups: int, batch: int, no_unroll: str) -> None:
+        """Both loops' back edges and exits."""
+        self.body += ["  %gn = add i64 %g, 1", f"  %gdone = icmp eq i64 %gn, {kgroups}",
+                      f"  br i1 %gdone, label %next, label %loop{no_unroll}", "next:",
+                      "  %rn = add i64 %r, 1", f"  %rdone = icmp eq i64 %rn, {batch}",
+                      "  br i1 %rdone, label %exit, label %rows", "exit:"]
+
+    def store_c(self) -> None:
+        """The accumulators stored into C (masked for a partial last vector)."""
+        lanes, acc_dt = self.lanes, self.acc_dt
+        for i in range(self.m):
+            for v, w in enumerate(self.widths):
+                self.body += [f"  %soff{i}_{v} = add i32 %crow{i}, {v * lanes}",
+                              f"  %ps{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
+                              f"i32 %soff{i}_{v}"]
+                self.emit(_masked_store(f"%new{i}_{v}", lanes, acc_dt, f"%ps{i}_{v}", w))
+
+
 def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: int,
                beta: int, lanes: int = 16, unroll_batch_reduce: bool = True) -> IRFunction:
     """A whole register-blocked low-precision BRGEMM microkernel as one LLVM function.
@@ -142,98 +249,37 @@ def dot_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     of columns uses masked loads/stores. (Kept as one function rather than a per-step call
     from a TIR loop: TVM puts a 1 KiB+ accumulator array on the heap, and the step's untyped
     loads would then pin every accumulator to memory.)
+
+    Two loops, filter rows (batch) outer and VNNI groups inner, on 64-bit pointers: the
+    inner loop then only steps one pointer per row and B's (one flat loop with div/mod and
+    32-bit offsets spent 14 integer instructions a step on address arithmetic: AVX2 s16 3x3
+    convolutions ran at 87-92 GOP/s, now 139-145 on Zen 3). With
+    ``unroll_batch_reduce=False`` (AVX2) a batch-reduce (a convolution's filter rows) is not
+    unrolled: two steps of a 4 x 16 s16 tile need more than AVX2's 16 registers (spills;
+    14x14 and 7x7 convolutions 4-6% slower unrolled). A plain GEMM keeps LLVM's unrolling
+    everywhere: without it the dynamic-int8 MLP's 64x4096x4096 s16 GEMM took 33 ms instead
+    of 18-21 in the model. (AVX-512's 32 registers: not measured, unchanged.)
     """
     op = X86_DOT.get((a_dtype, b_dtype, lanes))
     if op is None:
         raise UnsupportedDTypeError(
             f"no x86 dot-product BRGEMM for {a_dtype} x {b_dtype} at {lanes} lanes; supported: "
             + ", ".join(f"{a} x {b} at {n} lanes" for a, b, n in X86_DOT))
-    V, acc_dt = op.vnni, op.acc_dtype
-    acc, at, bt = _vec(lanes, acc_dt), _vec(lanes * V, a_dtype), _vec(lanes * V, b_dtype)
-    ea, eb = _LLVM_TYPES[a_dtype], _LLVM_TYPES[b_dtype]
-    nv, full = -(-n // lanes), n // lanes
-    widths = [lanes] * full + ([n - full * lanes] if n % lanes else [])
     name = (f"tpp_brgemm_{_suffix(a_dtype)}{_suffix(b_dtype)}_m{m}n{n}g{kgroups}b{batch}"
             f"_beta{beta}")
-    operands = f"{acc}, {at}, {bt}" if op.accumulates else f"{at}, {bt}"
-    declares = {f"declare {acc} @{op.intrinsic}({operands})"}
-    body = [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
-            "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:"]
-
-    def emit(line_decl):
-        line, decl = line_decl
-        body.append(line)
-        if decl:
-            declares.add(decl)
-
-    init = {}
-    for i in range(m):
-        body.append(f"  %crow{i} = mul i32 {i}, %ldc")
-        for v, w in enumerate(widths):
-            init[i, v] = "zeroinitializer" if beta == 0 else f"%init{i}_{v}"
-            if beta == 0:
-                continue
-            body.append(f"  %coff{i}_{v} = add i32 %crow{i}, {v * lanes}")
-            body.append(f"  %pc{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
-                        f"i32 %coff{i}_{v}")
-            emit(_masked_load(f"%init{i}_{v}", lanes, acc_dt, f"%pc{i}_{v}", w))
-    # Two loops, filter rows (batch) outer and VNNI groups inner, on 64-bit pointers: the
-    # inner loop then only steps one pointer per row and B's (one flat loop with div/mod
-    # and 32-bit offsets spent 14 integer instructions a step on address arithmetic: AVX2
-    # s16 3x3 convolutions ran at 87-92 GOP/s, now 139-145 on Zen 3). With
-    # ``unroll_batch_reduce=False`` (AVX2) a batch-reduce (a convolution's filter rows) is
-    # not unrolled: two steps of a 4 x 16 s16 tile need more than AVX2's 16 registers
-    # (spills; 14x14 and 7x7 convolutions 4-6% slower unrolled). A plain GEMM keeps LLVM's
-    # unrolling everywhere: without it the dynamic-int8 MLP's 64x4096x4096 s16 GEMM took
-    # 33 ms instead of 18-21 in the model. (AVX-512's 32 registers: not measured, unchanged.)
+    text = _DotBrgemmText(op, a_dtype, b_dtype, m, n, lanes)
+    text.body += [f"define linkonce_odr void @{name}(ptr %a, ptr %b, ptr %c, i32 %lda, "
+                  "i32 %a_batch, i32 %b_group, i32 %b_batch, i32 %ldc) #ATTRS {", "entry:"]
+    init = text.load_c(beta)
     no_unroll = f", {NO_UNROLL_LOOP}" if batch > 1 and not unroll_batch_reduce else ""
-    body += ["  %lda64 = sext i32 %lda to i64", "  %a_batch64 = sext i32 %a_batch to i64",
-             "  %b_group64 = sext i32 %b_group to i64", "  %b_batch64 = sext i32 %b_batch to i64",
-             "  br label %rows", "rows:", "  %r = phi i64 [ 0, %entry ], [ %rn, %next ]"]
-    body += [f"  %accr{i}_{v} = phi {acc} [ {init[i, v]}, %entry ], [ %new{i}_{v}, %next ]"
-             for i in range(m) for v in range(nv)]
-    body += ["  %ra = mul i64 %r, %a_batch64", "  %rb = mul i64 %r, %b_batch64",
-             f"  %pbr = getelementptr inbounds {eb}, ptr %b, i64 %rb"]
-    for i in range(m):
-        body += [f"  %arow{i} = mul i64 {i}, %lda64", f"  %aoff{i} = add i64 %ra, %arow{i}",
-                 f"  %par{i} = getelementptr inbounds {ea}, ptr %a, i64 %aoff{i}"]
-    body += ["  br label %loop", "loop:", "  %g = phi i64 [ 0, %rows ], [ %gn, %loop ]"]
-    body += [f"  %acc{i}_{v} = phi {acc} [ %accr{i}_{v}, %rows ], [ %new{i}_{v}, %loop ]"
-             for i in range(m) for v in range(nv)]
-    body += [f"  %ga = mul i64 %g, {V}", "  %gb = mul i64 %g, %b_group64",
-             f"  %pbg = getelementptr inbounds {eb}, ptr %pbr, i64 %gb"]
-    for i in range(m):
-        body += [f"  %pa{i} = getelementptr inbounds {ea}, ptr %par{i}, i64 %ga",
-                 f"  %a32_{i} = load i32, ptr %pa{i}, align 1",
-                 f"  %a1_{i} = insertelement <{lanes} x i32> poison, i32 %a32_{i}, i64 0",
-                 f"  %as{i} = shufflevector <{lanes} x i32> %a1_{i}, <{lanes} x i32> poison, "
-                 f"<{lanes} x i32> zeroinitializer",
-                 f"  %av{i} = bitcast <{lanes} x i32> %as{i} to {at}"]
-    for v, w in enumerate(widths):
-        body.append(f"  %pb{v} = getelementptr inbounds {eb}, ptr %pbg, i64 {v * lanes * V}")
-        emit(_masked_load(f"%bv{v}", lanes * V, b_dtype, f"%pb{v}", w * V))
-    for i in range(m):
-        for v in range(nv):
-            if op.accumulates:
-                body.append(f"  %new{i}_{v} = call {acc} @{op.intrinsic}({acc} %acc{i}_{v}, "
-                            f"{at} %av{i}, {bt} %bv{v})")
-                continue
-            body += [f"  %dot{i}_{v} = call {acc} @{op.intrinsic}({at} %av{i}, {bt} %bv{v})",
-                     f"  %new{i}_{v} = add {acc} %acc{i}_{v}, %dot{i}_{v}"]
-    body += ["  %gn = add i64 %g, 1", f"  %gdone = icmp eq i64 %gn, {kgroups}",
-             f"  br i1 %gdone, label %next, label %loop{no_unroll}", "next:",
-             "  %rn = add i64 %r, 1", f"  %rdone = icmp eq i64 %rn, {batch}",
-             "  br i1 %rdone, label %exit, label %rows", "exit:"]
-    for i in range(m):
-        for v, w in enumerate(widths):
-            body += [f"  %soff{i}_{v} = add i32 %crow{i}, {v * lanes}",
-                     f"  %ps{i}_{v} = getelementptr {_LLVM_TYPES[acc_dt]}, ptr %c, "
-                     f"i32 %soff{i}_{v}"]
-            emit(_masked_store(f"%new{i}_{v}", lanes, acc_dt, f"%ps{i}_{v}", w))
-    body += ["  ret void", "}"]
+    text.loop_heads(init)
+    text.dot_step()
+    text.loop_ends(kgroups, batch, no_unroll)
+    text.store_c()
+    text.body += ["  ret void", "}"]
     if no_unroll:
-        declares.update(NO_UNROLL_METADATA)
-    return IRFunction(name, "\n".join(body), tuple(sorted(declares)), op.features)
+        text.declares.update(NO_UNROLL_METADATA)
+    return IRFunction(name, "\n".join(text.body), tuple(sorted(text.declares)), op.features)
 
 
 #: Conversions :func:`convert_step` generates: (source, destination) -> LLVM cast.
