@@ -18,6 +18,7 @@ from tpp_tvm.intrinsics.spec import (
     BCASTS,
     CONTRACTION_DTYPES,
     EQUATION_STEPS,
+    OPERAND_STEPS,
     QUANT_DTYPES,
     equation_operands,
     vnni_factor,
@@ -139,3 +140,14 @@ def specs(draw) -> TPPSpec:
 def test_random_specs_read_back(spec: TPPSpec, isa: str) -> None:
     assert TPPSpec.from_name(spec.name(isa)) == (spec, isa)
 
+
+def test_operand_steps_say_shape_math_and_dtype() -> None:
+    """One table says what each operand step's operand is and does; the name order of
+    ``EQUATION_STEPS`` (operand steps first) is part of the name grammar."""
+    assert EQUATION_STEPS[:len(OPERAND_STEPS)] == tuple(OPERAND_STEPS)
+    assert [s for s, op in OPERAND_STEPS.items() if op.row] == ["bias", "scale"]
+    assert [s for s, op in OPERAND_STEPS.items() if op.multiplies] == ["gate", "scale"]
+    assert OPERAND_STEPS["residual_u8"].operand_dtype("float32") == "uint8"
+    assert OPERAND_STEPS["residual"].operand_dtype("float32") == "float32"
+    assert OPERAND_STEPS["bias"].shape(4, 8) == (8,)
+    assert OPERAND_STEPS["gate"].shape(4, 8) == (4, 8)

@@ -18,7 +18,7 @@ from tvm import s_tir
 from tpp_tvm.intrinsics import TPPSpec, amx_emulator, intrinsic
 from tpp_tvm.intrinsics.geometry import contraction_geometry, pool_geometry
 from tpp_tvm.intrinsics.reference import BLOCK, operand_dtypes, operand_shapes, workload
-from tpp_tvm.intrinsics.spec import MULTIPLYING_OPERANDS, OPERAND_STEPS, RESIDUAL_QUANT_OPS
+from tpp_tvm.intrinsics.spec import OPERAND_STEPS, RESIDUAL_QUANT_OPS
 from tpp_tvm.target import host_isa, target, tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
@@ -147,10 +147,11 @@ def reference(spec: TPPSpec, args: list[np.ndarray]) -> np.ndarray:
     if spec.kind == "equation":
         v, it = a[0], iter(a[1:])
         for step in spec.steps:
-            if step in MULTIPLYING_OPERANDS:
-                v = v * next(it)
+            operand = OPERAND_STEPS.get(step)
+            if operand is None:
+                v = UNARY[step](v)
             else:
-                v = v + next(it) if step in OPERAND_STEPS else UNARY[step](v)
+                v = v * next(it) if operand.multiplies else v + next(it)
         return v
     if op == "transpose":
         return a[0].T

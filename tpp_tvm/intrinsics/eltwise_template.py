@@ -43,10 +43,8 @@ from .geometry import (
 )
 from .spec import (
     MAX_EQUATION_STEPS,
-    MULTIPLYING_OPERANDS,
     OPERAND_STEPS,
     POOL_DTYPES,
-    ROW_OPERANDS,
     TPPSpec,
     dtype_of,
     equation_operands,
@@ -70,7 +68,7 @@ EQUATION_GROUP = 4
 #: Values one step of an equation binds to statements (``vector_math.statement_slots``).
 BOUND_SLOTS = 8
 #: Equation operands that are whole tiles (M, N), not rows.
-TILE_OPERANDS = tuple(s for s in OPERAND_STEPS if s not in ROW_OPERANDS)
+TILE_OPERANDS = tuple(s for s, op in OPERAND_STEPS.items() if not op.row)
 #: Tiles of at most this many rows prefetch the residual rows below them (see equation_impl).
 RESIDUAL_PREFETCH_ROWS = 64
 #: (dtype, out_dtype) conversions a copy TPP performs.
@@ -411,8 +409,14 @@ def transpose_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         # loop is faster there (measured on Zen 5: 8x37 25 vs 62 ns, 64x5 35 vs 80 ns;
         # 16x64: 267 vs 78 ns).
         return _transpose_loop(spec)
-    vt = isa.vtype(dt)
-    MB, MT, NB, NT = M // L, M % L, N // L, N % L
+    return _transpose_registers(spec, isa)
+
+
+def _transpose_block(isa: VectorISA, dt: str):
+    """The macro transposing one block of X at (i0, j0), rows x cols of at most L x L:
+    into registers (missing rows as zeros), log2(L) block-swap steps, out as cols rows of
+    Y; masked loads and stores at the edges."""
+    L = isa.lanes(dt)
     zero = isa.broadcast(tirx.const(0, dt), dt)
     final_in_a = (L.bit_length() - 1) % 2 == 0  # stages alternate between buffers A and B
 
@@ -445,8 +449,6 @@ def transpose_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
 
     @T.macro
     def block(X, Y, A, B, i0, j0, rows, cols):
-        # rows x cols of X at (i0, j0): into registers (missing rows as zeros), transposed
-        # by log2(L) block-swap steps, out as cols rows of Y.
         for r in T.unroll(rows):
             A[r] = load_row(X, i0 + r, j0, cols)
         for r in T.unroll(rows, L):
@@ -463,7 +465,18 @@ def transpose_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         else:
             store_rows(Y, B, i0, j0, rows, cols)
 
-    # L x L blocks in registers; partial blocks at the bottom/right edges use masks.
+    return block
+
+
+def _transpose_registers(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Transpose in L x L register blocks; partial blocks at the bottom/right edges use
+    masks."""
+    M, N, dt = spec.m, spec.n, spec.dtype
+    L = isa.lanes(dt)
+    vt = isa.vtype(dt)
+    MB, MT, NB, NT = M // L, M % L, N // L, N % L
+    block = _transpose_block(isa, dt)
+
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, y: T.handle):
         X = T.match_buffer(x, (M, N), **_mat(dt))
@@ -608,73 +621,98 @@ def _vnni_interleaved(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
     return impl
 
 
-def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
-    """Equation: each vector of X goes through every step in registers, then one store.
+class _EquationTile:
+    """What an equation's implementation computes with: the row split, the step slots,
+    each operand step's operand (index, dtype), and how full vectors are grouped.
 
-    The running value lives in a local buffer so each step's math (which may repeat its
-    argument, e.g. gelu) reads a register, not a re-expanded expression. On a fixed-width
-    ISA it holds EQUATION_GROUP full vectors of the tile as one wide vector (any rows): an
+    On a fixed-width ISA the running value holds :data:`EQUATION_GROUP` full vectors of the
+    tile as one wide vector (any rows) where a step is a long chain (``LONG_CHAINS``): an
     erf-GELU is ~55 dependent instructions a vector, and interleaving four chains took a
     GEMM's GELU epilogue from 2.6 to 1.8 cycles an element (gelu_tanh 1.6 -> 1.2, Zen 5).
-    Values a step would copy per zmm are bound to ``bound`` (``statement_slots``).
-    """
-    _check_supported(spec, isa, _COMPUTE_DTYPES)
-    M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
-    row = _Row(isa, dt, N)
-    vt = isa.vtype(dt)
-    wide = vt if isa.scalable else f"{dt}x{row.lanes * EQUATION_GROUP}"
-    kinds = equation_operands(steps)
-    shapes = equation_operand_shapes(spec)
-    pdt = equation_operand_dtypes(spec)
-    slots = list(steps) + [None] * (MAX_EQUATION_STEPS - len(steps))
-    operand_of = {}  # slot -> index into the operand list
-    for slot, step in enumerate(steps):
-        if step in OPERAND_STEPS:
-            operand_of[slot] = len(operand_of)
+    Bias, residual and clips gain nothing from groups and pay the group's index arithmetic
+    (MobileNetV2 1.2% slower), so they run a vector at a time."""
 
-    # Groups only for long-chain steps: bias, residual and clips gain nothing from them and
-    # pay the group's index arithmetic (MobileNetV2 1.2% slower).
-    group = 1 if isa.scalable or not LONG_CHAINS.intersection(steps) else EQUATION_GROUP
-    total = M * row.full
-    groups = 0 if group == 1 else total // group
+    def __init__(self, spec: TPPSpec, isa: VectorISA) -> None:
+        M, N, dt, steps = spec.m, spec.n, spec.dtype, spec.steps
+        self.spec, self.steps = spec, steps
+        self.row = row = _Row(isa, dt, N)
+        self.vt = isa.vtype(dt)
+        self.wide = self.vt if isa.scalable else f"{dt}x{row.lanes * EQUATION_GROUP}"
+        self.kinds = equation_operands(steps)
+        self.shapes = equation_operand_shapes(spec)
+        self.pdt = equation_operand_dtypes(spec)
+        self.slots = list(steps) + [None] * (MAX_EQUATION_STEPS - len(steps))
+        self.operand_of = {}  # slot -> index into the operand list
+        for slot, step in enumerate(steps):
+            if step in OPERAND_STEPS:
+                self.operand_of[slot] = len(self.operand_of)
+        self.group = 1 if isa.scalable or not LONG_CHAINS.intersection(steps) \
+            else EQUATION_GROUP
+        self.total = M * row.full
+        self.groups = 0 if self.group == 1 else self.total // self.group
+        # The next tile's residual (or gate) rows (the tile below: the next one when B
+        # panels are outer) are prefetched into L1 while this one's epilogue and the next
+        # microkernel run.
+        residuals = [self.operand_of[slot] for slot, st in enumerate(steps)
+                     if st in TILE_OPERANDS]
+        self.prefetched = residuals if M <= RESIDUAL_PREFETCH_ROWS else []
 
-    def gathered(load_at, pos):
+    def gathered(self, load_at, pos):
         vecs = [load_at(i, v) for i, v in pos]
         return vecs[0] if len(vecs) == 1 else concat_lanes(vecs)
 
-    def operand(ops, slot, pos, tail):
-        P = ops[operand_of[slot]]
-        bias = steps[slot] in ROW_OPERANDS
+    def operand(self, ops, slot, pos, tail):
+        """Operand step ``slot``'s operand at the vectors ``pos`` (or the row's tail)."""
+        row = self.row
+        P = ops[self.operand_of[slot]]
+        bias = OPERAND_STEPS[self.steps[slot]].row
         if tail:  # a quantized tile's tail: as many u8/s8 lanes as the fp32 vector has
             ((i, _),) = pos
             return row.load_tail(P[row.tail_start] if bias else P[i, row.tail_start],
-                                 pdt[operand_of[slot]])
+                                 self.pdt[self.operand_of[slot]])
         if bias:
-            return gathered(lambda i, v: P[row.at(v)], pos)
-        return gathered(lambda i, v: P[i, row.at(v)], pos)
+            return self.gathered(lambda i, v: P[row.at(v)], pos)
+        return self.gathered(lambda i, v: P[i, row.at(v)], pos)
 
-    def apply(slot, value, ops, pos, tail, bound):
-        step = slots[slot]
+    def apply(self, slot, value, ops, pos, tail, bound):
+        """Step slot ``slot`` on ``value`` (unused slots leave it)."""
+        step = self.slots[slot]
         if step is None:
             return value
-        if step in MULTIPLYING_OPERANDS:
-            return value * operand(ops, slot, pos, tail)
         if step in OPERAND_STEPS:
-            return value + operand(ops, slot, pos, tail)
+            x = self.operand(ops, slot, pos, tail)
+            return value * x if OPERAND_STEPS[step].multiplies else value + x
         with statement_slots(bound):
             return vector_fn(step)(value)
 
-    def strides(shape):
-        return [1] if len(shape) == 1 else [T.int32(), 1]
+    def flat(self, f):
+        """Full vector ``f`` of the tile, row-major: (row, vector in the row)."""
+        return (f // self.row.full, f % self.row.full)
 
-    def flat(f):  # full vector f of the tile, row-major: (row, vector in the row)
-        return (f // row.full, f % row.full)
+    def group_at(self, g):
+        return [self.flat(g * self.group + u) for u in range(self.group)]
 
-    def group_at(g):
-        return [flat(g * group + u) for u in range(group)]
+    def part(self, t, u):
+        return slice_lanes(t[0], u * self.row.lanes, self.row.lanes)
 
-    def part(t, u):
-        return slice_lanes(t[0], u * row.lanes, row.lanes)
+    def per_line(self, k):
+        """Elements of prefetched operand ``k`` in a cache line."""
+        return CACHE_LINE * 8 // tvm.DataType(self.pdt[self.prefetched[k]]).bits
+
+    def prefetch_below(self, ops, k, i, ln):
+        P = ops[self.prefetched[k]]
+        return T.call_llvm_intrin("void", "llvm.prefetch.p0",
+                                  T.address_of(P[i + self.spec.m, ln * self.per_line(k)]),
+                                  T.int32(0), T.int32(3), T.int32(1))  # read, L1, data
+
+
+def _equation_rows(eq: _EquationTile):
+    """The macro computing the whole tile: prefetches of the next tile's operands, the
+    grouped (or single) full vectors, then each row's masked tail."""
+    M, N = eq.spec.m, eq.spec.n
+    row, group, groups, total, prefetched = eq.row, eq.group, eq.groups, eq.total, eq.prefetched
+    apply, gathered, flat, group_at, part = eq.apply, eq.gathered, eq.flat, eq.group_at, eq.part
+    per_line, prefetch_below = eq.per_line, eq.prefetch_below
 
     # One statement per step slot (MAX_EQUATION_STEPS of them; unused slots are no-ops).
     @T.macro
@@ -692,21 +730,6 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
         Y[pos[1][0], row.at(pos[1][1])] = part(t, 1)
         Y[pos[2][0], row.at(pos[2][1])] = part(t, 2)
         Y[pos[3][0], row.at(pos[3][1])] = part(t, 3)
-
-    # The next tile's residual (or gate) rows (the tile below: the next one when B panels
-    # are outer) are prefetched into L1 while this one's epilogue and the next microkernel
-    # run.
-    residuals = [operand_of[slot] for slot, st in enumerate(steps) if st in TILE_OPERANDS]
-    prefetched = residuals if M <= RESIDUAL_PREFETCH_ROWS else []
-
-    def per_line(k):  # elements of prefetched operand k in a cache line
-        return CACHE_LINE * 8 // tvm.DataType(pdt[prefetched[k]]).bits
-
-    def prefetch_below(ops, k, i, ln):
-        P = ops[prefetched[k]]
-        return T.call_llvm_intrin("void", "llvm.prefetch.p0",
-                                  T.address_of(P[i + M, ln * per_line(k)]),
-                                  T.int32(0), T.int32(3), T.int32(1))  # read, L1, data
 
     @T.macro
     def prefetch(ops, k):
@@ -741,7 +764,27 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                 steps_at(t, ops, [(i, 0)], True, bound)
                 T.evaluate(row.store_tail(t[0], Y[i, row.tail_start]))
 
-    if not kinds:
+    return rows
+
+
+def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
+    """Equation: each vector of X goes through every step in registers, then one store.
+
+    The running value lives in a local buffer so each step's math (which may repeat its
+    argument, e.g. gelu) reads a register, not a re-expanded expression; on a fixed-width
+    ISA it holds a group of full vectors where the steps are long chains
+    (:class:`_EquationTile`). Values a step would copy per zmm are bound to ``bound``
+    (``statement_slots``). One PrimFunc per operand count (0, 1 or 2)."""
+    _check_supported(spec, isa, _COMPUTE_DTYPES)
+    eq = _EquationTile(spec, isa)
+    rows = _equation_rows(eq)
+    M, N, dt = spec.m, spec.n, spec.dtype
+    vt, wide, shapes, pdt = eq.vt, eq.wide, eq.shapes, eq.pdt
+
+    def strides(shape):
+        return [1] if len(shape) == 1 else [T.int32(), 1]
+
+    if not eq.kinds:
 
         @T.prim_func(s_tir=True)
         def impl(x: T.handle, y: T.handle):
@@ -756,7 +799,7 @@ def equation_impl(spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
                 rows(X, Y, [], t, tg, bound)
 
         return impl
-    if len(kinds) == 1:
+    if len(eq.kinds) == 1:
 
         @T.prim_func(s_tir=True)
         def impl(x: T.handle, p: T.handle, y: T.handle):

@@ -21,14 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
-from .spec import OPS, QUANTIZED_OPERANDS
+from .spec import OPERAND_STEPS, UNARY_STEPS
 
-#: The unary TPPs an epilogue applies as its activations (every one but copy).
-ACTIVATIONS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
 #: What a kernel may write: fp32, bf16 for the next bf16 layer, u8/s8 for the next int8 one.
 OUTPUT_DTYPES = ("float32", "bfloat16", "uint8", "int8")
 #: The equation step adding a quantized residual tile, by the tile's dtype.
-QUANTIZED_RESIDUAL_STEPS = {dtype: step for step, dtype in QUANTIZED_OPERANDS.items()}
+QUANTIZED_RESIDUAL_STEPS = {op.dtype: step for step, op in OPERAND_STEPS.items()
+                            if op.dtype is not None and not op.row}
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,9 @@ class Epilogue:
 
     def __post_init__(self) -> None:
         for act in (self.activation, self.post_activation):
-            if act is not None and act not in ACTIVATIONS:
+            if act is not None and act not in UNARY_STEPS:
                 raise UnsupportedShapeError(
-                    f"epilogue: activation {act!r} unsupported; one of {', '.join(ACTIVATIONS)}")
+                    f"epilogue: activation {act!r} unsupported; one of {', '.join(UNARY_STEPS)}")
         if self.out_dtype not in OUTPUT_DTYPES:
             raise UnsupportedDTypeError(
                 f"epilogue: output dtype {self.out_dtype!r}; one of {', '.join(OUTPUT_DTYPES)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .spec import ROW_OPERANDS, TPPSpec, equation_operand_dtype, equation_operands
+from .spec import OPERAND_STEPS, TPPSpec, equation_operands
 
 
 def whole(buf: tirx.Buffer):
@@ -143,11 +143,10 @@ def transform_out_shape(spec: TPPSpec) -> tuple[int, ...]:
 def equation_operand_shapes(spec: TPPSpec) -> list[tuple[int, ...]]:
     """Shapes of an equation's extra operands, in parameter order: a bias is a row ``(N,)``,
     a residual or gate an ``(M, N)`` tile, a scale a row like a bias."""
-    return [(spec.n,) if k in ROW_OPERANDS else (spec.m, spec.n)
-            for k in equation_operands(spec.steps)]
+    return [OPERAND_STEPS[k].shape(spec.m, spec.n) for k in equation_operands(spec.steps)]
 
 
 def equation_operand_dtypes(spec: TPPSpec) -> list[str]:
     """Element types of an equation's extra operands, in parameter order: the equation's
     own, or u8/s8 for a quantized residual tile."""
-    return [equation_operand_dtype(k, spec.dtype) for k in equation_operands(spec.steps)]
+    return [OPERAND_STEPS[k].operand_dtype(spec.dtype) for k in equation_operands(spec.steps)]

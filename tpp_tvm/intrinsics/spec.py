@@ -624,32 +624,55 @@ def reduce_combine(op: str, acc, val):
 
 #: Longest equation (each step is one pass over registers, not memory).
 MAX_EQUATION_STEPS = 4
-#: Steps an equation TPP chains: the unary TPPs plus adding a bias row or a residual tile,
-#: or multiplying by a gate tile or a scale row.
-EQUATION_STEPS = (
-    "bias",
-    "residual",
-    "residual_u8",
-    "residual_s8",
-    "gate",
-    "scale",
-    *[op for op, d in OPS.items() if d.kind == "unary" and op not in ("copy",)],
-)
+@dataclass(frozen=True)
+class OperandStep:
+    """An equation step with an operand: what the operand is and what the step does with it.
+
+    ``row``: the operand is a row (N,) broadcast over the tile's rows (a bias, a scale);
+    else a tile (M, N) (a residual, a gate). ``multiplies``: the step multiplies the value
+    by the operand; else it adds it. ``dtype``: the operand's element type where it is not
+    the equation's: an int8 layer adds the next int8 layer's input as its residual at a
+    quarter of the bytes, u8/s8 converted to fp32, the caller having folded that input's
+    scale and zero point into the equation's rows (``(r - z) * s`` added before a ReLU is
+    ``s * relu(x / s - z + r)``)."""
+
+    row: bool
+    multiplies: bool = False
+    dtype: str | None = None
+
+    def shape(self, m: int, n: int) -> tuple[int, ...]:
+        """The operand's shape in an (m, n) equation."""
+        return (n,) if self.row else (m, n)
+
+    def operand_dtype(self, dtype: str) -> str:
+        """The operand's element type in an equation on ``dtype``."""
+        return self.dtype or dtype
+
+    def apply(self, v: tirx.Expr, operand: tirx.Expr) -> tirx.Expr:
+        """The step on value ``v``."""
+        if self.multiplies:
+            return v * operand
+        if self.dtype is not None:
+            return v + tirx.Cast(dtype_of(v), operand)
+        return v + operand
 
 
-#: Equation steps with an operand: a bias row (N,) added, a residual tile (M, N) added
-#: (fp32, or u8/s8 converted to fp32), a gate tile (M, N) multiplied, a scale row (N,)
-#: multiplied.
-OPERAND_STEPS = ("bias", "residual", "residual_u8", "residual_s8", "gate", "scale")
-#: Operand steps whose tile holds quantized values (not the equation's dtype), by dtype.
-#: An int8 layer adds the next int8 layer's input as its residual at a quarter of the
-#: bytes; the caller folds that input's scale and zero point into the equation's rows
-#: (``(r - z) * s`` added before a ReLU is ``s * relu(x / s - z + r)``).
-QUANTIZED_OPERANDS = {"residual_u8": "uint8", "residual_s8": "int8"}
-#: Operand steps whose operand is a row (N,) broadcast over the tile's rows.
-ROW_OPERANDS = ("bias", "scale")
-#: Operand steps that multiply by their operand (the others add it).
-MULTIPLYING_OPERANDS = ("gate", "scale")
+#: Longest equation (each step is one pass over registers, not memory).
+MAX_EQUATION_STEPS = 4
+#: The equation steps with an operand, in the order :data:`EQUATION_STEPS` lists them.
+OPERAND_STEPS: dict[str, OperandStep] = {
+    "bias": OperandStep(row=True),
+    "residual": OperandStep(row=False),
+    "residual_u8": OperandStep(row=False, dtype="uint8"),
+    "residual_s8": OperandStep(row=False, dtype="int8"),
+    "gate": OperandStep(row=False, multiplies=True),
+    "scale": OperandStep(row=True, multiplies=True),
+}
+#: The unary TPPs an equation chains as steps (every one but copy): an epilogue's
+#: activations.
+UNARY_STEPS = tuple(op for op, d in OPS.items() if d.kind == "unary" and op != "copy")
+#: Steps an equation TPP chains: the operand steps, then the unary steps.
+EQUATION_STEPS = (*OPERAND_STEPS, *UNARY_STEPS)
 
 
 def equation_operands(steps: tuple[str, ...]) -> list[str]:
@@ -657,19 +680,10 @@ def equation_operands(steps: tuple[str, ...]) -> list[str]:
     return [s for s in steps if s in OPERAND_STEPS]
 
 
-def equation_operand_dtype(step: str, dtype: str) -> str:
-    """The element type of operand step ``step``'s operand in an equation on ``dtype``."""
-    return QUANTIZED_OPERANDS.get(step, dtype)
-
-
 def equation_step(step: str, v: tirx.Expr, operand: tirx.Expr | None) -> tirx.Expr:
     """One step of an equation on value ``v`` (``operand`` for operand steps)."""
-    if step in MULTIPLYING_OPERANDS:
-        return v * operand
-    if step in QUANTIZED_OPERANDS:
-        return v + tirx.Cast(dtype_of(v), operand)
     if step in OPERAND_STEPS:
-        return v + operand
+        return OPERAND_STEPS[step].apply(v, operand)
     return OPS[step].fn(v)
 
 

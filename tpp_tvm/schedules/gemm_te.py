@@ -17,7 +17,7 @@ from tvm import te, tirx
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
 from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.spec import (
-    ROW_OPERANDS,
+    OPERAND_STEPS,
     equation_expr,
     equation_operands,
     quant_expr,
@@ -315,7 +315,8 @@ def _equation_stage(src: te.Tensor, shape: tuple[int, ...], steps: tuple[str, ..
         return src[tuple(ix[a] for a in src_axes)] if src_axes else src[ix]
 
     return te.compute(shape, lambda *ix: equation_expr(steps, at(ix), [
-        p[ix[-len(p.shape):]] if k in ROW_OPERANDS else p[ix] for p, k in zip(operands, kinds)
+        p[ix[-len(p.shape):]] if OPERAND_STEPS[k].row else p[ix]
+        for p, k in zip(operands, kinds)
     ]), name=name)
 
 

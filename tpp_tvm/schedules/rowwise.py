@@ -19,7 +19,7 @@ from __future__ import annotations
 from tvm import s_tir, te, tirx
 
 from ..intrinsics import TPPSpec
-from ..intrinsics.spec import ROW_OPERANDS, equation_expr
+from ..intrinsics.spec import OPERAND_STEPS, equation_expr
 from .tensorize import tensorize_row_block, vectorize_whole_vectors
 
 #: Largest row block; a block of rows x H fp32 should stay well inside L1.
@@ -99,15 +99,15 @@ def equation_schedule(rows: int, width: int, steps: tuple[str, ...],
                       operand_kinds: list[str], isa: str) -> s_tir.Schedule:
     """An element-wise chain over a (rows, width) tensor as one equation TPP per row block.
 
-    ``operand_kinds`` lists the extra inputs in order (rows (width,) for 'bias' and 'scale',
-    tiles (rows, width) for 'residual' and 'gate'), one per operand step.
+    ``operand_kinds`` lists the extra inputs in order, one per operand step: a row
+    (width,) or a tile (rows, width), as ``spec.OPERAND_STEPS`` says.
     """
     mr = row_block(rows, width)
     X = te.placeholder((rows, width), "float32", name="x")
-    ops = [te.placeholder((width,) if k in ROW_OPERANDS else (rows, width), "float32",
+    ops = [te.placeholder(OPERAND_STEPS[k].shape(rows, width), "float32",
                           name=f"p{i}") for i, k in enumerate(operand_kinds)]
     y = te.compute((rows, width), lambda i, j: equation_expr(steps, X[i, j], [
-        p[j] if k in ROW_OPERANDS else p[i, j] for p, k in zip(ops, operand_kinds)
+        p[j] if OPERAND_STEPS[k].row else p[i, j] for p, k in zip(ops, operand_kinds)
     ]), name="equation")
     sch = s_tir.Schedule(te.create_prim_func([X, *ops, y]))
     i, _ = sch.get_loops(sch.get_sblock("equation"))

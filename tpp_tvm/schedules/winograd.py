@@ -27,7 +27,7 @@ from tvm import s_tir, te, tirx
 from ..errors import UnsupportedShapeError
 from ..intrinsics import TPPSpec
 from ..intrinsics.epilogue import Epilogue
-from ..intrinsics.spec import ROW_OPERANDS, equation_expr, equation_operands
+from ..intrinsics.spec import OPERAND_STEPS, equation_expr, equation_operands
 from ..target import host_isa
 from .conv import FILTER, ConvShape
 from .gemm_plan import GemmPlan, core_table, register_tile_isa, vector_unit, weights_outer
@@ -233,7 +233,7 @@ def winograd_te(shape: ConvShape, plan: GemmPlan, epilogue: Epilogue = Epilogue(
         value = _pick(y % 2, [_pick(x % 2, row) for row in ys])
         ix = (n, y, x, *go)
         return equation_expr(steps, value, [
-            p[ix[-len(p.shape):]] if kd in ROW_OPERANDS else p[ix]
+            p[ix[-len(p.shape):]] if OPERAND_STEPS[kd].row else p[ix]
             for p, kd in zip(operands, kinds)])
 
     out = te.compute(valid, output, name="out")

@@ -8,7 +8,7 @@ from tvm.script import tirx as T
 
 from ..eltwise_template import equation_impl
 from ..geometry import equation_operand_dtypes, equation_operand_shapes, whole
-from ..spec import ROW_OPERANDS, TPPSpec, equation_expr, equation_operands
+from ..spec import OPERAND_STEPS, TPPSpec, equation_expr, equation_operands
 from ..vector_isa import VectorISA
 from .base import TPPKind, describe_map
 
@@ -44,7 +44,7 @@ class Equation(TPPKind):
 
         def body(X, ops, i, j):
             return equation_expr(steps, X[i, j], [
-                P[j] if k in ROW_OPERANDS else P[i, j] for P, k in zip(ops, kinds)
+                P[j] if OPERAND_STEPS[k].row else P[i, j] for P, k in zip(ops, kinds)
             ])
 
         def strides(shape):
@@ -92,7 +92,7 @@ class Equation(TPPKind):
         x, ops, (oshape, _) = inputs[0], inputs[1:], self.output(spec)
         kinds = equation_operands(spec.steps)
         return te.compute(oshape, lambda i, j: equation_expr(spec.steps, x[i, j], [
-            p[j] if k in ROW_OPERANDS else p[i, j] for p, k in zip(ops, kinds)
+            p[j] if OPERAND_STEPS[k].row else p[i, j] for p, k in zip(ops, kinds)
         ]), name=name)
 
     def implement(self, spec: TPPSpec, isa: VectorISA) -> tirx.PrimFunc:
