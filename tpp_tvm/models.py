@@ -149,7 +149,7 @@ def _randomize_norms(module: Any, calibrate: Any = None) -> None:
 # MLP
 
 
-_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "none")
+_MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "none")
 
 
 def mlp_torch(dims: Sequence[int], activation: str) -> Any:
@@ -187,8 +187,8 @@ def mlp(
     Input ``input`` is ``[batch, dims[0]]``; 2-D inputs export each Linear as one ``Gemm``
     (``transB=1``) and exact GELU as ``Div, Erf, Add, Mul, Mul``. Tiny: ``mlp(4, (16, 32, 8))``.
     """
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {_ACTIVATIONS}")
+    if activation not in _MLP_ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {_MLP_ACTIVATIONS}")
     if len(dims) < 2:
         raise ValueError(f"dims needs at least an input and an output size, got {dims}")
     dims = tuple(int(d) for d in dims)

@@ -30,7 +30,7 @@ from tvm import relax
 from .errors import UnsupportedOperatorError
 
 #: ONNX activation names the converters apply, as Relax ops.
-_ACTIVATIONS: dict[str, Callable[[relax.Expr], relax.Expr]] = {
+_RECURRENT_ACTIVATIONS: dict[str, Callable[[relax.Expr], relax.Expr]] = {
     "sigmoid": relax.op.sigmoid,
     "tanh": relax.op.tanh,
     "relu": relax.op.nn.relu,
@@ -65,9 +65,9 @@ class _Recurrence:
         per_direction = 3 if op == "LSTM" else 2
         names = names or ["Sigmoid", "Tanh", "Tanh"][:per_direction] * len(self.reverse)
         for name in names:
-            if name.lower() not in _ACTIVATIONS:
+            if name.lower() not in _RECURRENT_ACTIVATIONS:
                 self.unsupported(f"activation {name!r} (supported: Sigmoid, Tanh, Relu)")
-        self.activations = [[_ACTIVATIONS[n.lower()] for n in names[d * per_direction:
+        self.activations = [[_RECURRENT_ACTIVATIONS[n.lower()] for n in names[d * per_direction:
                                                                     (d + 1) * per_direction]]
                             for d in range(len(self.reverse))]
         self.clip = float(attrs["clip"]) if "clip" in attrs else None

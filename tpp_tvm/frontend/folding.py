@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 _MAX_FOLD_ELEMENTS = 1 << 20
 
 #: ONNX ops whose second operand a quantized model's int8 kernels take as an int8 weight.
-_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+_WEIGHT_OPERAND_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -112,7 +112,7 @@ def fold_once(graph: onnx.GraphProto,
     kept: list[onnx.NodeProto] = []
     read = _used_names(graph)
     quantized: set[str] = set()  # outputs of QuantizeLinear nodes folded in this pass
-    weights = {name for node in graph.node if node.op_type in _CONTRACTIONS
+    weights = {name for node in graph.node if node.op_type in _WEIGHT_OPERAND_OPS
                for name in node.input[1:2]}  # a contraction's second operand
     for node in graph.node:
         if alias:

@@ -17,19 +17,17 @@ from tvm.s_tir import TensorIntrin
 from tvm.target import Target
 
 from ..errors import UnsupportedISAError
-from ..target import isa_of
+from ..target import ISAS, isa_of
 from .kinds import describe, examples
 from .spec import DTYPE_SHORT, POOL_DTYPES, TPPSpec
 from .vector_isa import VectorISA
-
-#: ISAs with a TPP implementation module in this package.
-ISAS = ("avx512", "amx", "avx2", "sve")
 
 _lock = threading.RLock()
 _names: dict[str, tuple[TPPSpec, str]] = {}
 
 
 def _isa_module(isa: str):
+    """The implementation module of TPP ISA ``isa`` (``target.ISAS``): one per ISA here."""
     if isa not in ISAS:
         raise UnsupportedISAError(f"unknown TPP ISA {isa!r}; supported: {', '.join(ISAS)}")
     try:

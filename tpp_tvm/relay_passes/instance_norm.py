@@ -29,11 +29,8 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm_ffi import structural_equal
 
 from .exprs import bindings, const_value, static_shape, use_counts
+from .patterns import PLAIN_ACTIVATIONS
 from .transposes import TO_NCHW, TO_NHWC
-
-#: Activations that may end the chain, by Relax op (their TPP names are the patterns').
-_ACTIVATIONS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu",
-                "relax.sigmoid", "relax.tanh")
 
 
 def _per_leading_axis(value: np.ndarray, shape: list[int]) -> np.ndarray | None:
@@ -63,7 +60,7 @@ def _chain(v: relax.Expr, b: dict) -> tuple | None:
             return None
         if op == "relax.reshape":
             e = call.args[0]
-        elif op in _ACTIVATIONS and act is None and not steps:
+        elif op in PLAIN_ACTIVATIONS and act is None and not steps:
             act, e = op, call.args[0]
         elif op in ("relax.multiply", "relax.add"):
             lhs, rhs = call.args
@@ -172,7 +169,7 @@ def _channels_last_norm(v: relax.Expr, b: dict) -> tuple[relax.Expr, list[int]] 
 
 
 #: Ops a chain can end in (:func:`_chain` walks back through them).
-_CHAIN_OPS = ("relax.reshape", "relax.multiply", "relax.add", *_ACTIVATIONS)
+_CHAIN_OPS = ("relax.reshape", "relax.multiply", "relax.add", *PLAIN_ACTIVATIONS)
 
 
 def _open_chain_ends(func: relax.Function, b: dict) -> list[relax.Expr]:
@@ -225,7 +222,7 @@ def channels_last_instance_norm(func: relax.Function) -> relax.Function:
         return func
     any_op = None
     for op in _CHAIN_OPS:
-        call = is_op(op)(*(wildcard() for _ in range(1 if op in _ACTIVATIONS else 2)))
+        call = is_op(op)(*(wildcard() for _ in range(1 if op in PLAIN_ACTIVATIONS else 2)))
         any_op = call if any_op is None else any_op | call
 
     def end_rewriter(orig: relax.Call, _m: dict) -> relax.Expr:

@@ -15,7 +15,7 @@ from ..intrinsics.epilogue import Epilogue
 from ..kernels import pack_b_numpy
 from ..schedules.conv import ConvShape, conv_schedule, pack_filter, tile_filter_width
 from ..schedules.gemm import gemm_schedule
-from ..schedules.gemm_plan import PRECISIONS, runs_on_tiles
+from ..schedules.gemm_plan import GEMM_PRECISIONS, runs_on_tiles
 from .exprs import dtype_of, shape_of
 from .lower import as_relax_kernel
 from .lowp_activations import LowpOffers
@@ -84,7 +84,7 @@ class Int8Emitter:
         self.threads = threads
         self.report = report
         self.dtype = dtype
-        self.prec = PRECISIONS[dtype]
+        self.prec = GEMM_PRECISIONS[dtype]
         self.kernels = 0
         self.int8_kernels: set[str] = set()  # the kernel functions' names, as emitted
         self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8

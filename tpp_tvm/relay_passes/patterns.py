@@ -23,8 +23,9 @@ from ..intrinsics.spec import LEAKY_RELU_SLOPE, POOL_DTYPES, QUICK_GELU_SCALE
 from ..schedules.expand_depthwise import fusion_pays
 from .exprs import scalar_value
 
-#: Relax activation op -> unary TPP op it lowers onto.
-ACTIVATIONS: dict[str, str] = {
+#: The Relax activations the patterns match (one Relax op, or a composite's name), each with
+#: the unary TPP it lowers onto.
+RELAX_ACTIVATIONS: dict[str, str] = {
     "relax.nn.relu": "relu",
     "relax.nn.gelu": "gelu",
     "relax.nn.gelu_tanh": "gelu_tanh",
@@ -45,6 +46,13 @@ ACTIVATIONS: dict[str, str] = {
 
 #: Activations written as several Relax ops (not one op with that name).
 COMPOSITE_ACTIVATIONS = ("relu6", "quick_gelu", "hardswish")
+#: Activations whose one Relax op carries an attribute the pattern checks (leaky ReLU's
+#: slope).
+ATTRIBUTE_ACTIVATIONS = ("relax.nn.leakyrelu",)
+#: Activations that are one Relax op of the operand alone, with no attribute: a graph pass
+#: may rebuild one as ``Call(op, [x])`` (``instance_norm``'s folded activation).
+PLAIN_ACTIVATIONS = tuple(op for op in RELAX_ACTIVATIONS
+                          if op not in COMPOSITE_ACTIVATIONS + ATTRIBUTE_ACTIVATIONS)
 #: The constants of a composite activation's pattern, by annotation suffix, as float32.
 #: (HardSwish's own keys: in :func:`_any_activation` every alternative annotates one dict.)
 _ACTIVATION_CONSTANTS = {"_lo": 0.0, "_hi": 6.0, "_scale": float(np.float32(QUICK_GELU_SCALE)),
@@ -91,8 +99,9 @@ def activation_constants_hold(a: dict) -> bool:
                for suffix, value in _ACTIVATION_CONSTANTS.items() if key + suffix in a)
 
 
-#: Unary TPP -> the Relax activation (:data:`ACTIVATIONS` key) whose pattern computes it.
-RELAX_ACTIVATIONS = {tpp: op for op, tpp in ACTIVATIONS.items()}
+#: Unary TPP -> the Relax activation (:data:`RELAX_ACTIVATIONS` key) whose pattern
+#: computes it.
+RELAX_ACTIVATION_OF_TPP = {tpp: op for op, tpp in RELAX_ACTIVATIONS.items()}
 
 
 def epilogue_pattern(core: DFPattern, epilogue: Epilogue, ann: dict,
@@ -108,7 +117,7 @@ def epilogue_pattern(core: DFPattern, epilogue: Epilogue, ann: dict,
         ann["bias"] = bias if bias is not None else is_const()
         out = is_op("relax.add")(out, ann["bias"])
     if epilogue.activation:
-        out = activation_pattern(RELAX_ACTIVATIONS[epilogue.activation], out, ann)
+        out = activation_pattern(RELAX_ACTIVATION_OF_TPP[epilogue.activation], out, ann)
     if epilogue.gate:
         g = ann["gate"] = wildcard()
         out = is_op("relax.multiply")(out, g) | is_op("relax.multiply")(g, out)
@@ -117,7 +126,7 @@ def epilogue_pattern(core: DFPattern, epilogue: Epilogue, ann: dict,
         added = is_op("relax.add")(out, r)
         out = added | is_op("relax.add")(r, out) if residual_either_side else added
     if epilogue.post_activation:
-        out = activation_pattern(RELAX_ACTIVATIONS[epilogue.post_activation], out, ann,
+        out = activation_pattern(RELAX_ACTIVATION_OF_TPP[epilogue.post_activation], out, ann,
                                  "post_act")
     return out
 
@@ -290,17 +299,17 @@ def contraction_pattern(kind: str, bias: bool, activation: str | None, residual:
     else:
         out = is_op(op)(lhs, weight)
     ann["root"] = out
-    epilogue = Epilogue(bias, ACTIVATIONS.get(activation), gate, residual,
-                        ACTIVATIONS.get(post_activation))
+    epilogue = Epilogue(bias, RELAX_ACTIVATIONS.get(activation), gate, residual,
+                        RELAX_ACTIVATIONS.get(post_activation))
     out = ann["out"] = epilogue_pattern(out, epilogue, ann)
     return TPPPattern(name + epilogue.suffix, out, ann, check, kind.removeprefix("tpp."),
                       epilogue)
 
 
 def _any_activation(x: DFPattern, ann: dict, key: str) -> DFPattern:
-    """Any activation of :data:`ACTIVATIONS` applied to ``x``, annotated as ``key`` (which
+    """Any activation of :data:`RELAX_ACTIVATIONS` applied to ``x``, annotated as ``key`` (which
     one is read back from the match: :func:`matched_activation`)."""
-    alternatives = [activation_pattern(op, x, ann, key) for op in ACTIVATIONS]
+    alternatives = [activation_pattern(op, x, ann, key) for op in RELAX_ACTIVATIONS]
     out = alternatives[0]
     for alt in alternatives[1:]:
         out = out | alt
@@ -314,7 +323,7 @@ def matched_activation(matched: dict, key: str) -> str:
     for suffix, op in (("_shift", "hardswish"), ("_scale", "quick_gelu"), ("_lo", "relu6")):
         if key + suffix in matched:
             return op
-    return ACTIVATIONS[matched[key].op.name]
+    return RELAX_ACTIVATIONS[matched[key].op.name]
 
 
 def _expansion_check(a: dict, out_channels: int) -> bool:
@@ -357,7 +366,7 @@ def expand_depthwise_patterns() -> list[TPPPattern]:
     """An inverted residual block's expansion (or a stem) and depthwise convolution, one
     kernel (``schedules/expand_depthwise.py``): ``act(conv(x, W) + b)`` into ``conv_dw(·,
     Wd) + bd``, then an activation or none. Both convolutions carry their (batch-norm folded)
-    bias; the activations are any of :data:`ACTIVATIONS`, read back from the match."""
+    bias; the activations are any of :data:`RELAX_ACTIVATIONS`, read back from the match."""
     out = []
     for with_activation in (True, False):
         x, w1, b1 = wildcard(), is_const(), is_const()
@@ -435,7 +444,8 @@ def matmul_patterns() -> list[TPPPattern]:
     backward GEMMs of training (dX = dY Wᵀ, dW = Xᵀ dY)."""
     table = []
     for ta, tb in ((True, False), (False, True), (False, False)):  # transposes first
-        for bias, activation in [(True, act) for act in (*ACTIVATIONS, None)] + [(False, None)]:
+        for bias, activation in [(True, act) for act in (*RELAX_ACTIVATIONS, None)] \
+                + [(False, None)]:
             lhs, rhs = wildcard(), wildcard()
             ann = {"lhs": lhs, "rhs": rhs}
             a, b = lhs, rhs
@@ -445,7 +455,7 @@ def matmul_patterns() -> list[TPPPattern]:
                 b = ann["rhs_t"] = is_op("relax.permute_dims")(rhs)
             out = ann["root"] = is_op("relax.matmul")(a, b)
             name = "tpp.matmul" + ("_ta" if ta else "") + ("_tb" if tb else "")
-            epilogue = Epilogue(bias, ACTIVATIONS.get(activation))
+            epilogue = Epilogue(bias, RELAX_ACTIVATIONS.get(activation))
             out = ann["out"] = epilogue_pattern(out, epilogue, ann, bias=wildcard())
             table.append(TPPPattern(name + epilogue.suffix, out, ann, _matmul_check, "matmul",
                                     epilogue))
@@ -521,15 +531,15 @@ def instance_norm_patterns() -> list[TPPPattern]:
     TPP."""
     table = []
     for norm_op in ("instance_norm", "group_norm"):
-        for activation in (*[a for a in ACTIVATIONS if a not in COMPOSITE_ACTIVATIONS], None):
+        for activation in (*[a for a in RELAX_ACTIVATIONS if a not in COMPOSITE_ACTIVATIONS], None):
             x, gamma, beta = wildcard(), is_const(), is_const()
             norm = is_op(f"relax.nn.{norm_op}")(x, gamma, beta)
             out = activation_pattern(activation, norm) if activation else norm
-            name = f"tpp.{norm_op}" + (f"_{ACTIVATIONS[activation]}" if activation else "")
+            name = f"tpp.{norm_op}" + (f"_{RELAX_ACTIVATIONS[activation]}" if activation else "")
             table.append(TPPPattern(name, out, {"lhs": x, "gamma": gamma, "beta": beta,
                                                 "root": norm, "out": out},
                                     _instance_norm_check, "instance_norm",
-                                    Epilogue(activation=ACTIVATIONS.get(activation))))
+                                    Epilogue(activation=RELAX_ACTIVATIONS.get(activation))))
     return table
 
 
@@ -574,7 +584,7 @@ def _eltwise_check(ctx: relax.transform.PatternCheckContext) -> bool:
 def eltwise_patterns() -> list[TPPPattern]:
     """Element-wise chains as equation TPPs: act(x), x + y, act(x + y)."""
     table = []
-    for activation in (*ACTIVATIONS, None):
+    for activation in (*RELAX_ACTIVATIONS, None):
         for with_add in (True, False):
             if activation is None:
                 # A lone add TVM fuses with its element-wise producers and consumers
@@ -590,10 +600,10 @@ def eltwise_patterns() -> list[TPPPattern]:
                 name += "_add"
             if activation:
                 out = activation_pattern(activation, out, ann)
-                name += "_" + ACTIVATIONS[activation]
+                name += "_" + RELAX_ACTIVATIONS[activation]
             ann["root"] = out
             table.append(TPPPattern(name, out, ann, _eltwise_check, "eltwise",
-                                    Epilogue(activation=ACTIVATIONS.get(activation))))
+                                    Epilogue(activation=RELAX_ACTIVATIONS.get(activation))))
     return table
 
 
@@ -761,7 +771,7 @@ def pattern_table() -> list[TPPPattern]:
         table.append(contraction_pattern("tpp.conv2d", bias, None, True, "relax.nn.relu",
                                          scaled_input=True))
     for residual in (True, False):
-        for activation in (*ACTIVATIONS, None):
+        for activation in (*RELAX_ACTIVATIONS, None):
             for bias in (True, False):
                 table.append(contraction_pattern("tpp.conv2d", bias, activation, residual,
                                                  scaled_input=True))
@@ -771,7 +781,7 @@ def pattern_table() -> list[TPPPattern]:
         for bias in (True, False):
             table.append(contraction_pattern(kind, bias, None, True, "relax.nn.relu"))
         for residual in (True, False):
-            for activation in (*ACTIVATIONS, None):
+            for activation in (*RELAX_ACTIVATIONS, None):
                 for bias in (True, False):
                     table.append(contraction_pattern(kind, bias, activation, residual))
     table.append(runtime_weight_conv_pattern())

@@ -51,7 +51,7 @@ from .int8_kernels import (
 )
 from .lower import as_relax_kernel
 from .lowp_activations import lowp_activations, report_narrowed
-from .patterns import ACTIVATIONS, activation_constants_hold, epilogue_pattern
+from .patterns import RELAX_ACTIVATIONS, activation_constants_hold, epilogue_pattern
 from .report import LoweringReport
 from .transposes import sink_transposes
 
@@ -231,7 +231,7 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
     of [0, 6]: ``fake_quant``.)"""
     variants = [Epilogue(bias, residual=True, post_activation=post)
                 for bias in (True, False) for post in ("relu", None)]
-    variants += [Epilogue(True, activation) for activation in ACTIVATIONS.values()]
+    variants += [Epilogue(True, activation) for activation in RELAX_ACTIVATIONS.values()]
     out = []
     for steps in [*variants, Epilogue(bias=True), Epilogue()]:
         ann: dict[str, DFPattern] = {}
@@ -241,7 +241,7 @@ def _with_epilogues(core: DFPattern) -> list[_EpiloguePattern]:
 
 
 #: Quantized contractions: Relax op -> (report name of the integer form, of the QDQ form).
-_CONTRACTIONS = {
+_QUANTIZED_CONTRACTIONS = {
     "relax.matmul": ("tpp.matmul_integer", "tpp.qdq_matmul"),
     "relax.nn.conv2d": ("tpp.conv_integer", "tpp.qdq_conv2d"),
     "relax.nn.conv1d": ("tpp.conv_integer", "tpp.qdq_conv1d"),
@@ -287,7 +287,7 @@ def rewrite_quantized_contractions(func: relax.Function, emitter: Int8Emitter) -
     """Replace the dynamic and QDQ quantized matmuls and convolutions in ``func`` with
     int8 TPP kernels, a following constant bias, activation and residual add fused into
     the epilogue."""
-    for op, (integer_name, qdq_name) in _CONTRACTIONS.items():
+    for op, (integer_name, qdq_name) in _QUANTIZED_CONTRACTIONS.items():
         func = _rewrite_integer(func, emitter, op, integer_name)
         func = _rewrite_qdq(func, emitter, op, qdq_name)
     return func

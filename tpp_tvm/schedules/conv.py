@@ -38,9 +38,9 @@ from ..intrinsics.llvm_ir import AMX_GROUPS, AMX_ROWS
 from ..intrinsics.prefetch import PREFETCH_ATTR
 from .gemm import split_tasks
 from .gemm_plan import (
+    GEMM_PRECISIONS,
     PANEL_BLOCK_BYTES,
     PANEL_BYTES,
-    PRECISIONS,
     GemmPlan,
     check_low_precision,
     plan_gemm,
@@ -137,7 +137,7 @@ def tile_conv_plan(shape: ConvShape, dtype: str, isa: str) -> GemmPlan | None:
     RegNet's grouped 3 x 3 convolutions of 64 channels a group fill them)."""
     if not runs_on_tiles(isa, dtype):
         return None
-    v = PRECISIONS[dtype].vnni
+    v = GEMM_PRECISIONS[dtype].vnni
     if shape.s * (-(-shape.cg // v) * v) % (AMX_GROUPS * v):
         return None
     mr = AMX_ROWS if shape.ow <= AMX_ROWS else 2 * AMX_ROWS
@@ -160,7 +160,7 @@ def tile_filter_width(shape: ConvShape, dtype: str, isa: str) -> int:
     output is the same), if that costs at most :data:`MAX_TAP_WIDENING` times the work."""
     if not runs_on_tiles(isa, dtype) or shape.groups != 1 or shape.s == 1:
         return shape.s  # (a 1x1 convolution runs as a GEMM, which pads K itself)
-    v = PRECISIONS[dtype].vnni
+    v = GEMM_PRECISIONS[dtype].vnni
     row = shape.s * (-(-shape.c // v) * v)  # elements of a filter row, channels padded
     step = AMX_GROUPS * v
     if row % step == 0 or step % (row // shape.s):

@@ -34,8 +34,9 @@ class Precision:
     vnni: int
 
 
-#: GEMM precisions by the ``dtype`` a user asks for.
-PRECISIONS: dict[str, Precision] = {
+#: GEMM precisions (A, B, accumulator dtypes) by the ``dtype`` a kernel is asked for; not
+#: the graph's precision (fp32 or bf16) a model is compiled in.
+GEMM_PRECISIONS: dict[str, Precision] = {
     "float32": Precision("float32", "float32", "float32", 1),
     "bfloat16": Precision("bfloat16", "bfloat16", "float32", 2),
     "int8": Precision("uint8", "int8", "int32", 4),
@@ -59,7 +60,7 @@ class GemmPlan:
 
     @property
     def precision(self) -> Precision:
-        return PRECISIONS[self.dtype]
+        return GEMM_PRECISIONS[self.dtype]
 
     @property
     def mp(self) -> int:
@@ -209,7 +210,7 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
         if mr > max(m, 2) and mr > 2:
             continue
         nv = -(-nr // lanes)
-        if PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > unit.num_vregs - 1:
+        if GEMM_PRECISIONS[dtype].vnni > 1 and mr * nv + nv + mr > unit.num_vregs - 1:
             # The dot-product kernel holds each row's broadcast A group in a register too
             # (measured: 8x48 ran bf16 at a third of 4x64's rate, spilling).
             continue
@@ -222,9 +223,9 @@ def plan_gemm(m: int, n: int, k: int, dtype: str = "float32", isa: str = "avx512
 
 def check_gemm(m: int, n: int, k: int, dtype: str) -> None:
     """Refuse, with a message naming what is supported, a GEMM no kernel exists for."""
-    if dtype not in PRECISIONS:
+    if dtype not in GEMM_PRECISIONS:
         raise UnsupportedDTypeError(
-            f"GEMM: dtype {dtype!r} unsupported; one of {', '.join(PRECISIONS)} (int8 is "
+            f"GEMM: dtype {dtype!r} unsupported; one of {', '.join(GEMM_PRECISIONS)} (int8 is "
             "u8 activations x s8 weights into int32)")
     if min(m, n, k) < 1:
         raise UnsupportedShapeError(f"GEMM: M, N, K must be >= 1, got {m}x{n}x{k}")
@@ -234,7 +235,8 @@ def check_low_precision(isa: str, dtype: str, what: str = "GEMM") -> None:
     """Refuse a low-precision contraction on an ISA without its dot-product TPP (AVX2:
     s16 pairs only), naming what has them, before any kernel is built."""
     if not has_dot_product(isa, dtype):
-        has = [d for d in PRECISIONS if PRECISIONS[d].vnni > 1 and has_dot_product(isa, d)]
+        has = [d for d, prec in GEMM_PRECISIONS.items()
+               if prec.vnni > 1 and has_dot_product(isa, d)]
         raise UnsupportedDTypeError(
             f"{what}: no {dtype} dot-product TPP on the {isa} target; bf16 and int8 ones exist "
             f"for AVX-512 (BF16, VNNI) and AMX targets, int16 ones for AVX2; the {isa} target "
@@ -252,7 +254,7 @@ def vector_unit(isa: str) -> VectorISA:
 def has_dot_product(isa: str, dtype: str) -> bool:
     """Whether ``isa`` runs GEMMs of ``dtype`` (fp32 everywhere; AVX2 has no bf16 and no
     u8 x s8 dot product, only s16 pairs)."""
-    prec = PRECISIONS[dtype]
+    prec = GEMM_PRECISIONS[dtype]
     return prec.vnni == 1 or (prec.a, prec.b) in vector_unit(isa).dot_dtypes
 
 
@@ -263,7 +265,7 @@ def int8_gemm_dtype(isa: str, target: Target | None = None) -> str | None:
     (no integer dot product: fp32)."""
     unit = vector_unit(isa)
     for dtype in ("int8", "int16"):
-        prec = PRECISIONS[dtype]
+        prec = GEMM_PRECISIONS[dtype]
         if not has_dot_product(isa, dtype):
             continue
         needs = [f.lstrip("+") for f in dot_features(prec.a, prec.b, unit.static_lanes("int32"))]
@@ -283,7 +285,7 @@ def runs_on_tiles(isa: str, dtype: str) -> bool:
     """Whether an ``isa`` GEMM of ``dtype`` runs on AMX tiles: bf16 and int8 on an AMX
     target, with any epilogue (fp32, and the s16 kernels of CPUs without VNNI, stay on the
     vector unit)."""
-    prec = PRECISIONS[dtype]
+    prec = GEMM_PRECISIONS[dtype]
     return isa == "amx" and (prec.a, prec.b) in AMX_DOT
 
 
