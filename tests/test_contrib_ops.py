@@ -95,3 +95,17 @@ def test_rotary_embedding_refuses_packed_batches_naming_them() -> None:
                            "pos": (TensorProto.INT64, [1, S])}, inits)
     with pytest.raises(TPPError, match="is_packed_batching"):
         tpp_tvm.compile_onnx(model)
+
+
+def test_rotary_embedding_of_onnx_opset_23() -> None:
+    """The standard operator's input order (X, cos_cache, sin_cache, position_ids), 4-D."""
+    heads, head = 2, 8
+    inits = {"cos": RNG.standard_normal((16, head // 2)).astype("float32"),
+             "sin": RNG.standard_normal((16, head // 2)).astype("float32")}
+    shape = [B, heads, S, head]
+    nodes = [helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"])]
+    model = _model(nodes, {"x": (TensorProto.FLOAT, shape), "pos": (TensorProto.INT64, [B, S])},
+                   inits, opset=23)
+    feeds = {"x": RNG.standard_normal(shape).astype("float32"),
+             "pos": np.stack([np.arange(S), np.arange(2, 2 + S)]).astype("int64")}
+    checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
