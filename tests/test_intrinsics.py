@@ -255,12 +255,13 @@ def test_tensorized_module_round_trips_through_json() -> None:
 
 @pytest.mark.parametrize("steps", [("bias", "gelu"), ("residual", "silu"),
                                    ("bias", "residual", "gelu_tanh")], ids="_".join)
-@pytest.mark.parametrize("m, n", [(2, 16), (5, 48), (3, 64), (7, 37)])
+@pytest.mark.parametrize("m, n", [(2, 16), (5, 48), (3, 64), (7, 37), (3, 5)])
 def test_equation_vector_groups_remainders_and_tails(steps: tuple[str, ...], m: int,
                                                      n: int) -> None:
     """Equations take EQUATION_GROUP full vectors at a time, across row ends: fewer full
     vectors than a group (2x16), a remainder after the groups (5x48: 15 vectors), whole
-    groups (3x64) and groups plus a masked tail per row (7x37)."""
+    groups (3x64), groups plus a masked tail per row (7x37), and rows narrower than one
+    vector, only tails (3x5: building it divided by zero full vectors)."""
     h.check(TPPSpec("equation", m=m, n=n, steps=steps))
 
 

@@ -646,8 +646,9 @@ class _EquationTile:
         for slot, step in enumerate(steps):
             if step in OPERAND_STEPS:
                 self.operand_of[slot] = len(self.operand_of)
+        # (rows narrower than one vector have only their masked tails: nothing to group)
         self.group = 1 if isa.scalable or not LONG_CHAINS.intersection(steps) \
-            else EQUATION_GROUP
+            or row.full == 0 else EQUATION_GROUP
         self.total = M * row.full
         self.groups = 0 if self.group == 1 else self.total // self.group
         # The next tile's residual (or gate) rows (the tile below: the next one when B
