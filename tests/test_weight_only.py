@@ -147,6 +147,33 @@ def test_accuracy_level_4_without_int8_dot_products_runs_in_fp32():
     assert "tpp.matmul_int4_weights_bias: 1" in compiled.report()
 
 
+@requires_ort
+@pytest.mark.parametrize("level", [0, pytest.param(4, marks=pytest.mark.requires_avx512_vnni)])
+def test_chained_layers(level):
+    """Three MatMulNBits in a row (a layer's output is the next one's A, through the
+    level-4 quantization too), each onto its own kernel call."""
+    rng = np.random.default_rng(5)
+    k, block, nodes, inits, x = 64, 32, [], [], "a"
+    for i in range(3):
+        codes = rng.integers(0, 256, (k, k // block, block // 2), dtype=np.uint8)
+        scales = (rng.random(k * k // block, dtype=np.float32) * 0.05).astype(np.float32)
+        inits += [numpy_helper.from_array(codes, f"c{i}"),
+                  numpy_helper.from_array(scales, f"s{i}")]
+        nodes.append(helper.make_node("MatMulNBits", [x, f"c{i}", f"s{i}"], [f"y{i}"],
+                                      domain="com.microsoft", K=k, N=k, bits=4,
+                                      block_size=block, accuracy_level=level, name=f"n{i}"))
+        x = f"y{i}"
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, k])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, k])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    feeds = {"a": rng.standard_normal((2, k)).astype(np.float32)}
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert "tpp.matmul_int4_weights" in compiled.report()
+    assert sum(compiled.report_data["lowered"].values()) == 3
+
+
 def int8_blocks(a: np.ndarray, block: int) -> np.ndarray:
     """``a`` (M, K) quantized to int8 per row block (max|a| / 127, nearest even) and back."""
     m, k = a.shape

@@ -34,7 +34,7 @@ from ..schedules.weight_only import (
     plan,
     weight_only_schedule,
 )
-from .exprs import bindings, const_value, dtype_of, static_shape
+from .exprs import const_value, dtype_of, static_shape
 from .lower import as_relax_kernel
 from .report import KernelRow, LoweringReport
 
@@ -56,12 +56,14 @@ def _pattern():
     deq = is_op("relax.multiply")(is_op("relax.subtract")(widened, zp), scales)
     flat = is_op("relax.reshape")(deq, wildcard())
     sliced = is_op("relax.strided_slice")(flat, varg_default_wildcard=True)
-    a = wildcard()
+    a_int8, a_source, a_tiles = _int8_activations_pattern()
+    a = a_int8 | wildcard()
     mm = is_op("relax.matmul")(a, is_op("relax.permute_dims")(sliced | flat))
     bias = is_const()
     parts = dict(codes=codes, repeat=repeat, shifts=shifts, mask=mask, unpacked=unpacked,
                  widened=widened, zp=zp, zp_codes=zp_codes, scales=scales, flat=flat,
-                 sliced=sliced, a=a, mm=mm, bias=bias)
+                 sliced=sliced, a=a, a_int8=a_int8, a_source=a_source, a_tiles=a_tiles,
+                 mm=mm, bias=bias)
     return is_op("relax.add")(mm, bias), mm, parts
 
 
@@ -81,15 +83,13 @@ def _int8_activations_pattern():
     return is_op("relax.reshape")(sliced, wildcard()), x, tiles
 
 
-def _int8_source(a: relax.Expr, block: int, var2val: dict) -> relax.Expr | None:
-    """The unquantized A behind ``a`` when ``a`` is A quantized to int8 in blocks of
-    ``block`` (accuracy level 4), else None."""
-    root, x, tiles = _int8_activations_pattern()
-    found = root.extract_matched_expr(a, var2val)
-    if not found:
+def _int8_source(m, parts, block: int) -> relax.Expr | None:
+    """The unquantized A when the match's A is it quantized to int8 in blocks of ``block``
+    (accuracy level 4), else None."""
+    if parts["a_int8"] not in m:
         return None
-    shape = static_shape(found[tiles])
-    return found[x] if shape is not None and shape[-1] == block else None
+    shape = static_shape(m[parts["a_tiles"]])
+    return m[parts["a_source"]] if shape is not None and shape[-1] == block else None
 
 
 class _Declined(Exception):
@@ -188,34 +188,32 @@ def rewrite_weight_only(func: relax.Function, bb: relax.BlockBuilder, isa: str,
     with_bias, plain, parts = _pattern()
     declined: dict[int, str] = {}  # once per matmul, however many roots tried it
 
-    def rewrite_with(var2val: dict):
-        def rewrite(orig: relax.Expr, m) -> relax.Expr:
-            try:
-                shape, codes, scales, zero_points, bias = _read(m, parts)
-                a = m[parts["a"]]
-                source = _int8_source(a, shape.block, var2val)
-                if source is not None and int8_dot:
-                    try:
-                        int8 = replace(shape, int8_activations=True)
-                        out = _emit(bb, source, int8, isa, codes, scales, zero_points, bias)
-                        shape = int8
-                    except TPPError:  # no int8 kernel for this ISA or block: fp32
-                        out = _emit(bb, source, shape, isa, codes, scales, zero_points, bias)
-                else:
-                    out = _emit(bb, a if source is None else source, shape, isa, codes,
-                                scales, zero_points, bias)
-            except (_Declined, TPPError) as why:
-                declined[tvm_ffi.structural_hash(m[parts["mm"]])] = str(why)
-                return orig
-            suffix = "_bias" if bias is not None else ""
-            precision = "int8" if shape.int8_activations else "float32"
-            report.kernels[KernelRow(f"tpp.matmul_int{shape.bits}_weights{suffix}", FAMILY,
-                                     precision)] += 1
-            return out
-        return rewrite
+    def rewrite(orig: relax.Expr, m) -> relax.Expr:
+        try:
+            shape, codes, scales, zero_points, bias = _read(m, parts)
+            a = m[parts["a"]]
+            source = _int8_source(m, parts, shape.block)
+            if source is not None and int8_dot:
+                try:
+                    int8 = replace(shape, int8_activations=True)
+                    out = _emit(bb, source, int8, isa, codes, scales, zero_points, bias)
+                    shape = int8
+                except TPPError:  # no int8 kernel for this ISA or block: fp32
+                    out = _emit(bb, source, shape, isa, codes, scales, zero_points, bias)
+            else:
+                out = _emit(bb, a if source is None else source, shape, isa, codes,
+                            scales, zero_points, bias)
+        except (_Declined, TPPError) as why:
+            declined[tvm_ffi.structural_hash(m[parts["mm"]])] = str(why)
+            return orig
+        suffix = "_bias" if bias is not None else ""
+        precision = "int8" if shape.int8_activations else "float32"
+        report.kernels[KernelRow(f"tpp.matmul_int{shape.bits}_weights{suffix}", FAMILY,
+                                 precision)] += 1
+        return out
 
     for root in (with_bias, plain):
-        func = rewrite_call(root, rewrite_with(bindings(func)), func)
+        func = rewrite_call(root, rewrite, func)
     for why in declined.values():
         report.rewrites[f"{DECLINED} ({why})"] += 1
     return func
