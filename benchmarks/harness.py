@@ -235,8 +235,16 @@ def write_results(out_dir: str, name: str, argv: list[str], rows: list[dict],
 HERE = Path(__file__).resolve().parent
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_zoo"
 IMPLS = ("tpp_tvm", "onnxruntime", "openvino", "torch")
+#: In the int8 zoos, each peer also runs the unquantized export: a peer's figure is the
+#: better of its int8 and its fp32 time (its int8 can be the slower, as ORT's dynamic
+#: quantization of a CNN is), so tpp_tvm never gains from a peer's worst setting.
+FP32_PEERS = {"onnxruntime_fp32": "onnxruntime", "openvino_fp32": "openvino"}
 IMPL_TITLES = {"tpp_tvm": "tpp_tvm", "onnxruntime": "ONNX Runtime", "openvino": "OpenVINO",
-               "torch": "torch"}
+               "torch": "torch", "onnxruntime_fp32": "ONNX Runtime fp32",
+               "openvino_fp32": "OpenVINO f32"}
+#: Calibration samples of the static quantization (ORT's examples use a few dozen to a few
+#: hundred; one sample gave ranges that made its int8 slower and less accurate).
+CALIBRATION_SAMPLES = 32
 
 
 @dataclass(frozen=True)
@@ -600,30 +608,37 @@ def export(model: ZooModel) -> Path:
 
 
 def quantized(name: str, kind: str) -> Path:
-    """The export quantized by ONNX Runtime (``qdq``: ``quantize_static``, QDQ format, u8
-    activations and s8 weights calibrated on the model's input; ``dynamic``:
-    ``quantize_dynamic``, s8 weights), made once into the cache."""
+    """The export quantized by ONNX Runtime as its documentation advises, made once into the
+    cache: ``quant_pre_process`` (shape inference and graph optimization) first, then
+    ``qdq``: ``quantize_static`` in QDQ format, u8 activations and s8 weights calibrated on
+    :data:`CALIBRATION_SAMPLES` random inputs of the model; ``dynamic``:
+    ``quantize_dynamic``, s8 weights."""
     from onnxruntime import quantization as q
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    path = CACHE / f"{name}_int8_{kind}.onnx"
+    path = CACHE / f"{name}_int8_{kind}_pre.onnx"
     if path.exists():
         return path
     src = export(ALL_MODELS[name])
     tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
+    pre = path.with_suffix(f".{os.getpid()}.pre.onnx")
+    quant_pre_process(str(src), str(pre))
     if kind == "dynamic":
-        q.quantize_dynamic(str(src), str(tmp), weight_type=q.QuantType.QInt8)
+        q.quantize_dynamic(str(pre), str(tmp), weight_type=q.QuantType.QInt8)
     else:
-        feeds = ALL_MODELS[name].inputs(np.random.default_rng(0))
+        samples = [ALL_MODELS[name].inputs(np.random.default_rng(seed))
+                   for seed in range(CALIBRATION_SAMPLES)]
 
         class Calibration(q.CalibrationDataReader):
             def __init__(self) -> None:
-                self.batches = iter([feeds])
+                self.batches = iter(samples)
 
             def get_next(self):
                 return next(self.batches, None)
 
-        q.quantize_static(str(src), str(tmp), Calibration(), quant_format=q.QuantFormat.QDQ,
+        q.quantize_static(str(pre), str(tmp), Calibration(), quant_format=q.QuantFormat.QDQ,
                           activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+    pre.unlink()
     tmp.replace(path)
     return path
 
@@ -722,15 +737,14 @@ def model_runners(name: str, threads: int, impls: list[str],
     if "onnxruntime" in impls:
         sess = ort_session(path, threads)
         runners["onnxruntime"] = lambda feeds: sess.run(None, feeds)[0]
-    if "openvino" in impls:
-        import openvino as ov
-
-        config: dict = {"INFERENCE_NUM_THREADS": threads, "CPU_DENORMALS_OPTIMIZATION": True}
-        if precision.openvino_hint:
-            config["INFERENCE_PRECISION_HINT"] = precision.openvino_hint
-        ov_model = ov.Core().compile_model(path, "CPU", config)
-        request = ov_model.create_infer_request()
-        runners["openvino"] = lambda feeds: np.array(request.infer(feeds)[0])
+    fp32 = str(model_file(name, PRECISIONS["float32"]))
+    if "onnxruntime_fp32" in impls:
+        fp32_session = ort_session(fp32, threads)
+        runners["onnxruntime_fp32"] = lambda feeds: fp32_session.run(None, feeds)[0]
+    for impl, model_path, hint in (("openvino", path, precision.openvino_hint),
+                                   ("openvino_fp32", fp32, "f32")):
+        if impl in impls:
+            runners[impl] = _openvino_runner(model_path, threads, hint)
     if "torch" in impls:
         import torch
 
@@ -743,6 +757,17 @@ def model_runners(name: str, threads: int, impls: list[str],
                 return module(*[torch.from_numpy(v) for v in feeds.values()]).numpy()
         runners["torch"] = run_torch
     return runners
+
+
+def _openvino_runner(path: str, threads: int, hint: str | None
+                     ) -> Callable[[dict], np.ndarray]:
+    import openvino as ov
+
+    config: dict = {"INFERENCE_NUM_THREADS": threads, "CPU_DENORMALS_OPTIMIZATION": True}
+    if hint:
+        config["INFERENCE_PRECISION_HINT"] = hint
+    request = ov.Core().compile_model(path, "CPU", config).create_infer_request()
+    return lambda feeds: np.array(request.infer(feeds)[0])
 
 
 def failure_text(exc: Exception, limit: int = 300) -> str:

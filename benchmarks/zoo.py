@@ -57,6 +57,8 @@ from pathlib import Path
 import numpy as np
 from harness import (
     ALL_MODELS,
+    CALIBRATION_SAMPLES,
+    FP32_PEERS,
     FP32_TOLERANCE,
     IMPL_TITLES,
     IMPLS,
@@ -140,7 +142,13 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
              f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
              "Median ms of the rounds, one process per runtime (with --passes, the fastest "
              "of the alternating passes); ratios are peer time / "
-             f"tpp_tvm time (> 1: tpp_tvm faster); err is {err_text}.", ""]
+             f"tpp_tvm time (> 1: tpp_tvm faster); err is {err_text}."
+             + (" A peer's time is the better of its int8 run and its fp32 run of the "
+                "unquantized export (`x (fp32 y)`: its fp32 was faster, y counts); the "
+                "quantization is ONNX Runtime's, after `quant_pre_process`"
+                + (f", static QDQ calibrated on {CALIBRATION_SAMPLES} inputs."
+                   if PRECISIONS[precision].quantization == "qdq" else ", dynamic.")
+                if quantized else ""), ""]
     failures: list[str] = []
     wrong_rows: list[str] = []
     for t in threads:
@@ -152,8 +160,9 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                   + "---:|---:|---:|"]
         ort_ratios, ov_ratios = [], []
         for name, entry in info.items():
-            cells = {impl: by.get((name, impl, t)) for impl in IMPLS}
+            cells = {impl: by.get((name, impl, t)) for impl in (*IMPLS, *FP32_PEERS)}
             ms = {impl: (c.get("median_ms") if c else None) for impl, c in cells.items()}
+            best = {peer: _best(ms[peer], ms.get(f"{peer}_fp32")) for peer in FP32_PEERS.values()}
             failures += [f"- {entry['title']}, {IMPL_TITLES[impl]}, {t} thread"
                          f"{'s' if t > 1 else ''}: {c['error']}"
                          for impl, c in cells.items() if c and "error" in c]
@@ -164,9 +173,9 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                                   f"err {cells['tpp_tvm']['rel_err']:.1e}")
                 tpp = None  # no ratio for a wrong output
             # bf16 is compared with bf16 peers only: ONNX Runtime runs fp32 there
-            ratio_ort = ms["onnxruntime"] / tpp if tpp and ms["onnxruntime"] \
+            ratio_ort = best["onnxruntime"] / tpp if tpp and best["onnxruntime"] \
                 and precision != "bf16" else None
-            ratio_ov = ms["openvino"] / tpp if tpp and ms["openvino"] else None
+            ratio_ov = best["openvino"] / tpp if tpp and best["openvino"] else None
             if ratio_ort:
                 ort_ratios.append(ratio_ort)
             if ratio_ov:
@@ -176,6 +185,9 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                     return "fails"
                 if impl == "tpp_tvm" and wrong:
                     return f"**wrong** ({ms[impl]:.2f})"
+                if impl in FP32_PEERS.values() and quantized and ms[impl] is not None \
+                        and best[impl] != ms[impl]:  # its fp32 run was faster: that counts
+                    return f"{ms[impl]:.2f} (fp32 {best[impl]:.2f})"
                 return "–" if ms[impl] is None else f"{ms[impl]:.2f}"
 
             def ratio(value: float | None) -> str:
@@ -204,6 +216,12 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
     lines += ["`default %`: share of a profiled tpp_tvm run in functions left on TVM's "
               "default code (no TPP kernel).", ""]
     return "\n".join(lines) + "\n"
+
+
+def _best(int8: float | None, fp32: float | None) -> float | None:
+    """A peer's figure in the int8 zoos: the faster of its int8 and fp32 runs."""
+    times = [t for t in (int8, fp32) if t]
+    return min(times) if times else None
 
 
 def _merged(old: dict, rows: list[dict], info: dict[str, dict], order: list[str]
@@ -272,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         # OpenVINO's spin after each call) take cores from the next one in the same
         # process (ORT ran BERT slower at 2 threads than at 1; with OpenVINO loaded,
         # tpp_tvm and ORT ran EfficientNet 1.5x slower at 1 thread).
-        groups = [[impl] for impl in args.impls.split(",")
+        impls = args.impls.split(",")
+        if precision.quantization and args.impls == ",".join(IMPLS):
+            impls += list(FP32_PEERS)  # each peer's better of int8 and fp32
+        groups = [[impl] for impl in impls
                   if not (args.precision != "float32" and impl == "torch")]
         for _ in range(args.passes):
             for impls in groups:
