@@ -284,7 +284,7 @@ def test_grouped_equations_use_the_avx512_forms() -> None:
 def test_residual_equations_prefetch_the_next_tile() -> None:
     """A GEMM tile's residual epilogue prefetches the rows below it into L1 (the next tile's
     residual); a whole-panel epilogue (more rows than RESIDUAL_PREFETCH_ROWS) does not."""
-    from tpp_tvm.intrinsics.eltwise_template import RESIDUAL_PREFETCH_ROWS
+    from tpp_tvm.intrinsics.equation_template import RESIDUAL_PREFETCH_ROWS
 
     def prefetches(m: int) -> int:
         asm = h.assembly(TPPSpec("equation", m=m, n=64, steps=("residual", "relu")))

@@ -1,6 +1,6 @@
 """What a TPP implementation template needs to know about an ISA's vector unit.
 
-Templates (``brgemm_template.py``, ``eltwise_template.py``) are written once against this
+Templates (``brgemm_template.py``, ``eltwise_template.py``, ...) are written once against this
 interface; ``avx512.py`` and ``sve.py`` each provide one instance. That is how one template
 serves every ISA: the only differences are the vector length (fixed or scalable), how a
 partial vector is loaded/stored (an AVX-512 mask register or an SVE predicate) and how many

@@ -554,7 +554,7 @@ FAST: dict[str, Callable[..., Expr]] = {
 
 
 #: Ops whose vector math is a long dependent chain (tens of instructions): several vectors
-#: computed side by side interleave them (see ``eltwise_template.equation_impl``).
+#: computed side by side interleave them (see ``equation_template.equation_impl``).
 LONG_CHAINS = frozenset({"exp", "tanh", "sigmoid", "silu", "quick_gelu", "gelu", "gelu_tanh",
                          "gelu_inv"})
 

@@ -22,7 +22,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
-from ..intrinsics.eltwise_template import BOUND_SLOTS, EQUATION_GROUP
+from ..intrinsics.equation_template import BOUND_SLOTS, EQUATION_GROUP
 from ..intrinsics.epilogue import Epilogue
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import quant_expr

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..eltwise_template import equation_impl
+from ..equation_template import equation_impl
 from ..geometry import equation_operand_dtypes, equation_operand_shapes, whole
 from ..spec import OPERAND_STEPS, TPPSpec, equation_expr, equation_operands
 from ..vector_isa import VectorISA

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..eltwise_template import transpose_impl, vnni_impl
+from ..transpose_template import transpose_impl, vnni_impl
 from ..geometry import transform_out_shape
 from ..spec import TPPSpec
 from ..vector_isa import VectorISA
