@@ -135,9 +135,14 @@ class PeerLoop:
 
 def run_model(name: str, prompt_len: int, new: int, rounds: int, threads: int,
               impls: list[str]) -> list[dict]:
+    return run_export(name, export(name), prompt_len, new, rounds, threads, impls)
+
+
+def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, threads: int,
+               impls: list[str]) -> list[dict]:
+    """Rows of each runtime in ``impls`` generating from the export at ``path``."""
     from tpp_tvm.decoding import DecoderSession
 
-    path = export(name)
     prompt = np.random.default_rng(0).integers(0, 1000, (1, prompt_len)).astype(np.int64)
     loops = {}
     compile_s = None
