@@ -5,7 +5,7 @@ LIBXSMM fuses element-wise work into the BRGEMM's tile loop ("BRGEMM with fused
 epilogues"): the tile is still in registers, so a bias, an activation or a residual costs
 a pass over registers, not over memory. Every contraction family (GEMM, convolution,
 depthwise, Winograd, expansion + depthwise, int8) takes the same :class:`Epilogue`, built
-once from the matched graph (``relay_passes/patterns.py``), so a step added here reaches
+once from the matched graph (``relay_passes/patterns/``), so a step added here reaches
 all of them at once. The steps, in order::
 
     Y = post_activation(activation(C + bias) * gate + residual)

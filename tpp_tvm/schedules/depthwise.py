@@ -22,8 +22,8 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedDTypeError, UnsupportedShapeError
-from ..intrinsics.equation_template import BOUND_SLOTS, EQUATION_GROUP
 from ..intrinsics.epilogue import Epilogue
+from ..intrinsics.equation_template import BOUND_SLOTS, EQUATION_GROUP
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.spec import quant_expr
 from ..intrinsics.vector_math import (

@@ -30,8 +30,8 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedShapeError
-from ..intrinsics.equation_template import EQUATION_GROUP
 from ..intrinsics.epilogue import Epilogue
+from ..intrinsics.equation_template import EQUATION_GROUP
 from ..intrinsics.registry import vector_isa
 from ..intrinsics.vector_math import LONG_CHAINS, avx512_forms, vector_fn
 from ..target import host_isa

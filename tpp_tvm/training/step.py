@@ -9,7 +9,7 @@ from the model's forward function: the loss is appended, Relax's ``Gradient`` pa
 the backward graph, and the optimizer update of all parameters is one fused kernel
 (``optim.py``). The function goes through the ``tpp`` pipeline like any model, so the
 backward's GEMMs with transposed operands, bias-gradient column sums and activation
-backward forms become TPP kernels (``relay_passes/patterns.py``). The returned
+backward forms become TPP kernels (``relay_passes/patterns/``). The returned
 :class:`TrainingStep` keeps parameters and optimizer state on the device between steps.
 """
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..transpose_template import transpose_impl, vnni_impl
 from ..geometry import transform_out_shape
 from ..spec import TPPSpec
+from ..transpose_template import transpose_impl, vnni_impl
 from ..vector_isa import VectorISA
 from .base import TPPKind
 
