@@ -10,10 +10,12 @@ batch, new tokens and past):
 
 Each run: a ``--prompt``-token prompt, then ``--new`` greedy tokens. tpp_tvm runs a
 ``DecoderSession`` (cache in capacity buckets, builds compiled ahead by ``prepare``: the
-compile seconds are reported, not timed); ONNX Runtime (CPU EP) and OpenVINO
-(``INFERENCE_PRECISION_HINT`` f32) run the export itself with the cache growing by one each
-step, as their own generation loops do. All three run in one process, rounds interleaved
-(the machine's drift hits each alike); the fastest round of each is kept. Weight GB/s: the
+compile seconds are reported, not timed); ONNX Runtime (CPU EP, IOBinding: the cache stays
+in its buffers between steps) and OpenVINO (``INFERENCE_PRECISION_HINT`` f32, the cache made
+stateful) run the export itself with the cache growing by one each step, as their own
+generation loops do (:class:`PeerLoop`; OpenVINO stateless too, the faster on small
+models). Each runtime runs in a process of its own; the
+fastest of its rounds is kept; peers flush denormals as tpp_tvm does. Weight GB/s: the
 bytes of the weights a decode step reads (embedding tables only gathered from excluded)
 over the mean step time, against ``peak.py``'s read stream on as many threads (measured
 before every round, the best kept)::
@@ -27,7 +29,9 @@ Writes ``results/<isa>-<cpu>/decoder.md`` and ``decoder.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,7 +81,11 @@ def weight_bytes(path: Path) -> int:
 
 
 class PeerLoop:
-    """Greedy generation on a runtime that takes the export as it is (cache growing)."""
+    """Greedy generation on a runtime that takes the export as it is, each at its best
+    documented setting: ONNX Runtime with IOBinding (the cache stays in ORT's own buffers
+    from one step to the next: only the token, mask and positions are fed and only the
+    logits read back), OpenVINO with the cache made stateful (``MakeStateful``: past and
+    present become the request's internal state, as its own generation pipelines run)."""
 
     def __init__(self, impl: str, path: Path, threads: int) -> None:
         import onnx
@@ -87,50 +95,122 @@ class PeerLoop:
         model = onnx.load(str(path), load_external_data=False)
         self.layout = cache_layout(model)
         self.outputs = [v.name for v in model.graph.output]
-        if impl == "onnxruntime":
-            import onnxruntime as ort
+        self.generate = {"onnxruntime": self._onnxruntime, "openvino": self._openvino,
+                         "openvino_stateless": self._openvino_stateless}[impl](path, threads)
 
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-            self.run = lambda feed: sess.run(None, feed)
-        else:
-            import openvino as ov
+    def _feed(self, ids: np.ndarray, total: int) -> dict[str, np.ndarray]:
+        lay, batch = self.layout, ids.shape[0]
+        return {lay.tokens: ids, lay.mask: np.ones((batch, total), np.int64),
+                lay.positions: np.arange(total - ids.shape[1], total)[None].repeat(batch, 0)}
 
-            compiled = ov.Core().compile_model(str(path), "CPU", {
-                "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads})
-            request = compiled.create_infer_request()
-
-            def run(feed):
-                result = request.infer(feed)
-                return [result[o] for o in compiled.outputs]
-            self.run = run
-
-    def generate(self, prompt: np.ndarray, new: int) -> tuple[np.ndarray, float, list[float]]:
+    def _empty_cache(self, batch: int) -> dict[str, np.ndarray]:
         lay = self.layout
-        batch, length = prompt.shape
-        cache = {}
-        for name, dims in zip(lay.past, lay.cache_shapes):
-            shape = [batch, *(d if isinstance(d, int) else 0 for d in dims[1:])]
-            cache[name] = np.zeros(shape, lay.cache_dtype)  # the past axis: empty
-        tokens, steps, ids = [], [], prompt
-        t0 = time.perf_counter()
-        prefill = 0.0
-        for i in range(new):
-            total = length + i
-            feed = {lay.tokens: ids, lay.mask: np.ones((batch, total), np.int64),
-                    lay.positions: np.arange(total - ids.shape[1], total)[None].repeat(batch, 0)}
-            out = dict(zip(self.outputs, self.run(feed | cache)))
-            cache = {p: out[q] for p, q in zip(lay.past, lay.present)}
-            tokens.append(out[lay.logits][:, -1].argmax(-1))
-            ids = tokens[-1][:, None].astype(np.int64)
-            now = time.perf_counter()
-            if i == 0:
-                prefill = now - t0
-            else:
-                steps.append(now - t0)
-            t0 = now
-        return np.stack(tokens, 1), prefill, steps
+        return {name: np.zeros([batch, *(d if isinstance(d, int) else 0 for d in dims[1:])],
+                               lay.cache_dtype)  # the past axis: empty
+                for name, dims in zip(lay.past, lay.cache_shapes)}
+
+    def _onnxruntime(self, path: Path, threads: int):
+        import onnxruntime as ort
+
+        lay = self.layout
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.add_session_config_entry("session.set_denormal_as_zero", "1")
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+        def generate(prompt: np.ndarray, new: int):
+            batch, length = prompt.shape
+            cache = {k: ort.OrtValue.ortvalue_from_numpy(v)
+                     for k, v in self._empty_cache(batch).items()}
+            tokens, steps, ids = [], [], prompt
+            t0 = time.perf_counter()
+            prefill = 0.0
+            for i in range(new):
+                binding = sess.io_binding()
+                for k, v in self._feed(ids, length + i).items():
+                    binding.bind_cpu_input(k, v)
+                for k, v in cache.items():
+                    binding.bind_ortvalue_input(k, v)
+                for name in self.outputs:
+                    binding.bind_output(name, "cpu")
+                sess.run_with_iobinding(binding)
+                out = dict(zip(self.outputs, binding.get_outputs()))
+                cache = {p: out[q] for p, q in zip(lay.past, lay.present)}
+                tokens.append(out[lay.logits].numpy()[:, -1].argmax(-1))
+                ids = tokens[-1][:, None].astype(np.int64)
+                t0, prefill = self._tick(t0, i, prefill, steps)
+            return np.stack(tokens, 1), prefill, steps
+        return generate
+
+    def _openvino(self, path: Path, threads: int):
+        import openvino as ov
+        from openvino._offline_transformations import apply_make_stateful_transformation
+
+        lay = self.layout
+        core = ov.Core()
+        model = core.read_model(str(path))
+        apply_make_stateful_transformation(model, dict(zip(lay.past, lay.present)))
+        compiled = core.compile_model(model, "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+            "CPU_DENORMALS_OPTIMIZATION": True})
+        request = compiled.create_infer_request()
+        variables = {p + q: p for p, q in zip(lay.past, lay.present)}
+
+        def generate(prompt: np.ndarray, new: int):
+            # the cache starts empty, batch rows of it (an unset state has batch 0 too)
+            empty = self._empty_cache(prompt.shape[0])
+            for state in request.query_state():  # named past + present by MakeStateful
+                state.state = ov.Tensor(empty[variables[state.name]])
+            length = prompt.shape[1]
+            tokens, steps, ids = [], [], prompt
+            t0 = time.perf_counter()
+            prefill = 0.0
+            for i in range(new):
+                logits = request.infer(self._feed(ids, length + i))[compiled.output(lay.logits)]
+                tokens.append(np.asarray(logits)[:, -1].argmax(-1))
+                ids = tokens[-1][:, None].astype(np.int64)
+                t0, prefill = self._tick(t0, i, prefill, steps)
+            return np.stack(tokens, 1), prefill, steps
+        return generate
+
+    def _openvino_stateless(self, path: Path, threads: int):
+        """OpenVINO on the export as it is, the cache fed and read back every step: on
+        small models its stateful form's per-step overhead costs more than the cache copy
+        (a 2-layer GPT-2: 1.26 ms a step stateful, 0.65 stateless), so both are timed."""
+        import openvino as ov
+
+        lay = self.layout
+        compiled = ov.Core().compile_model(str(path), "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+            "CPU_DENORMALS_OPTIMIZATION": True})
+        request = compiled.create_infer_request()
+        names = [o.get_any_name() for o in compiled.outputs]
+
+        def generate(prompt: np.ndarray, new: int):
+            length = prompt.shape[1]
+            cache = self._empty_cache(prompt.shape[0])
+            tokens, steps, ids = [], [], prompt
+            t0 = time.perf_counter()
+            prefill = 0.0
+            for i in range(new):
+                result = request.infer(self._feed(ids, length + i) | cache)
+                out = {name: result[o] for name, o in zip(names, compiled.outputs)}
+                cache = {p: out[q] for p, q in zip(lay.past, lay.present)}
+                tokens.append(out[lay.logits][:, -1].argmax(-1))
+                ids = tokens[-1][:, None].astype(np.int64)
+                t0, prefill = self._tick(t0, i, prefill, steps)
+            return np.stack(tokens, 1), prefill, steps
+        return generate
+
+    @staticmethod
+    def _tick(t0: float, i: int, prefill: float, steps: list[float]) -> tuple[float, float]:
+        """Step ``i`` finished: the first is the prefill, the others decode steps."""
+        now = time.perf_counter()
+        if i == 0:
+            prefill = now - t0
+        else:
+            steps.append(now - t0)
+        return now, prefill
 
 
 def run_model(name: str, prompt_len: int, new: int, rounds: int, threads: int,
@@ -184,6 +264,7 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
         row["bandwidth_gb_s"] = bandwidth
         row["weight_gb_s"] = nbytes / (row["step_ms"] * 1e-3) / 1e9
         row["weight_mb"] = nbytes / 1e6
+        row["tokens"] = tokens[impl].tolist()
         if "tpp_tvm" in tokens:
             row["tokens_match_tpp"] = bool((tokens[impl] == tokens["tpp_tvm"]).all())
         if impl == "tpp_tvm":
@@ -191,12 +272,33 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
     return list(best.values())
 
 
+def run_apart(name: str, args: argparse.Namespace) -> list[dict]:
+    """:func:`run_model` with each runtime in a process of its own (an idle runtime's
+    worker threads slow the next one in the same process), rows compared by their tokens."""
+    rows = []
+    for impl in args.impls.split(","):
+        cmd = [sys.executable, __file__, "--worker", "--models", name, "--impls", impl,
+               "--prompt", str(args.prompt), "--new", str(args.new), "--rounds",
+               str(args.rounds), "--threads", str(args.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(out.stderr[-2000:])
+        if out.returncode != 0:
+            raise RuntimeError(f"{impl} on {name} failed: {out.stderr[-500:]}")
+        rows += json.loads(out.stdout.strip().splitlines()[-1])
+    tpp = next((r["tokens"] for r in rows if r["impl"] == "tpp_tvm"), None)
+    for row in rows:
+        if tpp is not None:
+            row["tokens_match_tpp"] = row["tokens"] == tpp
+    return rows
+
+
 def render(rows: list[dict], threads: int, command: str, date: str, load: str) -> str:
     lines = ["# KV-cache decoding: tokens per second", "",
              *run_header(machine(), date, command, load),
-             f"- {threads} thread(s). One process, rounds interleaved; the fastest round of "
-             "each runtime. tpp_tvm: `DecoderSession` (cache in capacity buckets, builds "
-             "compiled ahead); ORT and OpenVINO f32: the export itself, cache growing.",
+             f"- {threads} thread(s). A process per runtime; the fastest round of each. "
+             "tpp_tvm: `DecoderSession` (cache in capacity buckets, builds compiled ahead); "
+             "ORT (IOBinding, the cache kept in its buffers) and OpenVINO f32 (the cache "
+             "made stateful): the export itself, cache growing; denormals flushed by all.",
              f"- Weight GB/s: bytes of the weights a decode step reads (initializers, less "
              "embedding tables only gathered from) / step time; \"of bandwidth\" divides it by "
              f"`peak.py --stream read` on {threads} thread(s), measured before every round "
@@ -228,15 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--impls", default="tpp_tvm,onnxruntime,openvino")
+    parser.add_argument("--impls", default="tpp_tvm,onnxruntime,openvino,openvino_stateless")
     parser.add_argument("--out", help="folder for decoder.md/json (default: results/<cpu>)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    if args.worker:
+        print(json.dumps(run_model(args.models, args.prompt, args.new, args.rounds,
+                                   args.threads, args.impls.split(","))))
+        return 0
     load_before = os.getloadavg()[0]
     rows = []
     for name in args.models.split(","):
-        rows += run_model(name, args.prompt, args.new, args.rounds, args.threads,
-                          args.impls.split(","))
+        export(name)  # once, before the workers
+        rows += run_apart(name, args)
     write_results(args.out or str(results_dir()), "decoder", argv, rows, load_before,
                   lambda command, date, load: render(rows, args.threads, command, date,
                                                      load))
