@@ -38,7 +38,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import machine, measure_read_bandwidth, results_dir, run_header, write_results
+from harness import (
+    machine,
+    measure_read_bandwidth,
+    results_dir,
+    run_header,
+    stub_torchvision_ops,
+    write_results,
+)
 
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_decoder"
 MODELS = ("gpt2", "llama")
@@ -50,6 +57,8 @@ def export(name: str) -> Path:
     if path.exists():
         return path
     import torch
+
+    stub_torchvision_ops()
     import transformers
 
     from tpp_tvm.cache_export import export_causal_lm_with_cache
