@@ -94,6 +94,7 @@ CASES = [
     (8, 16, [1, 48], 32, None, True),
     (8, 32, [3, 100], 64, "packed", False),
     (8, 128, [2, 200], 16, None, False),  # ONNX Runtime has no 8-bit fp32 zero points
+    (4, 32, [1, 20, 96], 64, "packed", True),  # prefill rows: the panel kernel
 ]
 
 
@@ -297,6 +298,8 @@ KERNELS = [
     (3, 96, 48, 4, 16, True, True),
     (5, 256, 80, 8, 64, True, False),
     (8, 128, 40, 8, 128, False, True),
+    (16, 96, 64, 4, 32, True, True),  # prefill: fp32 panels (int8: more chunks)
+    (33, 200, 48, 8, 64, True, False),
 ]
 
 

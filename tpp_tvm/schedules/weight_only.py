@@ -26,10 +26,12 @@ bits, the next 4 k in the high nibbles), so one load, a mask and a shift feed 12
 products into int32 lanes; per block, ``s_w * s_a * (dot - z * sum(A codes))``. No widening:
 on one Xeon core this path streams 4-bit weights about twice as fast as the fp32 one.
 
-Decode (a few rows) is one chunk: the weights stream once. Prefill (many rows) runs the same
-kernel chunk by chunk; a tile's weights (``K/2 * nt`` bytes) stay in L2 between chunks, but
-the fp32 path's FMAs run on widened codes at about a third of the fp32 GEMM's rate (AMX
-tiles for prefill are the next step).
+Decode (a few rows) is one chunk: the weights stream once. Prefill (more than
+:data:`PANEL_ROWS` rows) in fp32 dequantizes each tile's block once into an fp32 panel that
+every chunk of a band of rows multiplies, a GEMM microkernel on exact weights (4096 x 4096,
+128 rows, one core: 31 ms against 39 ms re-widening per chunk; about 55% of the FMA peak).
+The int8 path runs prefill chunk by chunk (its dot products need no widening). AMX tiles
+for prefill are the next step.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ from ..intrinsics.registry import vector_isa
 BITS = (4, 8)
 #: Most rows one chunk holds in registers (accumulators: 3 * rows * vectors per tile).
 MAX_ROWS = 4
+#: Above this many rows the fp32 kernel dequantizes a panel per block (prefill) instead of
+#: widening the codes again for every chunk of rows.
+PANEL_ROWS = 8
+#: Rows whose totals a prefill tile keeps (contiguous, in L1) while it walks the blocks.
+PANEL_BAND = 32
 #: Accumulator registers a chunk may use (of 32 AVX-512 vectors; the rest hold codes).
 ACC_REGISTERS = 24
 #: int32 lanes of the int8 kernel's dot product (``vpdpbusd`` on 512 bits: 64 u8 x s8).
@@ -100,6 +107,12 @@ class WeightOnlyShape:
         return self.block // 2
 
     @property
+    def panel(self) -> bool:
+        """Many rows in fp32 (prefill): each tile's block of codes is dequantized once into
+        an fp32 panel that every chunk of rows multiplies (:func:`weight_only_schedule`)."""
+        return self.m > PANEL_ROWS and not self.int8_activations
+
+    @property
     def groups(self) -> int:
         """Steps per block of the int8 kernel: 8 k (two quads in the nibbles of 4 bytes)
         for 4 bits, 4 k (one quad) for 8."""
@@ -142,9 +155,9 @@ def plan(shape: WeightOnlyShape, isa: str = "avx512") -> WeightOnlyPlan:
             f"weight-only matmul: int8 activations need {DOT_LANES} int32 lanes "
             f"(AVX512_VNNI); {isa} has {lanes}")
     mr = min(shape.m, MAX_ROWS)
-    # fp32: two partial sums and one total per vector; int8: one of each. Wider than 4
-    # vectors measured no faster (4096 x 4096, 4 and 8 bits, one core).
-    per_vector = 2 if shape.int8_activations else 3
+    # fp32: two partial sums and one total per vector; int8: one of each; panel: the
+    # totals only. Wider than 4 vectors measured no faster (4096 x 4096, one core).
+    per_vector = 1 if shape.panel else 2 if shape.int8_activations else 3
     fits = [v for v in (4, 2, 1) if per_vector * mr * v <= ACC_REGISTERS]
     vectors = next((v for v in fits if shape.n % (v * lanes) == 0), fits[-1])
     nt = vectors * lanes
@@ -202,14 +215,12 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
     first quantized to int8 (scale ``max|a| / 127``, nearest even) and the codes multiply
     them on ``vpdpbusd`` (64 u8 x s8 products a step) into int32, scaled per block."""
     sh, p = shape, plan(shape, isa)
-    lanes, vec = p.lanes, f"float32x{p.lanes}"
     if sh.int8_activations:
         code_shape = (p.tiles, sh.blocks, sh.groups, p.nt * 4)
     elif sh.bits == 4:
         code_shape = (p.tiles, sh.blocks, sh.pairs, p.nt)
     else:
         code_shape = (p.tiles, sh.blocks, sh.pairs, 2, p.nt)
-    default_zp = float(1 << (sh.bits - 1))
 
     with IRBuilder() as builder, T.prim_func():
         T.func_name("main")
@@ -222,50 +233,122 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
         bias = T.arg("bias", T.Buffer((p.cols,), "float32")) if sh.bias else None
         y = T.arg("y", T.Buffer((p.rows, p.cols), "float32"))
 
-        # Per row and block: the sum of A's values (or of its int8 codes), for the zero
-        # points' share, and with int8 activations A's scale and codes, 4 to a word.
-        sums = T.alloc_buffer((p.rows, sh.blocks), "float32")
-        if sh.int8_activations:
-            a_scale = T.alloc_buffer((p.rows, sh.blocks), "float32")
-            a_words = T.alloc_buffer((p.rows, p.depth // 4), "int32")
-            _quantize_rows(sh, p, a, sums, a_scale, a_words)
-            block_dots = _DotBlock(sh, p, codes, a_words)
+        if sh.panel:
+            _panel_tiles(sh, p, a, codes, scales, zps, bias, y)
         else:
-            a_scale = None
-            with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
-                T.buffer_store(sums, tirx.const(0.0, "float32"), [i, b])
-                with T.serial(0, sh.block) as kk:
-                    T.buffer_store(sums, sums[i, b] + a[i, b * sh.block + kk], [i, b])
-            block_dots = _FmaBlock(sh, p, codes, a)
+            _chunk_tiles(sh, p, a, codes, scales, zps, bias, y)
+    return s_tir.Schedule(builder.get())
 
-        with T.parallel(0, p.tiles) as tile, T.serial(0, p.rows // p.mr) as chunk:
-            row0 = chunk * p.mr
-            acc = T.alloc_buffer((p.mr * p.vectors,), vec, scope="local")
-            zero = tirx.Broadcast(tirx.const(0.0, "float32"), lanes)
-            for u in range(p.mr * p.vectors):
-                T.buffer_store(acc, zero, [u])
-            with T.serial(0, sh.blocks) as b:
-                dot = block_dots.emit(tile, row0, b)
+
+def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, bias, y
+                 ) -> None:
+    """Few rows: per tile and chunk of rows, each block's dot products on the codes as
+    they are (fp32 FMAs on widened codes, or vpdpbusd), scaled per block into the totals."""
+    lanes, vec = p.lanes, f"float32x{p.lanes}"
+    default_zp = float(1 << (sh.bits - 1))
+    # Per row and block: the sum of A's values (or of its int8 codes), for the zero
+    # points' share, and with int8 activations A's scale and codes, 4 to a word.
+    sums = T.alloc_buffer((p.rows, sh.blocks), "float32")
+    if sh.int8_activations:
+        a_scale = T.alloc_buffer((p.rows, sh.blocks), "float32")
+        a_words = T.alloc_buffer((p.rows, p.depth // 4), "int32")
+        _quantize_rows(sh, p, a, sums, a_scale, a_words)
+        block_dots = _DotBlock(sh, p, codes, a_words)
+    else:
+        a_scale = None
+        with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
+            T.buffer_store(sums, tirx.const(0.0, "float32"), [i, b])
+            with T.serial(0, sh.block) as kk:
+                T.buffer_store(sums, sums[i, b] + a[i, b * sh.block + kk], [i, b])
+        block_dots = _FmaBlock(sh, p, codes, a)
+
+    with T.parallel(0, p.tiles) as tile, T.serial(0, p.rows // p.mr) as chunk:
+        row0 = chunk * p.mr
+        acc = T.alloc_buffer((p.mr * p.vectors,), vec, scope="local")
+        zero = tirx.Broadcast(tirx.const(0.0, "float32"), lanes)
+        for u in range(p.mr * p.vectors):
+            T.buffer_store(acc, zero, [u])
+        with T.serial(0, sh.blocks) as b:
+            dot = block_dots.emit(tile, row0, b)
+            for c in range(p.vectors):
+                lane = tirx.Ramp(c * lanes, 1, lanes)
+                s = scales[tile, b, lane]
+                z = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
+                     if zps is not None else _bcast(tirx.const(default_zp, "float32"),
+                                                    lanes))
+                for r in range(p.mr):
+                    u = r * p.vectors + c
+                    scale = s if a_scale is None else \
+                        s * _bcast(a_scale[row0 + r, b], lanes)
+                    value = dot(r, c) - z * _bcast(sums[row0 + r, b], lanes)
+                    T.buffer_store(acc, acc[u] + scale * value, [u])
+        for r in range(p.mr):
+            for c in range(p.vectors):
+                col = tirx.Ramp(tile * p.nt + c * lanes, 1, lanes)
+                out = acc[r * p.vectors + c]
+                if bias is not None:
+                    out = out + bias[col]
+                T.buffer_store(y, out, [row0 + r, col])
+
+
+def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, bias, y
+                 ) -> None:
+    """Many rows (prefill, fp32): per tile and band of up to :data:`PANEL_BAND` rows, each
+    block's codes are dequantized once, ``(q - z) * s``, into an fp32 panel (block x nt);
+    every chunk of the band's rows multiplies it as a GEMM microkernel would (A broadcast,
+    panel vectors, register totals) into the band's totals, kept contiguous (Y's rows are
+    N floats apart: reading them back every block thrashed L1's sets, 2.5x slower)."""
+    lanes, vec = p.lanes, f"float32x{p.lanes}"
+    default_zp = float(1 << (sh.bits - 1))
+    band = next(r for r in range(min(PANEL_BAND, p.rows), 0, -1)
+                if p.rows % r == 0 and r % p.mr == 0)
+    with T.parallel(0, p.tiles) as tile, T.serial(0, p.rows // band) as rb:
+        panel = T.alloc_buffer((sh.block * p.vectors,), vec, scope="local")
+        totals = T.alloc_buffer((band * p.vectors,), vec, scope="local")
+        with T.serial(0, band * p.vectors) as u:
+            T.buffer_store(totals, _bcast(tirx.const(0.0, "float32"), lanes), [u])
+        with T.serial(0, sh.blocks) as b:
+            with T.serial(0, sh.pairs) as j:
                 for c in range(p.vectors):
                     lane = tirx.Ramp(c * lanes, 1, lanes)
                     s = scales[tile, b, lane]
                     z = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
                          if zps is not None else _bcast(tirx.const(default_zp, "float32"),
                                                         lanes))
-                    for r in range(p.mr):
-                        u = r * p.vectors + c
-                        scale = s if a_scale is None else \
-                            s * _bcast(a_scale[row0 + r, b], lanes)
-                        value = dot(r, c) - z * _bcast(sums[row0 + r, b], lanes)
-                        T.buffer_store(acc, acc[u] + scale * value, [u])
-            for r in range(p.mr):
-                for c in range(p.vectors):
-                    col = tirx.Ramp(tile * p.nt + c * lanes, 1, lanes)
-                    out = acc[r * p.vectors + c]
-                    if bias is not None:
-                        out = out + bias[col]
-                    T.buffer_store(y, out, [row0 + r, col])
-    return s_tir.Schedule(builder.get())
+                    for h, q in enumerate(_fp32_halves(sh, codes, tile, b, j, lane, lanes)):
+                        w = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", q)) - z) * s
+                        T.buffer_store(panel, w, [(2 * j + h) * p.vectors + c])
+            with T.serial(0, band // p.mr) as chunk:
+                first = chunk * p.mr  # within the band
+                row0 = rb * band + first
+                acc = T.alloc_buffer((p.mr * p.vectors,), vec, scope="local")
+                for u in range(p.mr * p.vectors):
+                    T.buffer_store(acc, totals[first * p.vectors + u], [u])
+                with T.serial(0, sh.block) as kk:
+                    for c in range(p.vectors):
+                        w = panel[kk * p.vectors + c]
+                        for r in range(p.mr):
+                            u = r * p.vectors + c
+                            T.buffer_store(acc, acc[u] + _bcast(
+                                a[row0 + r, b * sh.block + kk], lanes) * w, [u])
+                for u in range(p.mr * p.vectors):
+                    T.buffer_store(totals, acc[u], [first * p.vectors + u])
+        with T.serial(0, band) as r:
+            for c in range(p.vectors):
+                col = tirx.Ramp(tile * p.nt + c * lanes, 1, lanes)
+                out = totals[r * p.vectors + c]
+                T.buffer_store(y, out + bias[col] if bias is not None else out,
+                               [rb * band + r, col])
+
+
+def _fp32_halves(sh: WeightOnlyShape, codes, tile, b, j, lane, lanes: int) -> tuple:
+    """The codes of k = 2j and 2j + 1 of block ``b`` for the tile's columns ``lane``
+    (uint8 lanes), from the fp32 kernels' layout."""
+    if sh.bits == 4:
+        byte = codes[tile, b, j, lane]
+        return (byte & _bcast(tirx.const(15, "uint8"), lanes),
+                byte >> _bcast(tirx.const(4, "uint8"), lanes))
+    return codes[tile, b, j, 0, lane], codes[tile, b, j, 1, lane]
 
 
 def _bcast(x, lanes: int) -> tirx.PrimExpr:
@@ -297,13 +380,7 @@ class _FmaBlock:
                     T.evaluate(prefetch_l2(tirx.address_of(
                         codes[tile, b, j, ahead] if sh.bits == 4 else
                         codes[tile, b, j, 0, ahead])).value)
-                if sh.bits == 4:
-                    byte = codes[tile, b, j, lane]
-                    halves = (byte & _bcast(tirx.const(15, "uint8"), lanes),
-                              byte >> _bcast(tirx.const(4, "uint8"), lanes))
-                else:
-                    halves = (codes[tile, b, j, 0, lane], codes[tile, b, j, 1, lane])
-                for h, q in enumerate(halves):
+                for h, q in enumerate(_fp32_halves(sh, codes, tile, b, j, lane, lanes)):
                     qf = tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", q))
                     for r in range(p.mr):
                         u = 2 * (r * p.vectors + c) + h
