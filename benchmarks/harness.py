@@ -239,9 +239,18 @@ IMPLS = ("tpp_tvm", "onnxruntime", "openvino", "torch")
 #: better of its int8 and its fp32 time (its int8 can be the slower, as ORT's dynamic
 #: quantization of a CNN is), so tpp_tvm never gains from a peer's worst setting.
 FP32_PEERS = {"onnxruntime_fp32": "onnxruntime", "openvino_fp32": "openvino"}
+#: In the fp32 zoo, ONNX Runtime also runs its transformer optimizer's output (fused
+#: attention, LayerNorm, GELU: ``onnxruntime.transformers.optimizer``) where it knows the
+#: architecture; ORT's figure is the better of the two.
+ORT_OPTIMIZED = {"onnxruntime_opt": "onnxruntime"}
+#: The ORT transformer optimizer's model type of each zoo model it takes.
+ORT_OPTIMIZER_TYPES = {"bert": "bert", "distilbert": "bert", "gpt2": "gpt2", "vit": "vit",
+                       "swin": "swin", "wav2vec2": "bert", "clip_text": "clip",
+                       "albert": "bert"}
 IMPL_TITLES = {"tpp_tvm": "tpp_tvm", "onnxruntime": "ONNX Runtime", "openvino": "OpenVINO",
                "torch": "torch", "onnxruntime_fp32": "ONNX Runtime fp32",
-               "openvino_fp32": "OpenVINO f32"}
+               "openvino_fp32": "OpenVINO f32", "onnxruntime_opt": "ONNX Runtime optimized"}
+
 #: Calibration samples of the static quantization (ORT's examples use a few dozen to a few
 #: hundred; one sample gave ranges that made its int8 slower and less accurate).
 CALIBRATION_SAMPLES = 32
@@ -265,6 +274,31 @@ PRECISIONS = {
     "int8": ZooPrecision("float32", None, "qdq", "_int8"),
     "int8-dynamic": ZooPrecision("float32", None, "dynamic", "_int8_dynamic"),
 }
+
+
+def peer_alternates(precision: ZooPrecision) -> dict[str, str]:
+    """The extra runs of each peer whose better figure counts (run -> peer)."""
+    if precision.quantization:
+        return FP32_PEERS
+    return ORT_OPTIMIZED if precision.tpp_tvm == "float32" else {}
+
+
+def ort_optimized(name: str) -> Path | None:
+    """The fp32 export through ONNX Runtime's transformer optimizer (cached), or None for a
+    model it has no type for."""
+    kind = ORT_OPTIMIZER_TYPES.get(name)
+    if kind is None:
+        return None
+    path = CACHE / f"{name}_ort_optimized.onnx"
+    if not path.exists():
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        optimized = optimize_model(str(export(ALL_MODELS[name])), model_type=kind,
+                                   num_heads=0, hidden_size=0)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
+        optimized.save_model_to_file(str(tmp))
+        tmp.replace(path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -738,6 +772,10 @@ def model_runners(name: str, threads: int, impls: list[str],
         sess = ort_session(path, threads)
         runners["onnxruntime"] = lambda feeds: sess.run(None, feeds)[0]
     fp32 = str(model_file(name, PRECISIONS["float32"]))
+    optimized = ort_optimized(name) if "onnxruntime_opt" in impls else None
+    if optimized is not None:
+        opt_session = ort_session(str(optimized), threads)
+        runners["onnxruntime_opt"] = lambda feeds: opt_session.run(None, feeds)[0]
     if "onnxruntime_fp32" in impls:
         fp32_session = ort_session(fp32, threads)
         runners["onnxruntime_fp32"] = lambda feeds: fp32_session.run(None, feeds)[0]

@@ -58,10 +58,10 @@ import numpy as np
 from harness import (
     ALL_MODELS,
     CALIBRATION_SAMPLES,
-    FP32_PEERS,
     FP32_TOLERANCE,
     IMPL_TITLES,
     IMPLS,
+    ORT_OPTIMIZED,
     PRECISIONS,
     SETS,
     ZooPrecision,
@@ -72,6 +72,7 @@ from harness import (
     model_runners,
     onnx_path,
     ort_session,
+    peer_alternates,
 )
 
 
@@ -137,6 +138,7 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
     by = {(r["model"], r.get("impl"), r["threads"]): r for r in rows}
     title, (tpp_title, ort_title, ov_title), err_text = _RENDERING[precision]
     quantized = PRECISIONS[precision].quantization is not None
+    alternates = peer_alternates(PRECISIONS[precision])
     lines = [title,
              "", f"CPU: {cpu}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              f"Command: `python benchmarks/zoo.py {' '.join(sys.argv[1:])}`.",
@@ -148,7 +150,11 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                 "quantization is ONNX Runtime's, after `quant_pre_process`"
                 + (f", static QDQ calibrated on {CALIBRATION_SAMPLES} inputs."
                    if PRECISIONS[precision].quantization == "qdq" else ", dynamic.")
-                if quantized else ""), ""]
+                if quantized else "")
+             + (" ONNX Runtime's time is the better of the export and its transformer "
+                "optimizer's output (`onnxruntime.transformers.optimizer`, for the "
+                "architectures it knows; `x (opt y)`: the optimized was faster)."
+                if alternates == ORT_OPTIMIZED else ""), ""]
     failures: list[str] = []
     wrong_rows: list[str] = []
     for t in threads:
@@ -160,9 +166,10 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                   + "---:|---:|---:|"]
         ort_ratios, ov_ratios = [], []
         for name, entry in info.items():
-            cells = {impl: by.get((name, impl, t)) for impl in (*IMPLS, *FP32_PEERS)}
+            cells = {impl: by.get((name, impl, t)) for impl in (*IMPLS, *alternates)}
             ms = {impl: (c.get("median_ms") if c else None) for impl, c in cells.items()}
-            best = {peer: _best(ms[peer], ms.get(f"{peer}_fp32")) for peer in FP32_PEERS.values()}
+            best = {peer: _best(ms[peer], *[ms[a] for a, p in alternates.items() if p == peer])
+                    for peer in ("onnxruntime", "openvino")}
             failures += [f"- {entry['title']}, {IMPL_TITLES[impl]}, {t} thread"
                          f"{'s' if t > 1 else ''}: {c['error']}"
                          for impl, c in cells.items() if c and "error" in c]
@@ -185,9 +192,9 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
                     return "fails"
                 if impl == "tpp_tvm" and wrong:
                     return f"**wrong** ({ms[impl]:.2f})"
-                if impl in FP32_PEERS.values() and quantized and ms[impl] is not None \
-                        and best[impl] != ms[impl]:  # its fp32 run was faster: that counts
-                    return f"{ms[impl]:.2f} (fp32 {best[impl]:.2f})"
+                if impl in best and ms[impl] is not None and best[impl] != ms[impl]:
+                    # its other run (fp32 / optimized) was faster: that counts
+                    return f"{ms[impl]:.2f} ({'fp32' if quantized else 'opt'} {best[impl]:.2f})"
                 return "–" if ms[impl] is None else f"{ms[impl]:.2f}"
 
             def ratio(value: float | None) -> str:
@@ -218,9 +225,10 @@ def render(rows: list[dict], info: dict[str, dict], threads: list[int], cpu: str
     return "\n".join(lines) + "\n"
 
 
-def _best(int8: float | None, fp32: float | None) -> float | None:
-    """A peer's figure in the int8 zoos: the faster of its int8 and fp32 runs."""
-    times = [t for t in (int8, fp32) if t]
+def _best(*runs: float | None) -> float | None:
+    """A peer's figure: the faster of its runs (int8 zoos: int8 and fp32; fp32 zoo: ORT
+    on the export and on its transformer optimizer's output)."""
+    times = [t for t in runs if t]
     return min(times) if times else None
 
 
@@ -291,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         # process (ORT ran BERT slower at 2 threads than at 1; with OpenVINO loaded,
         # tpp_tvm and ORT ran EfficientNet 1.5x slower at 1 thread).
         impls = args.impls.split(",")
-        if precision.quantization and args.impls == ",".join(IMPLS):
-            impls += list(FP32_PEERS)  # each peer's better of int8 and fp32
+        if args.impls == ",".join(IMPLS):
+            impls += list(peer_alternates(precision))  # each peer's better run counts
         groups = [[impl] for impl in impls
                   if not (args.precision != "float32" and impl == "torch")]
         for _ in range(args.passes):
