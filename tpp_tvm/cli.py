@@ -543,38 +543,34 @@ def _add_tune_logs_option(parser: argparse.ArgumentParser) -> None:
              "CPU) or 'none' (default: hand schedules only)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of ``tpp-tvm`` (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(
-        prog="tpp-tvm", description="TPP (LIBXSMM Tensor Processing Primitives) backend for TVM"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    shape_help = "static input shapes, e.g. input_ids=1x128,attention_mask=1x128"
-    dynamic_help = ("bounds of dynamic dims, e.g. seq=1:512,batch=1:8 (the model's dim "
-                    "names; `compile` writes a folder, one build per size on first use)")
+_SHAPE_HELP = "static input shapes, e.g. input_ids=1x128,attention_mask=1x128"
+_DYNAMIC_HELP = ("bounds of dynamic dims, e.g. seq=1:512,batch=1:8 (the model's dim "
+                 "names; `compile` writes a folder, one build per size on first use)")
 
-    info = sub.add_parser("info", help="show the host ISA, the TPP target and registered TPPs")
-    info.add_argument("--isa", help="amx, avx512, avx2 or sve (default: best for this host)")
-    info.set_defaults(func=_cmd_info)
 
+def _add_compile_command(sub) -> None:
+    """``tpp-tvm compile``: an ONNX model onto TPPs, exported."""
     comp = sub.add_parser("compile", help="compile an ONNX model onto TPPs and export it")
     comp.add_argument("model", metavar="MODEL.onnx")
     comp.add_argument("-o", "--output", required=True, metavar="OUT.so",
                       help="library to write (a folder for a dynamic model)")
     _add_target_options(comp)
     comp.add_argument("--shape", type=_parse_shapes, default={},
-                      help=shape_help + "; a ? dim stays dynamic (input_ids=1x?)")
-    comp.add_argument("--dynamic", type=_parse_bounds, default={}, help=dynamic_help)
+                      help=_SHAPE_HELP + "; a ? dim stays dynamic (input_ids=1x?)")
+    comp.add_argument("--dynamic", type=_parse_bounds, default={}, help=_DYNAMIC_HELP)
     comp.add_argument("--prepare", type=_parse_shapes, action="append", default=[],
                       metavar="SHAPES", help="a dynamic model's size to compile now and "
                       "export with it, e.g. input_ids=1x128,attention_mask=1x128 (repeat it)")
     _add_tune_logs_option(comp)
     comp.set_defaults(func=_cmd_compile)
 
+
+def _add_tune_command(sub) -> None:
+    """``tpp-tvm tune``: MetaSchedule tuning of a model's TPP kernels."""
     tune = sub.add_parser("tune", help="tune an ONNX model's TPP kernels (MetaSchedule)")
     tune.add_argument("model", metavar="MODEL.onnx")
     _add_target_options(tune)
-    tune.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
+    tune.add_argument("--shape", type=_parse_shapes, default={}, help=_SHAPE_HELP)
     tune.add_argument("--trials", type=int, default=64, help="trials per task (default 64)")
     tune.add_argument("--work-dir", help="log folder (default tune_logs/<target>/<model>)")
     tune.add_argument("--name", help="log name under tune_logs/<target>/ (default: file stem)")
@@ -583,12 +579,15 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--rpc-key", metavar="KEY", help="device key of those boards")
     tune.set_defaults(func=_cmd_tune)
 
+
+def _add_run_command(sub) -> None:
+    """``tpp-tvm run``: a model or a compiled library on example inputs."""
     run = sub.add_parser("run", help="run an ONNX model or a compiled .so on example inputs")
     run.add_argument("model", metavar="MODEL", help="an ONNX model, or a .so from `compile`")
     _add_target_options(run)
-    run.add_argument("--shape", type=_parse_shapes, default={}, help=shape_help)
+    run.add_argument("--shape", type=_parse_shapes, default={}, help=_SHAPE_HELP)
     run.add_argument("--dynamic", type=_parse_bounds, default={},
-                     help=dynamic_help + "; the model then runs at --shape's size")
+                     help=_DYNAMIC_HELP + "; the model then runs at --shape's size")
     run.add_argument("--bench", action="store_true", help="print the median latency")
     run.add_argument("--profile", action="store_true",
                      help="time every kernel and print the report with each part's share "
@@ -604,6 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
+
+def _add_generate_command(sub) -> None:
+    """``tpp-tvm generate``: greedy decoding of a causal LM exported with its KV cache."""
     gen = sub.add_parser("generate", help="greedy decoding of an ONNX causal LM exported "
                          "with its KV cache (tpp_tvm.cache_export)")
     gen.add_argument("model", metavar="MODEL", help="the ONNX export with past/present")
@@ -613,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune_logs_option(gen)
     gen.set_defaults(func=_cmd_generate)
 
+
+def _add_demo_command(sub) -> None:
+    """``tpp-tvm demo``: compile, run and compare demo models."""
     demo = sub.add_parser(
         "demo", help="compile, run and compare a BERT encoder and a ResNet (or a GEMM)"
     )
@@ -624,6 +629,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--gemm", action="store_true", help="the 512^3 fp32 GEMM demo, next to numpy"
     )
     demo.set_defaults(func=_cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of ``tpp-tvm`` (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="tpp-tvm", description="TPP (LIBXSMM Tensor Processing Primitives) backend for TVM"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="show the host ISA, the TPP target and registered TPPs")
+    info.add_argument("--isa", help="amx, avx512, avx2 or sve (default: best for this host)")
+    info.set_defaults(func=_cmd_info)
+    _add_compile_command(sub)
+    _add_tune_command(sub)
+    _add_run_command(sub)
+    _add_generate_command(sub)
+    _add_demo_command(sub)
     return parser
 
 

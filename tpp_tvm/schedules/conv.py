@@ -256,21 +256,34 @@ def conv_te(shape: ConvShape, plan: GemmPlan, epilogue: Epilogue = Epilogue(),
     VNNI-2 packed, the tile fp32. ``source``: the strided 1x1 convolution whose
     :func:`strided_pointwise` image ``shape`` is (its data is the source's input).
     """
-    sh, nr = shape, plan.nr
-    prec = plan.precision
+    sh = shape
+    X, Xp, W, zero_point = _conv_operands(sh, plan, source)
+    C = _conv_contraction(sh, plan, Xp, W)
+    G = sh.groups
+    valid = (sh.n, sh.oh, sh.ow, *((G,) if G > 1 else ()), sh.og)
+    c_axes = (0, 1, 3, 2, 4) if G > 1 else None
+    if plan.precision.acc == "int32":
+        extra, out, stages = int8_epilogue_te(C, valid, epilogue, c_axes,
+                                              group_axis=2 if G > 1 else None)
+        return [X, W, zero_point, *extra], out, stages
+    extra, out, stages = epilogue_te(C, valid, epilogue, c_axes)
+    return [X, W, *extra], out, stages
+
+
+def _conv_operands(sh: ConvShape, plan: GemmPlan, source: ConvShape | None) -> tuple:
+    """The data (as given, and padded for the kernel), the packed filter and, for int8,
+    the activation's zero point, as :func:`conv_te` takes them."""
+    nr, prec = plan.nr, plan.precision
     V = prec.vnni
-    owp, ocp = plan.mp, plan.np_
-    st = sh.stride
-    G, cg = sh.groups, sh.cg
-    cc = padded_channels(cg, plan)
+    G, cc = sh.groups, padded_channels(sh.cg, plan)
     int8 = prec.acc == "int32"
     # Grouped: one filter panel set and one padded image per group, (group, ...) first.
     gdim = (G,) if G > 1 else ()
     if V > 1:
-        W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc // V, nr, V), prec.b,
+        W = te.placeholder((*gdim, plan.np_ // nr, sh.r, sh.s * cc // V, nr, V), prec.b,
                            name=FILTER)
     else:
-        W = te.placeholder((*gdim, ocp // nr, sh.r, sh.s * cc, nr), prec.b,
+        W = te.placeholder((*gdim, plan.np_ // nr, sh.r, sh.s * cc, nr), prec.b,
                            name=FILTER)
     zero_point = te.placeholder((1,), prec.a, name="a_zero_point") if int8 else None
     hp, wp, _ = padded_input_shape(sh, plan)
@@ -282,6 +295,18 @@ def conv_te(shape: ConvShape, plan: GemmPlan, epilogue: Epilogue = Epilogue(),
         if (hp, wp) != (sh.h, sh.w) or sh.pad[0] or sh.pad[1] or cc != sh.c or source:
             Xp = conv_input_te(sh, plan, X, zero_point[0] if int8 else tirx.const(0, prec.a),
                                source.stride if source else 1)
+    return X, Xp, W, zero_point
+
+
+def _conv_contraction(sh: ConvShape, plan: GemmPlan, Xp: te.Tensor, W: te.Tensor
+                      ) -> te.Tensor:
+    """C: the convolution as a sum over filter rows and (filter column, channel) taps of
+    the padded image ``Xp`` and the packed filter ``W``, before the epilogue."""
+    nr, prec = plan.nr, plan.precision
+    V = prec.vnni
+    st = sh.stride
+    G, cc = sh.groups, padded_channels(sh.cg, plan)
+    gdim = (G,) if G > 1 else ()
 
     def mac(a, b):
         return a * b if prec.acc == prec.a else tirx.Cast(prec.acc, a) * tirx.Cast(prec.acc, b)
@@ -317,15 +342,7 @@ def conv_te(shape: ConvShape, plan: GemmPlan, epilogue: Epilogue = Epilogue(),
     r = te.reduce_axis((0, sh.r), name="r") if sh.r > 1 else None
     # Grouped: C is (n, oh, group, ow, channel), a register tile in its two trailing dims
     # as the microkernel needs; the epilogue writes it NHWC as (n, oh, ow, group, channel).
-    C = te.compute((sh.n, sh.oh, *gdim, owp, ocp), contraction, name="C")
-    valid = (sh.n, sh.oh, sh.ow, *gdim, sh.og)
-    c_axes = (0, 1, 3, 2, 4) if G > 1 else None
-    if int8:
-        extra, out, stages = int8_epilogue_te(C, valid, epilogue, c_axes,
-                                              group_axis=2 if G > 1 else None)
-        return [X, W, zero_point, *extra], out, stages
-    extra, out, stages = epilogue_te(C, valid, epilogue, c_axes)
-    return [X, W, *extra], out, stages
+    return te.compute((sh.n, sh.oh, *gdim, plan.mp, plan.np_), contraction, name="C")
 
 
 def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue(),

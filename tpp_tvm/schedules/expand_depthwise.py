@@ -21,6 +21,7 @@ threads allow (:func:`plan_expand_depthwise`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -122,6 +123,97 @@ def pointwise(shape: ConvShape, cin: int) -> ConvShape:
     return ConvShape(shape.n, shape.h, shape.w, cin, shape.c, 1, 1)
 
 
+def _check_fusable(sh: ConvShape, ex: ConvShape, expansion_epilogue: Epilogue,
+                   plan: ExpandPlan | None, lanes: int) -> None:
+    """Raise ``UnsupportedShapeError`` unless the fused kernel takes this pair: channels
+    in whole vectors and a wide enough row tile, the expansion's output the depthwise
+    input, and the expansion's epilogue a bias and an activation in fp32."""
+    if sh.oc != sh.c or plan is None:
+        raise UnsupportedShapeError(
+            f"expansion + depthwise conv2d: {sh.c} channels of {sh.w}-pixel rows (the "
+            f"channels a multiple of {lanes}, a row tile of >= {MIN_TILE_PIXELS} pixels)")
+    if (ex.n, ex.oh, ex.ow, ex.oc, ex.groups) != (sh.n, sh.h, sh.w, sh.c, 1):
+        raise UnsupportedShapeError(
+            f"expansion + depthwise conv2d: the expansion's output {ex.n}x{ex.oh}x{ex.ow}x"
+            f"{ex.oc} (groups {ex.groups}) is not the depthwise input {sh.n}x{sh.h}x{sh.w}"
+            f"x{sh.c}")
+    if expansion_epilogue.post_steps or expansion_epilogue.out_dtype != "float32":
+        raise UnsupportedShapeError(
+            f"expansion + depthwise conv2d: the expansion's epilogue "
+            f"{expansion_epilogue.suffix} writing {expansion_epilogue.out_dtype}; a bias and "
+            "an activation, in fp32")
+
+
+@dataclass(frozen=True)
+class _ExpandedRows:
+    """The expansion's half of the fused kernel, written inside its ``IRBuilder``: rows of
+    the expansion's output, pixel tile by pixel tile, into the ring of rows the depthwise
+    taps read. ``x``, ``w1``, ``b1``: the kernel's input, packed filter and bias buffers;
+    pixel tiles [``first``, ``last``) of a row read no padding column."""
+
+    ex: ConvShape
+    plan: ExpandPlan
+    lanes: int
+    act: Callable | None
+    grouped: bool
+    x: tirx.Buffer
+    w1: tirx.Buffer
+    b1: tirx.Buffer | None
+    width: int
+    first: int
+    last: int
+
+    def tiles(self, b, h, ring, slot, c0, lo: int, hi: int, checked: bool) -> None:
+        """Pixel tiles [lo, hi) of expanded row ``h``, channels [c0, c0 + block), into
+        ring slot ``slot``: taps x input channels as FMAs, then bias and activation."""
+        ex, lanes, x, w1, b1 = self.ex, self.lanes, self.x, self.w1, self.b1
+        px, nv = self.plan.pixels, self.plan.vectors
+        vec, block = f"float32x{lanes}", nv * lanes
+        act, grouped = self.act, self.grouped
+        if hi <= lo:
+            return
+        with T.serial(lo, hi) as po:
+            acc = T.alloc_buffer((px * nv,), vec, scope="local")
+            for u in range(px * nv):
+                T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [u])
+            with T.serial(0, ex.r) as ry:
+                row = h * ex.stride + ry - ex.pad[0]
+                with T.If(tirx.all(row >= 0, row < ex.h)), T.Then():
+                    with T.serial(0, ex.s) as rx, T.serial(0, ex.c) as k:
+                        for p in range(px):
+                            col = (po * px + p) * ex.stride + rx - ex.pad[1]
+                            value = x[b, row, col, k]
+                            if checked:
+                                value = tirx.if_then_else(
+                                    tirx.all(col >= 0, col < ex.w), value,
+                                    tirx.const(0.0, "float32"))
+                            a = tirx.Broadcast(value, lanes)
+                            for v in range(nv):
+                                filt = w1[c0 // block, ry, rx, k,
+                                          tirx.Ramp(v * lanes, 1, lanes)]
+                                T.buffer_store(acc, acc[p * nv + v] + a * filt,
+                                               [p * nv + v])
+            for v in range(nv):
+                bias_v = None if b1 is None else b1[tirx.Ramp(c0 + v * lanes, 1, lanes)]
+                size = EQUATION_GROUP if grouped else 1
+                for g in range(0, px, size):
+                    pixels = list(range(g, min(g + size, px)))
+
+                    def store(value, p, v=v):
+                        T.buffer_store(ring, value,
+                                       [slot, po * px + p, tirx.Ramp(v * lanes, 1, lanes)])
+                    apply_epilogue([acc[p * nv + v] for p in pixels], pixels, lanes,
+                                   bias_v, act, None, None, store)
+
+    def row(self, b, h, ring, slot, c0) -> None:
+        """Expanded row ``h``: border tiles checked against the padding, interior ones
+        not."""
+        tiles = self.width // self.plan.pixels
+        self.tiles(b, h, ring, slot, c0, 0, self.first, True)
+        self.tiles(b, h, ring, slot, c0, self.first, self.last, False)
+        self.tiles(b, h, ring, slot, c0, self.last, tiles, True)
+
+
 def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str = "avx512",
                               *, threads: int = 1,
                               expansion_epilogue: Epilogue = Epilogue(),
@@ -137,22 +229,8 @@ def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str =
     sh, ex = shape, expansion
     lanes = vector_isa(isa).schedule_lanes("float32")
     plan = plan_expand_depthwise(sh, lanes, threads, vector_isa(isa).num_vregs)
-    if sh.oc != sh.c or plan is None:
-        raise UnsupportedShapeError(
-            f"expansion + depthwise conv2d: {sh.c} channels of {sh.w}-pixel rows (the "
-            f"channels a multiple of {lanes}, a row tile of >= {MIN_TILE_PIXELS} pixels)")
-    if (ex.n, ex.oh, ex.ow, ex.oc, ex.groups) != (sh.n, sh.h, sh.w, sh.c, 1):
-        raise UnsupportedShapeError(
-            f"expansion + depthwise conv2d: the expansion's output {ex.n}x{ex.oh}x{ex.ow}x"
-            f"{ex.oc} (groups {ex.groups}) is not the depthwise input {sh.n}x{sh.h}x{sh.w}"
-            f"x{sh.c}")
-    if expansion_epilogue.post_steps or expansion_epilogue.out_dtype != "float32":
-        raise UnsupportedShapeError(
-            f"expansion + depthwise conv2d: the expansion's epilogue "
-            f"{expansion_epilogue.suffix} writing {expansion_epilogue.out_dtype}; a bias and "
-            "an activation, in fp32")
+    _check_fusable(sh, ex, expansion_epilogue, plan, lanes)
     expand_activation = expansion_epilogue.activation
-    vec = f"float32x{lanes}"
     block = plan.vectors * lanes
     blocks = sh.c // block
     rows = -(-sh.oh // plan.chunks)
@@ -170,51 +248,7 @@ def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str =
         b1 = T.arg("bias_expand", T.Buffer((sh.c,), "float32")) \
             if expansion_epilogue.bias else None
         taps = RowTaps.declare(sh, isa, epilogue)
-
-        def expand_tiles(b, h, ring, slot, c0, lo: int, hi: int, checked: bool) -> None:
-            """Pixel tiles [lo, hi) of expanded row ``h``, channels [c0, c0 + block), into
-            ring slot ``slot``: taps x input channels as FMAs, then bias and activation."""
-            px, nv = plan.pixels, plan.vectors
-            if hi <= lo:
-                return
-            with T.serial(lo, hi) as po:
-                acc = T.alloc_buffer((px * nv,), vec, scope="local")
-                for u in range(px * nv):
-                    T.buffer_store(acc, tirx.Broadcast(tirx.const(0.0, "float32"), lanes), [u])
-                with T.serial(0, ex.r) as ry:
-                    row = h * ex.stride + ry - ex.pad[0]
-                    with T.If(tirx.all(row >= 0, row < ex.h)), T.Then():
-                        with T.serial(0, ex.s) as rx, T.serial(0, ex.c) as k:
-                            for p in range(px):
-                                col = (po * px + p) * ex.stride + rx - ex.pad[1]
-                                value = x[b, row, col, k]
-                                if checked:
-                                    value = tirx.if_then_else(
-                                        tirx.all(col >= 0, col < ex.w), value,
-                                        tirx.const(0.0, "float32"))
-                                a = tirx.Broadcast(value, lanes)
-                                for v in range(nv):
-                                    filt = w1[c0 // block, ry, rx, k,
-                                              tirx.Ramp(v * lanes, 1, lanes)]
-                                    T.buffer_store(acc, acc[p * nv + v] + a * filt,
-                                                   [p * nv + v])
-                for v in range(nv):
-                    bias_v = None if b1 is None else b1[tirx.Ramp(c0 + v * lanes, 1, lanes)]
-                    size = EQUATION_GROUP if grouped else 1
-                    for g in range(0, px, size):
-                        pixels = list(range(g, min(g + size, px)))
-
-                        def store(value, p, v=v):
-                            T.buffer_store(ring, value,
-                                           [slot, po * px + p, tirx.Ramp(v * lanes, 1, lanes)])
-                        apply_epilogue([acc[p * nv + v] for p in pixels], pixels, lanes,
-                                       bias_v, act, None, None, store)
-
-        def expand_row(b, h, ring, slot, c0) -> None:
-            tiles = sh.w // plan.pixels
-            expand_tiles(b, h, ring, slot, c0, 0, first, True)
-            expand_tiles(b, h, ring, slot, c0, first, last, False)
-            expand_tiles(b, h, ring, slot, c0, last, tiles, True)
+        expansion = _ExpandedRows(ex, plan, lanes, act, grouped, x, w1, b1, sh.w, first, last)
 
         with T.parallel(0, sh.n * plan.chunks * blocks) as task:
             b = task // (plan.chunks * blocks)
@@ -234,6 +268,6 @@ def expand_depthwise_schedule(shape: ConvShape, expansion: ConvShape, isa: str =
                     with T.serial(0, sh.r) as k:
                         h = top + k
                         with T.If(tirx.all(h >= new, h >= 0, h < sh.h)), T.Then():
-                            expand_row(b, h, ring, tirx.floormod(h, sh.r), c0)
+                            expansion.row(b, h, ring, tirx.floormod(h, sh.r), c0)
                     taps.row(b, i, read, c0, plan.vectors)
     return s_tir.Schedule(builder.get()), plan

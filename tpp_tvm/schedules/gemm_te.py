@@ -49,14 +49,36 @@ def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
     own over the activation.
     Transposed or scaled operands are fp32 only.
     """
-    m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
-    mp, np_, kp = plan.mp, plan.np_, plan.kp
-    prec = plan.precision
-    V = prec.vnni
+    m, n, prec = plan.m, plan.n, plan.precision
     lead = (batch,) if batch else ()
-    if V > 1 and (a_transposed or b_transposed or a_scale != 1.0 or a_col_scale):
+    if prec.vnni > 1 and (a_transposed or b_transposed or a_scale != 1.0 or a_col_scale):
         raise UnsupportedDTypeError(
             f"GEMM {plan.dtype}: transposed or scaled operands are supported in fp32 only")
+    inputs, A, B, b_packed = _gemm_operands(plan, lead, b_packed, a_transposed, b_transposed,
+                                            a_col_scale)
+    A_in = _a_rows(plan, lead, A, inputs[-1] if a_col_scale else None, a_transposed, a_scale)
+    C = _gemm_product(plan, lead, A_in, B, b_packed)
+    if dequantize:
+        if prec.acc != "int32":
+            raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
+        epilogue_inputs, out, stages = int8_epilogue_te(C, (*lead, m, n), epilogue)
+        return inputs + epilogue_inputs, out, stages
+    if prec.acc != "float32" and epilogue.steps:
+        raise UnsupportedDTypeError(
+            f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
+    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), epilogue)
+    return inputs + epilogue_inputs, out, stages
+
+
+def _gemm_operands(plan: GemmPlan, lead: tuple, b_packed: bool, a_transposed: bool,
+                   b_transposed: bool, a_col_scale: bool) -> tuple:
+    """:func:`gemm_te`'s inputs before the epilogue's (A, B [, A's column scale]), and A
+    and B as the product reads them: a transposed B packed into panels inside the kernel
+    (then ``b_packed`` is True)."""
+    m, n, k, nr = plan.m, plan.n, plan.k, plan.nr
+    np_, kp = plan.np_, plan.kp
+    prec = plan.precision
+    V = prec.vnni
     if a_transposed:
         A = te.placeholder((*lead, k, m), prec.a, name="A")
     else:
@@ -76,6 +98,14 @@ def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
     inputs = [A, B.op.input_tensors[0] if B.op.name == "B_pack" else B]
     if a_col_scale:
         inputs.append(te.placeholder((*lead, k), "float32", name="a_col_scale"))
+    return inputs, A, B, b_packed
+
+
+def _a_rows(plan: GemmPlan, lead: tuple, A: te.Tensor, col_scale: te.Tensor | None,
+            a_transposed: bool, a_scale: float) -> te.Tensor:
+    """A as the product reads it: (M, K) rows, padded to the tile, transposed, scaled by
+    ``a_scale`` and by ``col_scale`` (A diag(S)) on the way in where asked."""
+    m, k, mp, kp = plan.m, plan.k, plan.mp, plan.kp
     if a_transposed:
         A_in = _transposed_in(A, (*lead, mp, kp), (m, k), "A_transpose")
     else:
@@ -85,10 +115,21 @@ def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
         src = A_in
         A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * tirx.const(a_scale, "float32"),
                           name="A_scale")
-    if a_col_scale:
-        src, S = A_in, inputs[-1]
+    if col_scale is not None:
+        src, S = A_in, col_scale
         A_in = te.compute(tuple(src.shape), lambda *ix: src[ix] * S[
             (*ix[:-2], tirx.min(ix[-1], k - 1))], name="A_colscale")
+    return A_in
+
+
+def _gemm_product(plan: GemmPlan, lead: tuple, A_in: te.Tensor, B: te.Tensor,
+                  b_packed: bool) -> te.Tensor:
+    """C = A_in B over the padded tile: B as VNNI-packed panels, fp32 panels, or an
+    activation operand (padded in a stage of its own)."""
+    n, k, nr = plan.n, plan.k, plan.nr
+    mp, np_, kp = plan.mp, plan.np_, plan.kp
+    prec = plan.precision
+    V = prec.vnni
 
     def mac(a, b):
         if prec.acc == prec.a:
@@ -98,7 +139,7 @@ def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
     if V > 1:
         ko = te.reduce_axis((0, kp // V), name="ko")
         kv = te.reduce_axis((0, V), name="kv")
-        C = te.compute(
+        return te.compute(
             (*lead, mp, np_),
             lambda *ix: te.sum(mac(A_in[(*ix[:-2], ix[-2], ko * V + kv)],
                                    B[(*ix[:-2], ix[-1] // nr, ko, ix[-1] % nr, kv)]),
@@ -107,7 +148,7 @@ def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
         )
     elif b_packed:
         r = te.reduce_axis((0, kp), name="k")
-        C = te.compute(
+        return te.compute(
             (*lead, mp, np_),
             lambda *ix: te.sum(
                 A_in[(*ix[:-2], ix[-2], r)] * B[(*ix[:-2], ix[-1] // nr, r, ix[-1] % nr)], axis=r
@@ -117,21 +158,11 @@ def gemm_te(plan: GemmPlan, batch: int | None, epilogue: Epilogue = Epilogue(),
     else:
         r = te.reduce_axis((0, kp), name="k")
         B_in = _padded(B, (*lead, kp, np_), (k, n), "B_pad") if (kp, np_) != (k, n) else B
-        C = te.compute(
+        return te.compute(
             (*lead, mp, np_),
             lambda *ix: te.sum(A_in[(*ix[:-2], ix[-2], r)] * B_in[(*ix[:-2], r, ix[-1])], axis=r),
             name="C",
         )
-    if dequantize:
-        if prec.acc != "int32":
-            raise UnsupportedDTypeError(f"GEMM {plan.dtype}: only int8 GEMMs dequantize")
-        epilogue_inputs, out, stages = int8_epilogue_te(C, (*lead, m, n), epilogue)
-        return inputs + epilogue_inputs, out, stages
-    if prec.acc != "float32" and epilogue.steps:
-        raise UnsupportedDTypeError(
-            f"GEMM {plan.dtype}: an epilogue needs fp32; pass dequantize=True")
-    epilogue_inputs, out, stages = epilogue_te(C, (*lead, m, n), epilogue)
-    return inputs + epilogue_inputs, out, stages
 
 
 def int8_epilogue_te(C: te.Tensor, valid: tuple[int, ...], epilogue: Epilogue,

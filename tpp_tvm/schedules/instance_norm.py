@@ -47,6 +47,63 @@ def _channel_block(width: int, lanes: int) -> int:
     return lanes
 
 
+def _group_statistics(X: te.Tensor, gamma: te.Tensor, s1: te.Tensor, s2: te.Tensor,
+                      rows: int, width: int, groups: int, eps: float) -> tuple:
+    """A group norm's ``scale_of(c)`` and ``mean_of(c)``: each channel's mean and squared
+    deviation from its shifted sums ``s1``, ``s2``, combined per group of ``width /
+    groups`` channels."""
+    inv = tirx.const(1.0 / rows, "float32")
+    zero = tirx.const(0.0, "float32")
+    size = width // groups
+    mean_c = te.compute((width,), lambda c: X[0, c] + s1[c] * inv, name="channel_mean")
+    dev_c = te.compute((width,), lambda c: tirx.max(s2[c] - s1[c] * s1[c] * inv, zero),
+                       name="channel_sqdev")
+    j = te.reduce_axis((0, size), name="j")
+    group_mean = te.compute((groups,), lambda g: te.sum(
+        mean_c[g * size + j] * tirx.const(1.0 / size, "float32"), axis=j),
+        name="group_mean")
+    j2 = te.reduce_axis((0, size), name="j2")
+
+    def group_dev(g):
+        d = mean_c[g * size + j2] - group_mean[g]
+        return te.sum(dev_c[g * size + j2] + tirx.const(float(rows), "float32") * d * d,
+                      axis=j2)
+
+    dev_g = te.compute((groups,), group_dev, name="group_sqdev")
+    inv_n = tirx.const(1.0 / (rows * size), "float32")
+
+    def scale_of(c):
+        var = dev_g[c // size] * inv_n
+        return gamma[c] * tirx.rsqrt(var + tirx.const(eps, "float32"))
+
+    def mean_of(c):
+        return group_mean[c // size]
+
+    return scale_of, mean_of
+
+
+def _schedule_statistics(sch: s_tir.Schedule, width: int, isa: str) -> None:
+    """One pass over the rows, parallel over blocks of channels as vector lanes."""
+    lanes = vector_isa(isa).schedule_lanes("float32")
+    lanes = lanes if width % lanes == 0 else 1
+    # One pass: per block of channels, the sum and the sum of squares of each row.
+    blk = sch.get_sblock("shifted_sums")
+    c, r = sch.get_loops(blk)
+    co, ci = sch.split(c, [None, _channel_block(width, lanes)])
+    sch.reorder(co, r, ci)
+    sch.parallel(co)
+    init = sch.decompose_reduction(blk, r)
+    if lanes > 1:
+        # the update under the row loop is not a complete block for TIR's vectorize;
+        # unrolled, LLVM's SLP vectorizer makes it vector adds and FMAs, one each a row
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.unroll(ci)
+    for name in STATS_OUTPUTS:
+        c, = sch.get_loops(sch.get_sblock(name))
+        if lanes > 1:
+            sch.vectorize(sch.split(c, [None, lanes])[1])
+
+
 def instance_norm_stats_schedule(rows: int, width: int, eps: float, isa: str,
                                  groups: int | None = None) -> s_tir.Schedule:
     """Kernel (x (rows, width), gamma (width,), beta (width,)) -> (scale, shift), each
@@ -80,53 +137,13 @@ def instance_norm_stats_schedule(rows: int, width: int, eps: float, isa: str,
         def mean_of(c):
             return X[0, c] + s1[c] * inv
     else:
-        size = width // groups
-        mean_c = te.compute((width,), lambda c: X[0, c] + s1[c] * inv, name="channel_mean")
-        dev_c = te.compute((width,), lambda c: tirx.max(s2[c] - s1[c] * s1[c] * inv, zero),
-                           name="channel_sqdev")
-        j = te.reduce_axis((0, size), name="j")
-        group_mean = te.compute((groups,), lambda g: te.sum(
-            mean_c[g * size + j] * tirx.const(1.0 / size, "float32"), axis=j),
-            name="group_mean")
-        j2 = te.reduce_axis((0, size), name="j2")
-
-        def group_dev(g):
-            d = mean_c[g * size + j2] - group_mean[g]
-            return te.sum(dev_c[g * size + j2] + tirx.const(float(rows), "float32") * d * d,
-                          axis=j2)
-
-        dev_g = te.compute((groups,), group_dev, name="group_sqdev")
-        inv_n = tirx.const(1.0 / (rows * size), "float32")
-
-        def scale_of(c):
-            var = dev_g[c // size] * inv_n
-            return gamma[c] * tirx.rsqrt(var + tirx.const(eps, "float32"))
-
-        def mean_of(c):
-            return group_mean[c // size]
+        scale_of, mean_of = _group_statistics(X, gamma, s1, s2, rows, width, groups, eps)
 
     scale = te.compute((width,), scale_of, name=STATS_OUTPUTS[0])
     shift = te.compute((width,), lambda c: beta[c] - mean_of(c) * scale[c],
                        name=STATS_OUTPUTS[1])
     sch = s_tir.Schedule(te.create_prim_func([X, gamma, beta, scale, shift]))
-    lanes = vector_isa(isa).schedule_lanes("float32")
-    lanes = lanes if width % lanes == 0 else 1
-    # One pass: per block of channels, the sum and the sum of squares of each row.
-    blk = sch.get_sblock("shifted_sums")
-    c, r = sch.get_loops(blk)
-    co, ci = sch.split(c, [None, _channel_block(width, lanes)])
-    sch.reorder(co, r, ci)
-    sch.parallel(co)
-    init = sch.decompose_reduction(blk, r)
-    if lanes > 1:
-        # the update under the row loop is not a complete block for TIR's vectorize;
-        # unrolled, LLVM's SLP vectorizer makes it vector adds and FMAs, one each a row
-        sch.vectorize(sch.get_loops(init)[-1])
-        sch.unroll(ci)
-    for name in STATS_OUTPUTS:
-        c, = sch.get_loops(sch.get_sblock(name))
-        if lanes > 1:
-            sch.vectorize(sch.split(c, [None, lanes])[1])
+    _schedule_statistics(sch, width, isa)
     return sch
 
 
