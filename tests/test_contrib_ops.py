@@ -109,3 +109,24 @@ def test_rotary_embedding_of_onnx_opset_23() -> None:
     feeds = {"x": RNG.standard_normal(shape).astype("float32"),
              "pos": np.stack([np.arange(S), np.arange(2, 2 + S)]).astype("int64")}
     checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits,zero_points", [(4, False), (4, True), (8, False), (8, True)])
+def test_gather_block_quantized_embeddings(bits, zero_points) -> None:
+    """Quantized embedding rows (GenAI's model builder): u8 codes (two 4-bit codes a byte,
+    low nibble first), per-block scales over a width the block does not divide (80 = 2.5
+    blocks of 32), zero points packed like the codes or the default."""
+    vocab, width, block = 50, 80, 32
+    blocks = -(-width // block)
+    per_byte = 8 // bits
+    inits = {"data": RNG.integers(0, 256, (vocab, width // per_byte)).astype("uint8"),
+             "scales": RNG.uniform(0.01, 0.1, (vocab, blocks)).astype("float32")}
+    node_inputs = ["data", "ids", "scales"]
+    if zero_points:
+        inits["zp"] = RNG.integers(0, 256, (vocab, -(-blocks // per_byte))).astype("uint8")
+        node_inputs.append("zp")
+    nodes = [helper.make_node("GatherBlockQuantized", node_inputs, ["y"], domain="com.microsoft",
+                              bits=bits, block_size=block, gather_axis=0, quantize_axis=1)]
+    model = _model(nodes, {"ids": (TensorProto.INT64, [2, 5])}, inits)
+    feeds = {"ids": np.array([[0, 3, 49, 7, 7], [12, 1, 0, 48, 25]], dtype="int64")}
+    checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-6, atol=1e-6)

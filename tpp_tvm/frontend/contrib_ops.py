@@ -9,6 +9,8 @@ Optimum) and TVM's importer lacks, written as the Relax ops the kernels already 
   rotation of the first ``rotary_embedding_dim`` channels of each head by the cached cos/sin
   rows of each position, split in halves or interleaved pairs, as element-wise Relax ops
   TVM fuses into one kernel.
+* ``com.microsoft:GatherBlockQuantized`` (quantized embeddings): the rows gathered from the
+  packed table first, then only those rows unpacked and dequantized.
 
 The two RotaryEmbedding forms share the name and differ in input order (com.microsoft:
 input, position_ids, cos_cache, sin_cache; standard: X, cos_cache, sin_cache[,
@@ -19,6 +21,8 @@ input's dtype (positions are integers, caches floats).
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from tpp_tvm.errors import UnsupportedOperatorError
 
@@ -125,9 +129,77 @@ def _rotary_embedding(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     return out
 
 
+def _gather_block_quantized(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
+    """com.microsoft:GatherBlockQuantized on uint8 data (4 or 8 bits, what GenAI's model
+    builder writes for quantized embeddings): rows of ``data`` (vocabulary, packed codes)
+    gathered first, then only those rows unpacked (low nibble first) and dequantized per
+    block along the last axis, ``(code - zero_point) * scale`` (zero point 8 / 128 without
+    ``zero_points``; 4-bit zero points packed two a byte)."""
+    from tvm import relax
+
+    data, indices, scales = inputs[0], inputs[1], inputs[2]
+    zero_points = inputs[3] if len(inputs) > 3 else None
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))
+    rank = len(_dims(data))
+    if str(data.ty.dtype) != "uint8" or bits not in (4, 8):
+        raise UnsupportedOperatorError(
+            f"GatherBlockQuantized of {data.ty.dtype} data with bits={bits}: uint8 data of "
+            "4 or 8 bits is supported")
+    if int(attrs.get("gather_axis", 0)) % rank != 0 \
+            or int(attrs.get("quantize_axis", 1)) % rank != rank - 1:
+        raise UnsupportedOperatorError("GatherBlockQuantized: gather_axis 0 and quantize_axis "
+                                       "last are supported (the only ones for uint8 data)")
+    vocab, *inner, packed = _dims(data)
+    per_byte = 8 // bits
+    width = packed * per_byte
+    blocks = -(-width // block)
+    index_shape = _dims(indices)
+    count = int(np.prod(index_shape)) if index_shape else 1
+    n = count * int(np.prod(inner))  # rows gathered (an inner axis splits each into more)
+    kind = str(indices.ty.dtype)
+    flat = relax.op.reshape(indices, (count,))  # negative ids count from the end
+    flat = bb.normalize(relax.op.where(relax.op.less(flat, relax.const(0, kind)),
+                                       relax.op.add(flat, relax.const(vocab, kind)), flat))
+    rows = bb.normalize(relax.op.reshape(relax.op.take(data, flat, axis=0, mode="clip"),
+                                         (n, packed)))
+
+    def unpacked(codes: Any, size: int) -> Any:
+        """u8 bytes (r, size) as (r, size * per_byte) codes, as int32."""
+        if per_byte == 1:
+            return relax.op.astype(codes, "int32")
+        low = bb.normalize(relax.op.bitwise_and(codes, relax.const(15, "uint8")))
+        high = bb.normalize(relax.op.right_shift(codes, relax.const(4, "uint8")))
+        pairs = bb.normalize(relax.op.stack([low, high], axis=2))
+        return relax.op.astype(relax.op.reshape(pairs, (n, size * 2)), "int32")
+
+    codes = unpacked(rows, packed)
+    scale = relax.op.reshape(relax.op.take(scales, flat, axis=0, mode="clip"), (n, blocks))
+    if zero_points is None:
+        zero = relax.const(1 << (bits - 1), "int32")
+    else:
+        zp_bytes = _dims(zero_points)[-1]
+        zero = unpacked(bb.normalize(relax.op.reshape(
+            relax.op.take(zero_points, flat, axis=0, mode="clip"), (n, zp_bytes))), zp_bytes)
+        if per_byte > 1 and zp_bytes * 2 != blocks:
+            zero = relax.op.strided_slice(zero, axes=[1], begin=[0], end=[blocks])
+        zero = relax.op.expand_dims(zero, 2)
+    if blocks * block != width:
+        codes = relax.op.nn.pad(codes, [0, 0, 0, blocks * block - width])
+    codes = relax.op.reshape(codes, (n, blocks, block))
+    values = relax.op.multiply(relax.op.astype(relax.op.subtract(codes, zero), "float32"),
+                               relax.op.expand_dims(relax.op.astype(scale, "float32"), 2))
+    values = relax.op.reshape(values, (n, blocks * block))
+    if blocks * block != width:
+        values = relax.op.strided_slice(values, axes=[1], begin=[0], end=[width])
+    out = relax.op.reshape(values, (*index_shape, *inner, width))
+    return relax.op.astype(out, str(scales.ty.dtype)) if str(scales.ty.dtype) != "float32" \
+        else out
+
+
 #: Converters by ONNX op type (for :data:`~.converters.EXTRA_CONVERTERS`).
 CONVERTERS = {
     "SimplifiedLayerNormalization": _simplified_layer_norm,
     "SkipSimplifiedLayerNormalization": _skip_simplified_layer_norm,
     "RotaryEmbedding": _rotary_embedding,
+    "GatherBlockQuantized": _gather_block_quantized,
 }
