@@ -6,7 +6,10 @@ Models (``transformers`` configs, random weights from a fixed seed, exported by
 batch, new tokens and past):
 
 - ``gpt2``: GPT-2 small (12 layers, hidden 768, vocabulary 50257);
-- ``llama``: a Llama-style decoder (8 layers, hidden 1024, GQA 16/4 heads, SwiGLU 2816).
+- ``llama``: a Llama-style decoder (8 layers, hidden 1024, GQA 16/4 heads, SwiGLU 2816);
+- ``<model>-int<bits>-b<block>-l<level>`` (``llama-int4-b32-l4``): that export with every
+  MatMul quantized by ONNX Runtime's ``MatMulNBitsQuantizer`` (symmetric, that
+  ``accuracy_level``): ``com.microsoft:MatMulNBits``, as ``llm.py`` runs them.
 
 Each run: a ``--prompt``-token prompt, then ``--new`` greedy tokens. tpp_tvm runs a
 ``DecoderSession`` (cache in capacity buckets, builds compiled ahead by ``prepare``: the
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,11 +55,19 @@ CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_decoder"
 MODELS = ("gpt2", "llama")
 
 
+#: A quantized model's name: base model, bits, block size, accuracy level.
+QUANTIZED = re.compile(r"^(\w+)-int(\d+)-b(\d+)-l(\d)$")
+
+
 def export(name: str) -> Path:
     """The model's KV-cache export (cached)."""
     path = CACHE / f"{name}_cache.onnx"
     if path.exists():
         return path
+    quantized = QUANTIZED.match(name)
+    if quantized:
+        base, bits, block, level = quantized.groups()
+        return quantize(export(base), path, int(bits), int(block), int(level))
     import torch
 
     stub_torchvision_ops()
@@ -72,6 +84,18 @@ def export(name: str) -> Path:
             num_hidden_layers=8, hidden_size=1024, intermediate_size=2816,
             num_attention_heads=16, num_key_value_heads=4, vocab_size=32000))
     return export_causal_lm_with_cache(model.eval(), path)
+
+
+def quantize(source: Path, path: Path, bits: int, block: int, level: int) -> Path:
+    """``source`` with its MatMuls as ``MatMulNBits`` (ONNX Runtime's quantizer), at ``path``."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=bits, block_size=block,
+                                     is_symmetric=True, accuracy_level=level)
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(path))
+    return path
 
 
 def weight_bytes(path: Path) -> int:
@@ -301,8 +325,9 @@ def run_apart(name: str, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], threads: int, command: str, date: str, load: str) -> str:
-    lines = ["# KV-cache decoding: tokens per second", "",
+def render(rows: list[dict], threads: int, command: str, date: str, load: str,
+           title: str = "KV-cache decoding: tokens per second") -> str:
+    lines = [f"# {title}", "",
              *run_header(machine(), date, command, load),
              f"- {threads} thread(s). A process per runtime; the fastest round of each. "
              "tpp_tvm: `DecoderSession` (cache in capacity buckets, builds compiled ahead); "
@@ -341,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--impls", default="tpp_tvm,onnxruntime,openvino,openvino_stateless")
     parser.add_argument("--out", help="folder for decoder.md/json (default: results/<cpu>)")
+    parser.add_argument("--name", default="decoder", help="the result files' name")
+    parser.add_argument("--title", default="KV-cache decoding: tokens per second")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
@@ -353,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         export(name)  # once, before the workers
         rows += run_apart(name, args)
-    write_results(args.out or str(results_dir()), "decoder", argv, rows, load_before,
+    write_results(args.out or str(results_dir()), args.name, argv, rows, load_before,
                   lambda command, date, load: render(rows, args.threads, command, date,
-                                                     load))
+                                                     load, args.title), script="decoder")
     return 0
 
 
