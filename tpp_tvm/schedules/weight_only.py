@@ -245,7 +245,6 @@ def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
     """Few rows: per tile and chunk of rows, each block's dot products on the codes as
     they are (fp32 FMAs on widened codes, or vpdpbusd), scaled per block into the totals."""
     lanes, vec = p.lanes, f"float32x{p.lanes}"
-    default_zp = float(1 << (sh.bits - 1))
     # Per row and block: the sum of A's values (or of its int8 codes), for the zero
     # points' share, and with int8 activations A's scale and codes, 4 to a word.
     sums = T.alloc_buffer((p.rows, sh.blocks), "float32")
@@ -273,9 +272,7 @@ def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
             for c in range(p.vectors):
                 lane = tirx.Ramp(c * lanes, 1, lanes)
                 s = scales[tile, b, lane]
-                z = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
-                     if zps is not None else _bcast(tirx.const(default_zp, "float32"),
-                                                    lanes))
+                z = _zero_point(sh, zps, tile, b, lane, lanes)
                 for r in range(p.mr):
                     u = r * p.vectors + c
                     scale = s if a_scale is None else \
@@ -291,6 +288,14 @@ def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
                 T.buffer_store(y, out, [row0 + r, col])
 
 
+def _zero_point(sh: WeightOnlyShape, zps, tile, b, lane, lanes: int) -> tirx.PrimExpr:
+    """Block ``b``'s zero points of a tile's columns as fp32 lanes: the packed row's, or
+    the default ``2**(bits-1)`` without them."""
+    if zps is None:
+        return _bcast(tirx.const(float(1 << (sh.bits - 1)), "float32"), lanes)
+    return tirx.Cast(f"float32x{lanes}", tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
+
+
 def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, bias, y
                  ) -> None:
     """Many rows (prefill, fp32): per tile and band of up to :data:`PANEL_BAND` rows, each
@@ -299,7 +304,6 @@ def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
     panel vectors, register totals) into the band's totals, kept contiguous (Y's rows are
     N floats apart: reading them back every block thrashed L1's sets, 2.5x slower)."""
     lanes, vec = p.lanes, f"float32x{p.lanes}"
-    default_zp = float(1 << (sh.bits - 1))
     band = next(r for r in range(min(PANEL_BAND, p.rows), 0, -1)
                 if p.rows % r == 0 and r % p.mr == 0)
     with T.parallel(0, p.tiles) as tile, T.serial(0, p.rows // band) as rb:
@@ -312,9 +316,7 @@ def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
                 for c in range(p.vectors):
                     lane = tirx.Ramp(c * lanes, 1, lanes)
                     s = scales[tile, b, lane]
-                    z = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
-                         if zps is not None else _bcast(tirx.const(default_zp, "float32"),
-                                                        lanes))
+                    z = _zero_point(sh, zps, tile, b, lane, lanes)
                     for h, q in enumerate(_fp32_halves(sh, codes, tile, b, j, lane, lanes)):
                         w = (tirx.Cast(vec, tirx.Cast(f"int32x{lanes}", q)) - z) * s
                         T.buffer_store(panel, w, [(2 * j + h) * p.vectors + c])
