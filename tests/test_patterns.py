@@ -183,4 +183,5 @@ def test_leaky_relu_is_an_int8_epilogue(tmp_path):
     compiled = _compiled_like_onnxruntime(onnx.load(path), model, "dynamic")[0]
     rows = compiled.report_data["kernels"]
     fused = [r for r in rows if r["pattern"] == "tpp.matmul_integer_bias_leaky_relu"]
-    assert len(fused) == 1 and fused[0]["precision"] == "int8", rows
+    # int8 dot products (AVX-512 VNNI, AMX), or the same sums as s16 pairs on AVX2
+    assert len(fused) == 1 and fused[0]["precision"] in ("int8", "int16"), rows
