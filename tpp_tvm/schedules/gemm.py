@@ -122,7 +122,7 @@ def _schedule_blocks(sch: s_tir.Schedule, plan: GemmPlan, isa: str, batched: boo
     io, ii = sch.split(i, [None, mr])
     jo, ji = sch.split(j, [None, nr])
     # K-blocking is for fp32 panels; a low-precision panel is 2-4x smaller per k.
-    kc = k_block(k, nr, plan.mp) if prec.vnni == 1 else None
+    kc = k_block(k, nr, plan.mp, mr) if prec.vnni == 1 else None
     if kc is not None:
         return _schedule_k_blocked(sch, blk, plan, isa, stages, kc,
                                    [b] if batched else [], io, ii, jo, ji, red[0])

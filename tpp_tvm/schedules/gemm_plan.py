@@ -356,16 +356,22 @@ PANEL_BYTES = 192 * 1024
 PANEL_BLOCK_BYTES = 128 * 1024
 
 
-def k_block(k: int, nr: int, rows: int | None = None) -> int | None:
+def k_block(k: int, nr: int, rows: int | None = None, mr: int | None = None) -> int | None:
     """K block for a GEMM panel too big for half the L2 (a divisor of k, >= 64), or None;
     for a GEMM of at most the core table's ``small_gemm_rows`` ``rows``, from a quarter of
-    the L2 on.
+    the L2 on; never for ``rows`` that are one register tile of ``mr``.
 
     Below that the panel stays in L2 across row blocks; blocking it then only costs
     (measured: 1024^3 and 2048^3 lost 5-10% with 256-512 KiB panels blocked). With few rows
     the panel is reused by few row tiles and its L2 residency dominates (Intel, 1 thread:
     64x4096x4096 111 -> 116 GFLOP/s, 32x4096x4096 81 -> 89; 197 and 512 rows gain nothing).
+    A panel that one row tile reads (a GEMV: decode, a classifier at batch 1) streams once
+    and has nothing to keep in L2; blocking it only reloads the C tile per block (same
+    Xeon, 1 x 4096 x 4096: 21 GB/s blocked, 28 unblocked, ONNX Runtime 27; 8 rows gain
+    from the blocks again, 14 -> 23 GB/s).
     """
+    if rows is not None and mr is not None and rows <= mr:
+        return None
     l2 = host_isa().l2_bytes or 1024 * 1024
     small = rows is not None and rows <= core_table().small_gemm_rows
     if 4 * k * nr <= (l2 // 4 if small else l2 // 2):
