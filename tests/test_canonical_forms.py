@@ -606,7 +606,7 @@ def test_concat_seams_are_found_in_every_comparison_form(form: str) -> None:
     (2, 2, 1, 1), (4, 4, 1, 1), (2, 1, 1, 1), (3, 3, 16, 1),
     (2, 2, 1, 2), (4, 4, 1, 2), (2, 2, 1, 4),  # SKNet's stride 2 with dilation 2
     (12, 12, 1, 1), (8, 8, 1, 1),  # DeepLab's ASPP: outer taps only read padding
-    (5, 5, 1, 1)])  # phases of 4-5 pixels: one 1x1 convolution a tap instead
+    (5, 5, 1, 1), (6, 6, 1, 1)])  # phases of 4-5 pixels: one 1x1 a tap, over its live window
 def test_a_dilated_convolution_runs_undilated_over_its_phases(dilation: int, pads: int,
                                                                group: int, stride: int) -> None:
     """FCN's and DeepLab's atrous 3x3 convolutions (and a dilated grouped one): the phases
@@ -644,3 +644,35 @@ def test_a_softmax_over_another_axis_runs_on_the_softmax_tpp(axis: int) -> None:
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-6)
     assert compiled.report_data["lowered"].get("tpp.softmax") == 1
     assert not [k for k in compiled.report_data["default_scheduled"] if "softmax" in k]
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize(("size", "out", "mode", "separable"), [
+    ((7, 9), (56, 72), "half_pixel", True),  # a segmentation head's 8x upsampling
+    ((7, 9), (21, 20), "align_corners", True),
+    ((5, 5), (17, 13), "asymmetric", True),
+    ((6, 6), (24, 1), "pytorch_half_pixel", True),  # one output column reads position 0
+    ((4, 80), (8, 160), "half_pixel", False),  # rows too wide for the W pass's GEMM
+    ((16, 8), (8, 32), "half_pixel", False)])  # the H pass first is smaller: TVM's resize
+def test_a_bilinear_upsampling_runs_one_axis_at_a_time(size, out, mode, separable) -> None:
+    """A bilinear resize after a convolution (DeepLabV3's logits): the W pass a GEMM by the
+    interpolation matrix, the H pass rows gathered by constant indices and weighted, fused
+    into one kernel (``take`` counts as injective); against ORT in every coordinate mode."""
+    from onnx import helper, numpy_helper
+
+    c = 5
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"]),
+             helper.make_node("Resize", ["h", "", "", "sizes"], ["y"], mode="linear",
+                              coordinate_transformation_mode=mode)]
+    model = checks.onnx_model(nodes, {"x": [1, 8, *size]},
+                              {"w": RNG.standard_normal((c, 8, 1, 1))})
+    model.graph.initializer.append(
+        numpy_helper.from_array(np.array([1, c, *out], "int64"), "sizes"))
+    feeds = {"x": RNG.standard_normal((1, 8, *size)).astype("float32")}
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    default = compiled.report_data["default_scheduled"]
+    assert any("resize" in k for k in default) != separable, default
+    if separable:
+        assert compiled.report_data["lowered"].get("tpp.dense") == 1, compiled.report_data
+        assert [k for k in default if "take" in k] == [
+            k for k in default if "take" in k and "multiply" in k], default

@@ -40,6 +40,7 @@ from ..tir_pipeline import PIPELINE as TIR_PIPELINE
 from ..tuning.logs import TuneLogs, resolve_logs
 from .canonical_forms import CanonicalizeOperatorForms
 from .canonicalize import CanonicalizeActivations
+from .gathers import injective_gathers
 from .instance_norm import ChannelsLastInstanceNorm
 from .lower import (
     check_precision,
@@ -204,7 +205,7 @@ def tpp_kernel_passes(target: tvm.target.Target, report: LoweringReport,
             passes += [relax.transform.SplitLayoutRewritePreproc(), fold_constants()]
     else:
         passes = simplify_passes()
-    passes += library_dispatch_passes(target) + legalize_passes(target)
+    passes += library_dispatch_passes(target) + _with_injective_gathers(legalize_passes(target))
     passes += [_record_default_scheduled(report), default_schedule_pass()]
     return passes
 
@@ -256,6 +257,17 @@ def tpp_pipeline(report: LoweringReport | None = None, precision: str = "float32
         return tvm.transform.Sequential(passes)(mod)
 
     return _pipeline
+
+
+def _with_injective_gathers(passes: list) -> list:
+    """``passes`` with :func:`~.gathers.injective_gathers` after ``AnnotateTIROpPattern``,
+    so a gather fuses with its consumers."""
+    out = []
+    for p in passes:
+        out.append(p)
+        if p.info.name == "AnnotateTIROpPattern":
+            out.append(injective_gathers)
+    return out
 
 
 def _without_redundant_reshapes(passes: list) -> list:
