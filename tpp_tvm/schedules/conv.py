@@ -383,7 +383,11 @@ def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue()
     b_dtype = prec.b if prec.b != prec.a else None
     tile = TPPSpec("conv_brgemm", prec.a, b_dtype=b_dtype, m=plan.mr, n=plan.nr,
                    k=shape.s * cc, beta=0, batch=shape.r, stride=shape.stride * cc)
-    kc = None if tiles else conv_k_block(shape.r, shape.s * cc, plan.nr, elem, prec.vnni)
+    # A filter that one row tile reads (a 1x1 map: a classifier head's 1x1 convolution)
+    # streams once: blocking its K only reloads the tile (see gemm_plan.k_block).
+    one_tile = shape.n * shape.oh * (plan.mp // plan.mr) == 1
+    kc = None if tiles or one_tile else conv_k_block(shape.r, shape.s * cc, plan.nr, elem,
+                                                       prec.vnni)
     if kc is not None:
         # the innermost reduction is the VNNI pack for int8: block the group axis above it
         *rs, k, kv = red if prec.vnni > 1 else (*red, None)
