@@ -14,7 +14,9 @@ what real exports contain, so the model is rewritten first, as an ordinary ONNX 
    (:func:`.loading.weightless`).
 4. **Rewrites of what TVM converts badly**: ``SAME`` auto-padding as explicit pads
    (:func:`explicit_auto_pad`), inference-mode ``Dropout`` as ``Identity``
-   (:func:`inference_dropout_as_identity`).
+   (:func:`inference_dropout_as_identity`), and matmuls by blockwise-dequantized int4/int8
+   weights (opset 21) as ``MatMulNBits``
+   (:func:`~.weight_only.blockwise_matmuls_as_nbits`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tpp_tvm.onnx_static import MAX_SHAPE_DATA, static_shapes
 from .folding import fold_once, subgraphs
 from .loading import ModelLike, check_versions, load_model, weightless
 from .shapes import graph_inputs, static_input_shapes
+from .weight_only import blockwise_matmuls_as_nbits
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +130,7 @@ def clean_model(
         logger.debug("folded %d nodes: %s", len(folded), counts)
     explicit_auto_pad(model.graph)
     inference_dropout_as_identity(model.graph)
+    blockwise_matmuls_as_nbits(model)
     return model
 
 

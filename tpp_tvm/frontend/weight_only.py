@@ -168,3 +168,127 @@ def matmul_nbits(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
 
 #: The converters of this module, by ONNX op type (domain ``com.microsoft``).
 CONVERTERS = {"MatMulNBits": matmul_nbits}
+
+
+#: Weight dtypes of a blockwise ``DequantizeLinear`` taken as weight-only codes: bits and
+#: the offset that makes them unsigned MatMulNBits codes (a signed code c is c + offset,
+#: its zero point likewise).
+_BLOCKWISE_CODES = {onnx_dtype: spec for onnx_dtype, spec in (
+    ("INT4", (4, 8)), ("UINT4", (4, 0)), ("INT8", (8, 128)), ("UINT8", (8, 0)))}
+
+
+def _pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """(rows, cols) unsigned codes as bytes, ``bits`` each, the low bits first (the spec's
+    packing of B's blocks and of zero points); cols padded to whole bytes with 0."""
+    if bits == 8:
+        return codes.astype(np.uint8)
+    rows, cols = codes.shape
+    padded = np.zeros((rows, cols + cols % 2), np.uint8)
+    padded[:, :cols] = codes
+    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
+
+
+def _matmul_nbits_node(node_name: str, a: str, y: str, w: np.ndarray, scale: np.ndarray,
+                       zero: np.ndarray | None, block: int, bits: int, offset: int,
+                       graph: Any) -> Any:
+    """A ``MatMulNBits`` node for ``y = a @ dequantize(w)`` with w (K, N) in blocks of
+    ``block`` along K (``scale``, ``zero`` (blocks, N)); its constants added to ``graph``."""
+    from onnx import helper, numpy_helper
+
+    k, n = w.shape
+    blocks = -(-k // block)
+    codes = np.zeros((n, blocks * block), np.int64)
+    codes[:, :k] = w.T.astype(np.int64) + offset
+    b = _pack_codes(codes, bits).reshape(n, blocks, block * bits // 8)
+    names = [f"{node_name}_B", f"{node_name}_scales"]
+    consts = [numpy_helper.from_array(b, names[0]),
+              numpy_helper.from_array(np.ascontiguousarray(scale.T).reshape(-1), names[1])]
+    zp = np.full((n, blocks), offset, np.int64) if zero is None \
+        else zero.T.astype(np.int64) + offset
+    if (zp != 1 << (bits - 1)).any():  # the spec's default zero point is 2**(bits-1)
+        names.append(f"{node_name}_zero_points")
+        consts.append(numpy_helper.from_array(_pack_codes(zp, bits).reshape(-1), names[2]))
+    graph.initializer.extend(consts)
+    return helper.make_node("MatMulNBits", [a, *names], [y], name=node_name,
+                            domain="com.microsoft", K=k, N=n, bits=bits, block_size=block)
+
+
+def blockwise_matmuls_as_nbits(model: Any) -> int:
+    """Rewrite ``MatMul(A, DequantizeLinear(W))`` with a constant W of int4/uint4/int8/uint8
+    quantized in blocks along K (opset 21's ``block_size``; W (K, N) at axis 0, or (N, K)
+    at axis 1 through a ``Transpose``) as ``com.microsoft:MatMulNBits`` on the same codes,
+    so the ONNX standard form reaches the weight-only kernels as ONNX Runtime's does; the
+    number of MatMuls rewritten. Other block sizes than the spec's (powers of 2 from 16)
+    and per-tensor or per-channel weights stay as they are."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+
+    def dequantized(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int,
+                                        tuple[int, int]] | None:
+        """(W (K, N), scale and zero point (blocks, N), block, (bits, offset))."""
+        transposed = False
+        node = producers.get(name)
+        if node is not None and node.op_type == "Transpose" \
+                and [list(a.ints) for a in node.attribute if a.name == "perm"] in ([[1, 0]], []):
+            transposed, node = True, producers.get(node.input[0])
+        if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        block = int(attrs.get("block_size", 0))
+        inputs = list(node.input) + [""] * (3 - len(node.input))
+        if block < 16 or block & (block - 1) or any(
+                i and i not in consts for i in inputs):
+            return None
+        w_proto = consts[inputs[0]]
+        spec = _BLOCKWISE_CODES.get(onnx.TensorProto.DataType.Name(w_proto.data_type))
+        w = numpy_helper.to_array(w_proto)
+        if spec is None or w.ndim != 2 or int(attrs.get("axis", 1)) % 2 != (1 if transposed else 0):
+            return None
+        scale = numpy_helper.to_array(consts[inputs[1]])
+        zero = numpy_helper.to_array(consts[inputs[2]]) if inputs[2] else None
+        if scale.dtype != np.float32:
+            return None
+        if transposed:  # (N, K) blocked along K -> (K, N)
+            w, scale = w.T, scale.T
+            zero = None if zero is None else zero.T
+        return w, scale, zero, block, spec
+
+    rewritten, nodes = 0, []
+    for node in graph.node:
+        found = dequantized(node.input[1]) if node.op_type == "MatMul" \
+            and node.domain in ("", "ai.onnx") else None
+        if found is None:
+            nodes.append(node)
+            continue
+        w, scale, zero, block, (bits, offset) = found
+        nodes.append(_matmul_nbits_node(node.name or f"matmul_nbits_{rewritten}",
+                                        node.input[0], node.output[0], w, scale, zero, block,
+                                        bits, offset, graph))
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(_without_unread(nodes, graph, ("DequantizeLinear", "Transpose")))
+        read = {name for node in graph.node for name in node.input}
+        kept = [t for t in graph.initializer if t.name in read]  # int4 codes TVM cannot load
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        log.debug("%d blockwise-dequantized MatMuls as MatMulNBits", rewritten)
+    return rewritten
+
+
+def _without_unread(nodes: list, graph: Any, op_types: tuple[str, ...]) -> list:
+    """``nodes`` less those of ``op_types`` whose outputs nothing reads any more (the
+    weights' dequantizations a rewrite replaced), repeatedly (a Transpose, then its DQ)."""
+    while True:
+        read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+        kept = [node for node in nodes
+                if node.op_type not in op_types or any(o in read for o in node.output)]
+        if len(kept) == len(nodes):
+            return kept
+        nodes = kept
