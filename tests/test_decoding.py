@@ -145,3 +145,29 @@ def test_cli_generates_the_sessions_tokens(llama, session, capsys) -> None:
     assert "tokens: " + ",".join(str(int(t)) for t in want) in printed
     assert "4 steps at" in printed
     assert cli.main(["generate", llama[1], "--prompt", "a,b"]) == 2
+
+
+def test_int4_export_generates_like_onnxruntime(tmp_path) -> None:
+    """Two calls from a transformers model to int4 generation: the export quantizes the
+    MatMul weights (ONNX Runtime's MatMulNBits), the session runs them on the weight-only
+    kernels, and its logits match ONNX Runtime's on the same file."""
+    from tpp_tvm.cache_export import export_causal_lm_with_cache
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
+    path = str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
+                                           tmp_path / "int4.onnx", weights="int4"))
+    ops = [node.op_type for node in onnx.load(path).graph.node]
+    assert ops.count("MatMulNBits") == 7 + 1, ops  # q, k, v, o, gate, up, down; lm head
+    session = DecoderSession(path, decode_buckets=(15,), prompt_buckets=(8,))
+    prompt = [3, 1, 4, 1, 5]
+    first = session.prefill([prompt])
+    second = session.decode(first.argmax(-1))
+    want = _ort_logits(path, prompt, [int(first.argmax(-1)[0])])
+    for got, ref in zip([first[0], second[0]], want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert "tpp.matmul_int4_weights" in session.report(), session.report()
+    with pytest.raises(ValueError, match="int4"):
+        export_causal_lm_with_cache(None, tmp_path / "x.onnx", weights="int2")

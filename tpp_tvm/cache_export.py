@@ -11,6 +11,14 @@ cannot take as an input, so a wrapper rebuilds it from the flat tensors. The tra
 two new tokens: transformers branches in Python on a single query (``q_length == 1`` in its
 SDPA integration), and the tracer freezes the branch it took into the graph, which must
 serve prompts as well as steps. transformers and torch are imported lazily.
+
+``weights="int4"`` (or ``"int8"``) then stores every MatMul's weights in that many bits
+with ONNX Runtime's own quantizer (``MatMulNBitsQuantizer``, symmetric, a scale per block
+of K): the same file ONNX Runtime runs, and ``DecoderSession`` runs it on the weight-only
+kernels. Export and session are then the whole path::
+
+    path = export_causal_lm_with_cache(model, "llm.onnx", weights="int4")
+    session = tpp_tvm.DecoderSession(path)
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 OPSET = 17
+#: ``weights=`` of :func:`export_causal_lm_with_cache`: bits per stored weight.
+WEIGHT_BITS = {"int4": 4, "int8": 8}
 
 
 def cache_names(layers: int) -> tuple[list[str], list[str]]:
@@ -27,8 +37,14 @@ def cache_names(layers: int) -> tuple[list[str], list[str]]:
     return past, [p.replace("past_key_values", "present") for p in past]
 
 
-def export_causal_lm_with_cache(model: Any, path: str | Path, past: int = 4) -> Path:
-    """Export ``model`` (a transformers ``*ForCausalLM`` in eval mode) to ``path``."""
+def export_causal_lm_with_cache(model: Any, path: str | Path, past: int = 4, *,
+                                weights: str | None = None, block_size: int = 32,
+                                accuracy_level: int = 0) -> Path:
+    """Export ``model`` (a transformers ``*ForCausalLM`` in eval mode) to ``path``; with
+    ``weights`` ("int4" or "int8") its MatMul weights quantized in blocks of ``block_size``
+    along K (``accuracy_level`` 4: A on int8 dot products, as MatMulNBits defines)."""
+    if weights is not None and weights not in WEIGHT_BITS:
+        raise ValueError(f"weights={weights!r}: one of {', '.join(WEIGHT_BITS)} or None")
     import torch
     from transformers import DynamicCache
 
@@ -71,4 +87,24 @@ def export_causal_lm_with_cache(model: Any, path: str | Path, past: int = 4) -> 
                           input_names=["input_ids", "attention_mask", "position_ids",
                                        *past_names],
                           output_names=["logits", *present_names], dynamic_axes=axes)
+    if weights is not None:
+        quantize_matmul_weights(path, WEIGHT_BITS[weights], block_size, accuracy_level)
     return path
+
+
+def quantize_matmul_weights(path: str | Path, bits: int = 4, block_size: int = 32,
+                            accuracy_level: int = 0) -> Path:
+    """Rewrite the model at ``path`` in place with its MatMuls by constant weights as
+    ``com.microsoft:MatMulNBits`` (ONNX Runtime's ``MatMulNBitsQuantizer``, symmetric)."""
+    import onnx
+
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as exc:
+        raise ImportError("quantizing weights uses ONNX Runtime's MatMulNBitsQuantizer: "
+                          "pip install onnxruntime") from exc
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), bits=bits, block_size=block_size,
+                                     is_symmetric=True, accuracy_level=accuracy_level)
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(path))
+    return Path(path)
