@@ -62,13 +62,13 @@ def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
             yield from attr.graphs
 
 
-def _used_names(graph: onnx.GraphProto) -> set[str]:
+def used_names(graph: onnx.GraphProto) -> set[str]:
     """Every value name read by ``graph``'s nodes (subgraphs included) or outputs."""
     used = {o.name for o in graph.output}
     for node in graph.node:
         used.update(node.input)
         for sub in subgraphs(node):
-            used |= _used_names(sub)
+            used |= used_names(sub)
     return used
 
 
@@ -110,7 +110,7 @@ def fold_once(graph: onnx.GraphProto,
 
     folded: list[str] = []
     kept: list[onnx.NodeProto] = []
-    read = _used_names(graph)
+    read = used_names(graph)
     quantized: set[str] = set()  # outputs of QuantizeLinear nodes folded in this pass
     weights = {name for node in graph.node if node.op_type in _WEIGHT_OPERAND_OPS
                for name in node.input[1:2]}  # a contraction's second operand
@@ -149,18 +149,19 @@ def fold_once(graph: onnx.GraphProto,
         cache[out] = value
         known.add_constant(out, value)
     if folded:
-        _replace_nodes(graph, kept, cache, protos)
+        replace_nodes(graph, kept, cache, protos)
     return folded
 
 
-def _replace_nodes(graph: onnx.GraphProto, kept: list[onnx.NodeProto],
-                   values: Mapping[str, np.ndarray], protos: Mapping[str, onnx.TensorProto]
-                   ) -> None:
-    """Make ``kept`` the graph's nodes, with the initializers they still read: those of
-    ``protos`` (the graph's own) and the new ``values``."""
+def replace_nodes(graph: onnx.GraphProto, kept: list[onnx.NodeProto],
+                  values: Mapping[str, np.ndarray] | None = None,
+                  protos: Mapping[str, onnx.TensorProto] | None = None) -> None:
+    """Make ``kept`` the graph's nodes, with the initializers they still read (subgraphs
+    included): the graph's own (``protos``, where known) and the new ``values``."""
+    values, protos = values or {}, protos or {}
     del graph.node[:]
     graph.node.extend(kept)
-    used = _used_names(graph)
+    used = used_names(graph)
     # Edited in place: rebuilding the list would copy every weight once per round.
     for i in reversed(range(len(graph.initializer))):
         if graph.initializer[i].name not in used:

@@ -33,6 +33,8 @@ import tvm
 
 from tpp_tvm.errors import UnsupportedOperatorError
 
+from .folding import replace_nodes, subgraphs, used_names
+
 log = logging.getLogger(__name__)
 
 #: The bit widths imported (ONNX Runtime also defines 2 bits).
@@ -173,8 +175,7 @@ CONVERTERS = {"MatMulNBits": matmul_nbits}
 #: Weight dtypes of a blockwise ``DequantizeLinear`` taken as weight-only codes: bits and
 #: the offset that makes them unsigned MatMulNBits codes (a signed code c is c + offset,
 #: its zero point likewise).
-_BLOCKWISE_CODES = {onnx_dtype: spec for onnx_dtype, spec in (
-    ("INT4", (4, 8)), ("UINT4", (4, 0)), ("INT8", (8, 128)), ("UINT8", (8, 0)))}
+_BLOCKWISE_CODES = {"INT4": (4, 8), "UINT4": (4, 0), "INT8": (8, 128), "UINT8": (8, 0)}
 
 
 def _pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -270,12 +271,8 @@ def blockwise_matmuls_as_nbits(model: Any) -> int:
                                         bits, offset, graph))
         rewritten += 1
     if rewritten:
-        del graph.node[:]
-        graph.node.extend(_without_unread(nodes, graph, ("DequantizeLinear", "Transpose")))
-        read = {name for node in graph.node for name in node.input}
-        kept = [t for t in graph.initializer if t.name in read]  # int4 codes TVM cannot load
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+        # the replaced weights' nodes and int4 codes go (TVM's importer cannot load int4)
+        replace_nodes(graph, _without_unread(nodes, graph, ("DequantizeLinear", "Transpose")))
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         log.debug("%d blockwise-dequantized MatMuls as MatMulNBits", rewritten)
@@ -286,7 +283,11 @@ def _without_unread(nodes: list, graph: Any, op_types: tuple[str, ...]) -> list:
     """``nodes`` less those of ``op_types`` whose outputs nothing reads any more (the
     weights' dequantizations a rewrite replaced), repeatedly (a Transpose, then its DQ)."""
     while True:
-        read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+        read = {o.name for o in graph.output}
+        for node in nodes:
+            read.update(node.input)
+            for sub in subgraphs(node):
+                read |= used_names(sub)
         kept = [node for node in nodes
                 if node.op_type not in op_types or any(o in read for o in node.output)]
         if len(kept) == len(nodes):

@@ -616,7 +616,7 @@ def _columns_resized(x: relax.Expr, size: int, out: int, mode: str) -> relax.Exp
 
 
 def _separable_resize(call: relax.Call) -> relax.Expr | None:
-    """An upsampling bilinear resize of narrow rows as one along W (a GEMM by the
+    """A bilinear resize of narrow rows as one along W (a GEMM by the
     interpolation matrix) then one along H (rows gathered and weighted). TVM's resize
     computes both source coordinates, four gathers and their weights for every output
     pixel; here the big pass reads whole rows, contiguous and vectorized (DeepLabV3's and

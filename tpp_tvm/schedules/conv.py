@@ -383,11 +383,8 @@ def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue()
     b_dtype = prec.b if prec.b != prec.a else None
     tile = TPPSpec("conv_brgemm", prec.a, b_dtype=b_dtype, m=plan.mr, n=plan.nr,
                    k=shape.s * cc, beta=0, batch=shape.r, stride=shape.stride * cc)
-    # A filter that one row tile reads (a 1x1 map: a classifier head's 1x1 convolution)
-    # streams once: blocking its K only reloads the tile (see gemm_plan.k_block).
-    one_tile = shape.n * shape.oh * (plan.mp // plan.mr) == 1
-    kc = None if tiles or one_tile else conv_k_block(shape.r, shape.s * cc, plan.nr, elem,
-                                                       prec.vnni)
+    kc = None if tiles else conv_k_block(shape.r, shape.s * cc, plan.nr, elem, prec.vnni,
+                                         row_tiles=shape.n * shape.oh * (plan.mp // plan.mr))
     if kc is not None:
         # the innermost reduction is the VNNI pack for int8: block the group axis above it
         *rs, k, kv = red if prec.vnni > 1 else (*red, None)
@@ -426,11 +423,15 @@ def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue()
     return sch, plan
 
 
-def conv_k_block(r: int, sc: int, nr: int, elem: int = 4, vnni: int = 1) -> int | None:
+def conv_k_block(r: int, sc: int, nr: int, elem: int = 4, vnni: int = 1,
+                 row_tiles: int | None = None) -> int | None:
     """Reduction block (a divisor of S*C, whole VNNI groups) when a filter panel
     (R x S*C x nr elements of ``elem`` bytes) outgrows L2: the panel is then reduced one
-    filter row and ``kc`` elements at a time over all output pixels. None when it fits."""
-    if elem * r * sc * nr <= PANEL_BYTES:
+    filter row and ``kc`` elements at a time over all output pixels. None when it fits,
+    or when one row tile reads it (``row_tiles`` 1: a classifier head's 1x1 convolution
+    over a 1x1 map streams its filter once, as a GEMV its panel, see
+    :func:`~.gemm_plan.k_block`)."""
+    if row_tiles == 1 or elem * r * sc * nr <= PANEL_BYTES:
         return None
     best = None
     for kc in range(64, sc + 1):
