@@ -234,3 +234,23 @@ def test_architecture_doc_names_every_module():
                              or any(("/" + m).startswith("/" + p) or ("/" + p) in ("/" + m)
                                     for p in packages)))
     assert not missing, f"modules missing from docs/architecture.md: {missing}"
+
+
+#: Where a newcomer gets lost: a module doing several jobs, a function with its steps
+#: unrolled by hand (the conventions' "size as a smell").
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_module_or_function_outgrows_one_job():
+    too_long = []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"module {name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {lines} lines")
+    assert not too_long, "split these: " + "; ".join(too_long)

@@ -25,8 +25,8 @@ a 7x7 input 1.9 s vs ORT's 0.9 ms; wav2vec2's 3-tap stride-2 ``Conv`` over 512 c
   filter goes to the grouped convolution kernel as it is: no slice or concat copies);
 - a depthwise convolution by a 1x1 filter is a per-channel product (re-parameterised
   models' scale branches);
-- a stride-1 dilated convolution is an undilated one over the phases of its input as a
-  batch (segmentation heads' atrous convolutions);
+- a dilated convolution is an undilated one (:mod:`.dilated_conv`: segmentation heads'
+  atrous convolutions);
 - a softmax over another axis than the last is one over the last between transposes;
 - a bilinear resize of narrow rows is one along W (a GEMM by the interpolation matrix)
   then one along H (whole rows gathered by constant indices and weighted);
@@ -47,20 +47,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .exprs import const_value, static_shape
+from .dilated_conv import dilated_as_undilated
+from .exprs import const_value, conv_layouts, ints, out_dtype, static_shape
 
 #: Grouped convolutions with a run-time filter and up to this many groups are split into
 #: per-group convolutions (each one BRGEMM); beyond it, TVM's code is the better unit.
 MAX_SPLIT_GROUPS = 64
-
-
-def _ints(values) -> list[int]:
-    return [int(v) for v in values]
-
-
-def _out_dtype(attrs) -> str | None:
-    dtype = str(attrs.out_dtype)
-    return None if dtype in ("", "None", "void") else dtype
 
 
 def _covers_input(size: int, window: int, stride: int, pad_before: int, pad_after: int,
@@ -77,7 +69,7 @@ def _global_pool(call: relax.Call) -> relax.Expr | None:
     if shape is None or out is None or str(attrs.out_layout) not in ("", layout):
         return None
     spatial = [i for i, ax in enumerate(layout) if ax in "DHW"]
-    pads = _ints(attrs.padding)
+    pads = ints(attrs.padding)
     pads = pads * 2 if len(pads) == len(spatial) else pads
     dims = len(spatial)
     for k, axis in enumerate(spatial):
@@ -89,12 +81,6 @@ def _global_pool(call: relax.Call) -> relax.Expr | None:
     if call.op.name.endswith("max_pool2d") or call.op.name.endswith("max_pool1d"):
         return relax.op.max(x, axis=spatial, keepdims=True)
     return relax.op.mean(x, axis=spatial, keepdims=True)
-
-
-def _conv_layouts(attrs, data: str, kernel: str) -> bool:
-    """A convolution in ``data``/``kernel`` layouts whose output keeps ``data``'s."""
-    return str(attrs.data_layout) == data and str(attrs.kernel_layout) == kernel \
-        and str(attrs.out_layout) in ("", data)
 
 
 def _window_taps(x: relax.Expr, axis: int, taps: int, out: int, stride: int,
@@ -122,8 +108,8 @@ def _avg_pool_as_depthwise(call: relax.Call) -> relax.Expr | None:
             or shape is None or out is None or str(x.ty.dtype) != "float32" \
             or any(int(d) != 1 for d in attrs.dilation):
         return None
-    (kh, kw), (sh, sw) = _ints(attrs.pool_size), _ints(attrs.strides)
-    top, left, bottom, right = _ints(attrs.padding) * (2 if len(attrs.padding) == 2 else 1)
+    (kh, kw), (sh, sw) = ints(attrs.pool_size), ints(attrs.strides)
+    top, left, bottom, right = ints(attrs.padding) * (2 if len(attrs.padding) == 2 else 1)
     n, c, h, w = shape
     if out[2] != (h + top + bottom - kh) // sh + 1 or out[3] != (w + left + right - kw) // sw + 1:
         return None  # ceil mode's partial windows past the padding
@@ -165,15 +151,15 @@ IM2COL_MAX_REDUCTION = 64
 
 def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     attrs = call.attrs
-    if not _conv_layouts(attrs, "NCW", "OIW"):
+    if not conv_layouts(attrs, "NCW", "OIW"):
         return None
     x, w = call.args
     stride, dilation = int(attrs.strides[0]), int(attrs.dilation[0])
-    left, right = _ints(attrs.padding) * (2 if len(attrs.padding) == 1 else 1)
+    left, right = ints(attrs.padding) * (2 if len(attrs.padding) == 1 else 1)
     shape, wshape = static_shape(x), static_shape(w)
     if (shape is not None and wshape is not None and int(attrs.groups) == 1 and dilation == 1
             and not left and not right and shape[1] * wshape[2] <= IM2COL_MAX_REDUCTION
-            and _out_dtype(attrs) in (None, str(x.ty.dtype))):
+            and out_dtype(attrs) in (None, str(x.ty.dtype))):
         return _conv1d_as_matmul(x, w, shape, wshape, stride)
     # A single-row image: a window of one row at stride ``stride`` keeps one output row.
     w_np = const_value(w)
@@ -181,14 +167,14 @@ def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     conv = relax.op.nn.conv2d(
         relax.op.expand_dims(x, 2), w2d, strides=(stride, stride),
         padding=(0, left, 0, right), dilation=(1, dilation), groups=int(attrs.groups),
-        out_dtype=_out_dtype(attrs))
+        out_dtype=out_dtype(attrs))
     return relax.op.squeeze(conv, [2])
 
 
 def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     """conv3d(x[N,C,T,H,W], w[O,I,kt,kh,kw]) -> conv2d over N*T' images of kt*C channels."""
     attrs = call.attrs
-    if not _conv_layouts(attrs, "NCDHW", "OIDHW"):
+    if not conv_layouts(attrs, "NCDHW", "OIDHW"):
         return None
     x, w = call.args
     shape, wshape, out = static_shape(x), static_shape(w), static_shape(call)
@@ -198,7 +184,7 @@ def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     oc, ic, kt = wshape[:3]
     ot = out[2]
     st, dt = int(attrs.strides[0]), int(attrs.dilation[0])
-    pads = _ints(attrs.padding)
+    pads = ints(attrs.padding)
     pads = pads * 2 if len(pads) == 3 else pads
     front, back = pads[0], pads[3]
     if front or back:
@@ -215,9 +201,9 @@ def _conv3d_as_conv2d(call: relax.Call) -> relax.Expr | None:
     w2d = (relax.const(w_np.reshape(oc, ic * kt, *wshape[3:])) if w_np is not None
            else relax.op.reshape(w, (oc, ic * kt, *wshape[3:])))
     conv = relax.op.nn.conv2d(
-        images, w2d, strides=_ints(attrs.strides)[1:],
-        padding=(pads[1], pads[2], pads[4], pads[5]), dilation=_ints(attrs.dilation)[1:],
-        groups=int(attrs.groups), out_dtype=_out_dtype(attrs))
+        images, w2d, strides=ints(attrs.strides)[1:],
+        padding=(pads[1], pads[2], pads[4], pads[5]), dilation=ints(attrs.dilation)[1:],
+        groups=int(attrs.groups), out_dtype=out_dtype(attrs))
     oh, ow = out[3], out[4]
     return relax.op.permute_dims(relax.op.reshape(conv, (n, ot, oc, oh, ow)), [0, 2, 1, 3, 4])
 
@@ -282,17 +268,17 @@ def _fold_pad(call: relax.Call, producer: relax.Expr | None) -> relax.Expr | Non
     attrs = call.attrs
     if not _zero_pad(producer) or str(attrs.data_layout) != "NCHW":
         return None
-    width = _ints(producer.attrs.pad_width)
+    width = ints(producer.attrs.pad_width)
     if len(width) != 8 or any(width[:4]) or min(width) < 0:
         return None
     top, bottom, left, right = width[4:]
-    pad = _ints(attrs.padding)
+    pad = ints(attrs.padding)
     pad = pad * 2 if len(pad) == 2 else pad
     return relax.op.nn.conv2d(
         producer.args[0], call.args[1], strides=attrs.strides,
         padding=(pad[0] + top, pad[1] + left, pad[2] + bottom, pad[3] + right),
         dilation=attrs.dilation, groups=int(attrs.groups), data_layout="NCHW",
-        kernel_layout=str(attrs.kernel_layout), out_dtype=_out_dtype(attrs))
+        kernel_layout=str(attrs.kernel_layout), out_dtype=out_dtype(attrs))
 
 
 def _split_groups(call: relax.Call) -> relax.Expr | None:
@@ -302,7 +288,7 @@ def _split_groups(call: relax.Call) -> relax.Expr | None:
     shape, wshape = static_shape(x), static_shape(w)
     if groups == 1 or groups > MAX_SPLIT_GROUPS or shape is None or wshape is None:
         return None
-    if not _conv_layouts(attrs, "NCHW", "OIHW"):
+    if not conv_layouts(attrs, "NCHW", "OIHW"):
         return None
     if wshape[1] == 1:  # depthwise-like: one channel per group
         return None
@@ -317,7 +303,7 @@ def _split_groups(call: relax.Call) -> relax.Expr | None:
                 for g in range(groups)])
     convs = [relax.op.nn.conv2d(relax.TupleGetItem(xs, g), ws[g],
                                 strides=attrs.strides, padding=attrs.padding,
-                                dilation=attrs.dilation, out_dtype=_out_dtype(attrs))
+                                dilation=attrs.dilation, out_dtype=out_dtype(attrs))
              for g in range(groups)]
     return relax.op.concat(convs, axis=1)
 
@@ -329,169 +315,22 @@ def _channel_scale(call: relax.Call) -> relax.Expr | None:
     attrs = call.attrs
     x, w = call.args
     shape, w_np = static_shape(x), const_value(w)
-    if shape is None or w_np is None or not _conv_layouts(attrs, "NCHW", "OIHW"):
+    if shape is None or w_np is None or not conv_layouts(attrs, "NCHW", "OIHW"):
         return None
     c = shape[1]
-    if int(attrs.groups) != c or w_np.shape != (c, 1, 1, 1) or any(_ints(attrs.padding)) \
-            or any(d != 1 for d in _ints(attrs.dilation)) or _out_dtype(attrs) not in (
+    if int(attrs.groups) != c or w_np.shape != (c, 1, 1, 1) or any(ints(attrs.padding)) \
+            or any(d != 1 for d in ints(attrs.dilation)) or out_dtype(attrs) not in (
                 None, str(w_np.dtype)):
         return None
-    strides = _ints(attrs.strides)
+    strides = ints(attrs.strides)
     if any(st != 1 for st in strides):
         x = relax.op.strided_slice(x, axes=[2, 3], begin=[0, 0], end=shape[2:],
                                    strides=strides)
     return relax.op.multiply(x, relax.const(w_np.reshape(1, c, 1, 1)))
 
 
-def _dilated_as_phases(call: relax.Call) -> relax.Expr | None:
-    """A stride-1 convolution dilated by (dh, dw) is an undilated one on each of the dh x dw
-    phases of its padded input (every dh-th row and dw-th column from offset (a, b)), the
-    phases a batch: output pixel (dh y + a, dw x + b) is phase (a, b)'s pixel (y, x). The
-    input is padded to whole phases and regrouped, the phases' outputs interleaved back and
-    cropped. Taps that only ever read padding are dropped first. The convolution kernels
-    take no dilation; TVM's code ran FCN-ResNet50's dilated 3x3 convolutions in 47 s a
-    call."""
-    attrs = call.attrs
-    x, w = call.args
-    shape, wshape = static_shape(x), static_shape(w)
-    (dh, dw), strides = _ints(attrs.dilation), _ints(attrs.strides)
-    if shape is None or wshape is None or not _conv_layouts(attrs, "NCHW", "OIHW") \
-            or (dh, dw) == (1, 1) or strides[0] != strides[1]:
-        return None
-    (n, c, h, wd), (oc, _, r, s) = shape, wshape
-    pad = _ints(attrs.padding)
-    top, left, bottom, right = pad * 2 if len(pad) == 2 else pad
-    depthwise = int(attrs.groups) == c and wshape[1] == 1  # its kernel takes dilation
-    if strides[0] != 1:
-        return _strided_dilated(call, strides[0], dh, (top, left, bottom, right)) \
-            if dh == dw and not depthwise else None
-    trimmed = _without_dead_taps(call)
-    if trimmed is not None or depthwise:
-        return trimmed
-    oh, ow = h + top + bottom - dh * (r - 1), wd + left + right - dw * (s - 1)
-    if oh < 1 or ow < 1:
-        return None
-    h1, w1 = -(-(h + top + bottom) // dh), -(-(wd + left + right) // dw)
-    if h1 < 2 * r or w1 < 2 * s:
-        return _dilated_as_taps(call, (top, left, bottom, right), oh, ow)
-    padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, h1 * dh - h - top, left, w1 * dw - wd - left],
-                             "constant", 0.0)
-    phases = relax.op.permute_dims(relax.op.reshape(padded, (n, c, h1, dh, w1, dw)),
-                                   [0, 3, 5, 1, 2, 4])
-    conv = relax.op.nn.conv2d(
-        relax.op.reshape(phases, (n * dh * dw, c, h1, w1)), w, groups=int(attrs.groups),
-        data_layout="NCHW", kernel_layout=str(attrs.kernel_layout),
-        out_dtype=_out_dtype(attrs))
-    oh1, ow1 = h1 - r + 1, w1 - s + 1
-    out = relax.op.permute_dims(relax.op.reshape(conv, (n, dh, dw, oc, oh1, ow1)),
-                                [0, 3, 4, 1, 5, 2])
-    out = relax.op.reshape(out, (n, oc, oh1 * dh, ow1 * dw))
-    if (oh1 * dh, ow1 * dw) == (oh, ow):
-        return out
-    return relax.op.strided_slice(out, axes=[2, 3], begin=[0, 0], end=[oh, ow])
-
-
-def _dilated_as_taps(call: relax.Call, pad: tuple[int, int, int, int], oh: int, ow: int
-                     ) -> relax.Expr | None:
-    """A dilation so wide that each phase image is a few pixels (DeepLabV3's ASPP at
-    dilation 12 over a 14x14 map: 144 phases of 2x2 outputs) as one 1x1 convolution per
-    tap, summed. Each tap runs only over the outputs where it reads the image (its window
-    of the unpadded input), zero-padded back to the whole map: at dilation 12 over 14x14
-    the eight outer taps see 2 of 14 rows or columns, and a full 1x1 per tap did 5.4x the
-    work (DeepLabV3-MobileNetV3: 5.5 ms of 22). Taps over the whole map come first, so the
-    adds of whole taps are the next convolution's residual epilogue."""
-    attrs = call.attrs
-    x, w = call.args
-    w_np, shape = const_value(w), static_shape(x)
-    if w_np is None or shape is None:
-        return None
-    top, left, _, _ = pad
-    h, wd = shape[2], shape[3]
-    dh, dw = _ints(attrs.dilation)
-    taps = []
-    for ry in range(w_np.shape[2]):
-        y0, y1 = max(0, top - ry * dh), min(oh, h + top - ry * dh)
-        for rx in range(w_np.shape[3]):
-            x0, x1 = max(0, left - rx * dw), min(ow, wd + left - rx * dw)
-            if y0 < y1 and x0 < x1:
-                taps.append((ry, rx, y0, y1, x0, x1))
-    taps.sort(key=lambda t: (t[2], t[3], t[4], t[5]) != (0, oh, 0, ow))
-    total = None
-    for ry, rx, y0, y1, x0, x1 in taps:
-        iy, ix = y0 + ry * dh - top, x0 + rx * dw - left
-        window = relax.op.strided_slice(x, axes=[2, 3], begin=[iy, ix],
-                                        end=[iy + y1 - y0, ix + x1 - x0])
-        tap = relax.op.nn.conv2d(
-            window, relax.const(np.ascontiguousarray(w_np[:, :, ry:ry + 1, rx:rx + 1])),
-            groups=int(attrs.groups), data_layout="NCHW", kernel_layout="OIHW",
-            out_dtype=_out_dtype(attrs))
-        if (y0, y1, x0, x1) != (0, oh, 0, ow):
-            tap = relax.op.nn.pad(tap, [0, 0, 0, 0, y0, oh - y1, x0, ow - x1], "constant", 0.0)
-        total = tap if total is None else relax.op.add(tap, total)
-    return total
-
-
-def _live_taps(size: int, taps: int, d: int, before: int, after: int, out: int
-               ) -> tuple[int, int]:
-    """[first, last] of a stride-1 dilated axis's taps that read the input for some output
-    position (the others only ever read padding)."""
-    live = [t for t in range(taps) if t * d - before < size and t * d - before + out > 0]
-    return (live[0], live[-1]) if live else (taps // 2, taps // 2)
-
-
-def _without_dead_taps(call: relax.Call) -> relax.Expr | None:
-    """A stride-1 dilated convolution whose outer taps only ever read padding (DeepLabV3's
-    ASPP at dilations 12-36 over a 28x28 map: only the centre tap sees the image) with
-    those taps dropped from its constant filter, and their padding with them: a 3x3 at
-    dilation 36 there is a 1x1."""
-    attrs = call.attrs
-    x, w = call.args
-    shape, w_np = static_shape(x), const_value(w)
-    if shape is None or w_np is None or any(st != 1 for st in _ints(attrs.strides)):
-        return None
-    d = _ints(attrs.dilation)
-    pad = _ints(attrs.padding)
-    top, left, bottom, right = pad * 2 if len(pad) == 2 else pad
-    r, s = w_np.shape[2:]
-    oh, ow = (shape[2] + top + bottom - d[0] * (r - 1), shape[3] + left + right - d[1] * (s - 1))
-    r0, r1 = _live_taps(shape[2], r, d[0], top, bottom, oh)
-    s0, s1 = _live_taps(shape[3], s, d[1], left, right, ow)
-    new_pad = (top - r0 * d[0], left - s0 * d[1], bottom - (r - 1 - r1) * d[0],
-               right - (s - 1 - s1) * d[1])
-    if (r0, r1, s0, s1) == (0, r - 1, 0, s - 1) or min(new_pad) < 0:
-        return None
-    dilation = [d[0] if r1 > r0 else 1, d[1] if s1 > s0 else 1]
-    return relax.op.nn.conv2d(
-        x, relax.const(np.ascontiguousarray(w_np[:, :, r0:r1 + 1, s0:s1 + 1])),
-        padding=new_pad, dilation=dilation, groups=int(attrs.groups), data_layout="NCHW",
-        kernel_layout="OIHW", out_dtype=_out_dtype(attrs))
-
-
-def _strided_dilated(call: relax.Call, stride: int, d: int,
-                     pad: tuple[int, int, int, int]) -> relax.Expr | None:
-    """Stride and dilation both above 1, one dividing the other (SKNet's dilated 3x3 at
-    stride 2): with g the smaller, the taps and the outputs only read every g-th row and
-    column of the padded input, so the convolution is one of stride / g and dilation / g
-    on that subsampled image (a dilation left is then :func:`_dilated_as_phases`'s)."""
-    g = min(stride, d)
-    if stride % g or d % g:
-        return None
-    attrs = call.attrs
-    x, w = call.args
-    top, left, bottom, right = pad
-    padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right], "constant", 0.0)
-    shape = static_shape(x)
-    every = relax.op.strided_slice(padded, axes=[2, 3], begin=[0, 0],
-                                   end=[shape[2] + top + bottom, shape[3] + left + right],
-                                   strides=[g, g])
-    return relax.op.nn.conv2d(every, w, strides=stride // g, dilation=d // g,
-                              groups=int(attrs.groups), data_layout="NCHW",
-                              kernel_layout=str(attrs.kernel_layout),
-                              out_dtype=_out_dtype(attrs))
-
-
 def _conv2d(call: relax.Call) -> relax.Expr | None:
-    for form in (_channel_scale, _dilated_as_phases, _split_groups):
+    for form in (_channel_scale, dilated_as_undilated, _split_groups):
         new = form(call)
         if new is not None:
             return new
@@ -557,7 +396,7 @@ def _composed_permutes(call: relax.Call, producer: relax.Expr | None) -> relax.E
             getattr(producer.op, "name", "") == "relax.permute_dims") or \
             call.attrs.axes is None or producer.attrs.axes is None:
         return None
-    inner, outer = _ints(producer.attrs.axes), _ints(call.attrs.axes)
+    inner, outer = ints(producer.attrs.axes), ints(call.attrs.axes)
     if len(inner) != len(outer):
         return None
     composed = [inner[a] for a in outer]
@@ -693,8 +532,8 @@ def _transpose_before_pad(call: relax.Call, producer: relax.Expr | None
     model), which left a QDQ MobileNetV2's pad apart from its depthwise convolution."""
     if not _zero_pad(producer) or call.attrs.axes is None:
         return None
-    perm = _ints(call.attrs.axes)
-    width = _ints(producer.attrs.pad_width)
+    perm = ints(call.attrs.axes)
+    width = ints(producer.attrs.pad_width)
     if len(width) != 2 * len(perm):
         return None
     moved = [w for axis in perm for w in width[2 * axis:2 * axis + 2]]

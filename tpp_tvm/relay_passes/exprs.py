@@ -59,3 +59,20 @@ def use_counts(func: relax.Function) -> Counter:
 
     _Reads().visit_expr(func)
     return counts
+
+
+def ints(values) -> list[int]:
+    """An attribute's integer array as Python ints."""
+    return [int(v) for v in values]
+
+
+def out_dtype(attrs) -> str | None:
+    """An operator's ``out_dtype`` attribute, None where it is unset."""
+    dtype = str(attrs.out_dtype)
+    return None if dtype in ("", "None", "void") else dtype
+
+
+def conv_layouts(attrs, data: str, kernel: str) -> bool:
+    """A convolution in ``data``/``kernel`` layouts whose output keeps ``data``'s."""
+    return str(attrs.data_layout) == data and str(attrs.kernel_layout) == kernel \
+        and str(attrs.out_layout) in ("", data)
