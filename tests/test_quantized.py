@@ -14,9 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tpp_tvm import models
 from tpp_tvm.compiled import compile_onnx
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
+from tpp_tvm.relay_passes.activation_dtypes import NARROWED, REQUANTIZED, REQUANTIZED_RESIDUAL
 from tpp_tvm.relay_passes.fake_quant import MAX_POOL_QUANTIZED
 from tpp_tvm.relay_passes.int8_kernels import QDQ_IN_FP32
-from tpp_tvm.relay_passes.lowp_activations import NARROWED, REQUANTIZED, REQUANTIZED_RESIDUAL
 from tpp_tvm.schedules.gemm_plan import int8_gemm_dtype, runs_on_tiles
 from tpp_tvm.target import host_isa, isa_of, target
 

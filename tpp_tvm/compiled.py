@@ -327,7 +327,7 @@ class CompiledModel:
         precision = self._report.get("precision", "float32")
         lines = []
         if precision != "float32":
-            lines.append(f"Precision: {precision} for matmuls marked [bf16] (bf16 operands, "
+            lines.append(f"Precision: {precision} for kernels marked [bf16] (bf16 operands, "
                          "fp32 accumulation and outputs; [bf16, amx]: on AMX tiles); all "
                          "other ops fp32")
             if any(row.precision == "bfloat16" and not row.on_tiles for row in self._kernels):
@@ -466,7 +466,7 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
                   tune_logs=None) -> CompiledModel:
     """Compile a Relax module (static input shapes) into a :class:`CompiledModel`.
 
-    ``precision="bf16"``: matmuls with constant weights run in bf16 (see ``build``).
+    ``precision="bf16"``: the bf16 policy of ``relay_passes.lower.PRECISIONS``.
     ``tune_logs``: a folder made by ``tpp_tvm.tune``, ``"shipped"`` (the logs in
     ``tune_logs/`` for this CPU) or None (default: hand schedules only — per-subgraph wins
     measured in isolation did not hold in a whole BERT-base model, see docs/guide.md, Tuning).
@@ -512,7 +512,7 @@ def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
                  ) -> CompiledModel | DynamicModel:
     """Import an ONNX model (proto, path or bytes) and compile it onto TPPs.
 
-    ``precision="bf16"`` runs its matmuls in bf16 with fp32 accumulation; ``tune_logs``
+    ``precision="bf16"`` runs it under the bf16 policy (see :func:`compile_relax`); ``tune_logs``
     supplies tuned kernels where they are faster (see :func:`compile_relax`).
 
     A model whose inputs keep dynamic dims (named by the export, or marked ``None`` in

@@ -1,24 +1,43 @@
 """The int8 kernels' side of the quantized rewrite: what an int8 GEMM or convolution fuses
-after dequantizing (:class:`Int8Epilogue`), and the emitter that builds the kernel calls,
+after dequantizing (:class:`Int8Epilogue`), the emitter that declares the kernel calls,
 their dequantize rows and residual operands, and their report rows
-(:class:`Int8Emitter`). ``quantized.py`` matches the graph forms and calls it."""
+(:class:`Int8Emitter`), and :func:`build_declared`, which builds each declared kernel
+once the graph's dtypes are planned. ``quantized.py`` matches the graph forms and calls
+them.
+
+An int8 layer's output dtype depends on its readers (the next int8 layer's quantization,
+which it can write itself), and those are only final once the fake quantization around the
+layers is gone: so the emitter declares each kernel (its blocking, hence its operands'
+layouts, and how to build it) and the kernels are built after that, each once, writing the
+dtype :func:`~.activation_dtypes.plan_outputs` decided."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 
 from ..intrinsics.epilogue import Epilogue
 from ..kernels import pack_b_numpy
-from ..schedules.conv import ConvShape, conv_schedule, pack_filter, tile_filter_width
-from ..schedules.gemm import gemm_schedule
+from ..schedules.conv import ConvShape, conv_plan, conv_schedule, pack_filter, tile_filter_width
+from ..schedules.gemm import gemm_plan, gemm_schedule
 from ..schedules.gemm_plan import GEMM_PRECISIONS, runs_on_tiles
-from .exprs import dtype_of, shape_of
+from .activation_dtypes import (
+    FP32_IO,
+    KernelIO,
+    plan_outputs,
+    quantizing_args,
+    report_narrowed,
+    widened,
+    without_round_trips,
+)
+from .exprs import bindings, dtype_of, shape_of
 from .lower import as_relax_kernel
-from .lowp_activations import LowpOffers
 from .report import KernelRow, LoweringReport, unit_of
 from .transposes import TO_NCHW, TO_NHWC
 
@@ -71,6 +90,10 @@ class Int8Epilogue:
         return replace(self.steps, activation=activation, post_activation=post)
 
 
+#: Builds a declared kernel writing what its :class:`~.activation_dtypes.KernelIO` says.
+BuildKernel = Callable[[KernelIO], tirx.PrimFunc]
+
+
 class Int8Emitter:
     """Builds int8 GEMM/convolution calls and collects the kernels they need. ``dtype``
     is the kernels' GEMM precision: ``int8`` (u8 x s8 dot products), or ``int16`` where the
@@ -87,7 +110,8 @@ class Int8Emitter:
         self.prec = GEMM_PRECISIONS[dtype]
         self.kernels = 0
         self.int8_kernels: set[str] = set()  # the kernel functions' names, as emitted
-        self.offers = LowpOffers()  # kernels rebuilt to write the next layer's u8/s8
+        #: Declared kernels (built by :func:`build_declared`) and how to build each.
+        self.declared: dict[relax.GlobalVar, BuildKernel] = {}
         self.declined: dict[int, tuple[str, bool]] = {}
         self.fp32_rewrites = 0  # integer convolutions rewritten in fp32 (no int8 kernel)
 
@@ -133,14 +157,10 @@ class Int8Emitter:
         """The int8 GEMM call on (m, K) rows ``a2`` of ``a_dtype`` (``residual``: (m, N)):
         (m, N) fp32."""
         k, n = w_q.shape
-        sch, plan = gemm_schedule(m, n, k, self.isa, epilogue=epi.kernel(), dtype=self.dtype,
-                                  dequantize=True, threads=self.threads)
-        gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_matmul")
-        self.kernels += 1
-        self.int8_kernels.add(gv.name_hint)
-        self.offers.producers[gv.name_hint] = lambda dtype, clips: as_relax_kernel(gemm_schedule(
-            m, n, k, self.isa, epilogue=epi.kernel(clips).writing(dtype), dtype=self.dtype,
-            dequantize=True, threads=self.threads)[0].mod["main"])
+        plan = gemm_plan(m, n, k, self.isa, self.dtype)
+        gv = self._declare("tpp_int8_matmul", lambda io: gemm_schedule(
+            m, n, k, self.isa, epilogue=epi.kernel(io.clips_at_zero).writing(io.writes),
+            dtype=self.dtype, dequantize=True, threads=self.threads)[0].mod["main"])
         a2, zp = self._activations(a2, a_zp, a_dtype)
         packed = relax.const(pack_b_numpy(self._weights(w_q), plan.nr, "kn", plan.kp,
                                           self.prec.vnni))
@@ -151,6 +171,16 @@ class Int8Emitter:
         self.report.kernels[KernelRow(f"{name}{epi.suffix}", "int8_matmul", self.dtype,
                                       unit_of(runs_on_tiles(self.isa, self.dtype)))] += 1
         return out
+
+    def _declare(self, name: str, build: BuildKernel) -> relax.GlobalVar:
+        """A kernel to be built by :func:`build_declared` (``build(io)``), an empty
+        placeholder function until then (each its own: the builder merges equal ones)."""
+        placeholder = tirx.PrimFunc([], tirx.Evaluate(tirx.const(0, "int32")))
+        gv = self.bb.add_func(placeholder.with_attr("tpp.declared", len(self.declared)), name)
+        self.declared[gv] = build
+        self.kernels += 1
+        self.int8_kernels.add(gv.name_hint)
+        return gv
 
     def _activations(self, a: relax.Expr, a_zp: relax.Expr, dtype: str
                      ) -> tuple[relax.Expr, relax.Expr]:
@@ -201,14 +231,10 @@ class Int8Emitter:
         if taps != s:  # zero taps that make its filter rows whole tile steps (a stem)
             w_q = np.pad(w_q, ((0, 0), (0, 0), (0, 0), (0, taps - s)))
             shape = replace(shape, s=taps, pad=(*shape.pad[:3], shape.pad[3] + taps - s))
-        sch, plan = conv_schedule(shape, self.isa, epilogue=epi.kernel(), dtype=self.dtype,
-                                  threads=self.threads)
-        gv = self.bb.add_func(as_relax_kernel(sch.mod["main"]), "tpp_int8_conv2d")
-        self.kernels += 1
-        self.int8_kernels.add(gv.name_hint)
-        self.offers.producers[gv.name_hint] = lambda dtype, clips: as_relax_kernel(conv_schedule(
-            shape, self.isa, epilogue=epi.kernel(clips).writing(dtype), dtype=self.dtype,
-            threads=self.threads)[0].mod["main"])
+        plan = conv_plan(shape, self.isa, self.dtype)
+        gv = self._declare("tpp_int8_conv2d", lambda io: conv_schedule(
+            shape, self.isa, epilogue=epi.kernel(io.clips_at_zero).writing(io.writes),
+            dtype=self.dtype, threads=self.threads)[0].mod["main"])
         x, zp = self._activations(relax.op.reshape(x, (n, h, w * c)), a_zp, a_dtype)
         # the padding's value: the zero point, in the kernel's A dtype
         zp_a = relax.op.astype(relax.op.reshape(zp, (1,)), self.prec.a)
@@ -306,3 +332,64 @@ def _residual_operands(residual: relax.Expr | None, epi: Int8Epilogue, width: in
         return [residual]
     scale = np.full(width, epi.residual_quantization[0], np.float32)
     return [residual, relax.const(scale)]
+
+
+@relax.expr_functor.mutator
+class _BuildDeclared(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, declared: dict[relax.GlobalVar, BuildKernel],
+                 int8_kernels: set[str]) -> None:
+        super().__init__(mod)
+        self.declared = declared
+        self.int8_kernels = int8_kernels
+        self.planned: dict[relax.Var, KernelIO] = {}
+        self.binding_var: relax.Var | None = None
+        self.written: Counter = Counter()
+
+    def writes(self, call: relax.Call) -> tuple[str, ...]:
+        return ("uint8", "int8") if _declared_callee(call, self.declared) else ()
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.binding_var = binding.var
+        super().visit_var_binding_(binding)
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        build = _declared_callee(call, self.declared)
+        if build is None:
+            return call
+        io = self.planned.get(self.binding_var, FP32_IO)
+        kernel = build(io)
+        gv = self.builder_.add_func(as_relax_kernel(kernel), call.args[0].name_hint)
+        self.int8_kernels.add(gv.name_hint)
+        shape = [int(d) for d in call.ty_args[0].shape.values]
+        args = list(call.args[1].fields)
+        if io.quantization is not None:
+            args, one_pass = quantizing_args(args, kernel, shape[-1], io)
+            self.written[io.writes] += 1
+            if one_pass is not None:
+                self.written[one_pass] += 1
+        return widened(relax.call_tir(gv, args, relax.TensorType(shape, io.writes)), io)
+
+
+def _declared_callee(call: relax.Call, declared: dict[relax.GlobalVar, BuildKernel]
+                     ) -> BuildKernel | None:
+    if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+        return None
+    return declared.get(call.args[0])
+
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def build_declared(mod: tvm.IRModule, emitter: Int8Emitter, report: LoweringReport
+                   ) -> tvm.IRModule:
+    """Build every kernel ``emitter`` declared, once, writing the u8/s8 quantization its
+    readers all apply where they do (:func:`~.activation_dtypes.plan_outputs`), else fp32;
+    the readers' quantizations go."""
+    pass_ = _BuildDeclared(mod, emitter.declared, emitter.int8_kernels)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+            pass_.planned = plan_outputs(bindings(func), pass_.writes, lambda call, var: False)
+            pass_.builder_.update_func(gv, pass_.visit_expr(func))
+    report_narrowed(report, pass_.written)
+    return without_round_trips(pass_.builder_.get())

@@ -12,6 +12,7 @@ result, and the report says why.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import replace
 
 import tvm
@@ -22,8 +23,17 @@ from ..errors import UnsupportedDTypeError
 from ..schedules.backward import backward_schedule
 from ..schedules.gemm import gemm_schedule
 from ..schedules.gemm_plan import runs_on_tiles
+from .activation_dtypes import (
+    FP32_IO,
+    KernelIO,
+    narrowed,
+    plan_outputs,
+    report_narrowed,
+    widened,
+    without_round_trips,
+)
+from .exprs import bindings
 from .families import FAMILIES, KernelFamily, Lowered, Match, as_relax_kernel
-from .lowp_activations import LowpOffers, lowp_activations, report_narrowed
 from .patterns import TPPPattern, pattern_table
 from .report import KernelRow, LoweringReport, unit_of
 from .tuned import composite_kernel, emit_tuned
@@ -34,8 +44,13 @@ __all__ = ["FAMILIES", "LoweringReport", "as_relax_kernel", "check_precision",
            "inline_composites", "lower_tagged_kernels", "lower_tpp_composites"]
 
 
-#: Graph precisions: ``float32``, or ``bfloat16`` for matmuls (bf16 operands, fp32
-#: accumulation; activations fp32 between ops, bf16 from one bf16 layer to the next).
+#: Graph precisions, and the one statement of the bf16 policy. ``bfloat16``: the kernel
+#: families that declare it (``KernelFamily.precisions``: dense layers, convolutions by a
+#: constant filter, expansion + depthwise pairs on AMX tiles, attention on AMX tiles) run
+#: bf16 operands with fp32 accumulation and fp32 epilogues; every other kernel keeps fp32
+#: (its report row says so). Activations cross memory in fp32, or in bf16 from a bf16 layer
+#: whose readers are all bf16 layers (:mod:`.activation_dtypes`, planned before any kernel
+#: is built).
 PRECISIONS = ("float32", "bfloat16")
 
 
@@ -88,7 +103,9 @@ class _Lowerer(relax.PyExprMutator):
         self.precision = precision
         self.logs, self.force_tuned = logs, force_tuned
         self.patterns = {p.name: p for p in pattern_table()}
-        self.lowp_offers = LowpOffers()
+        self.planned: dict[relax.Var, KernelIO] = {}
+        self.binding_var: relax.Var | None = None
+        self.written: Counter = Counter()  # kernels built writing a narrow dtype
 
     def _contraction(self, call: relax.Call) -> relax.Expr:
         func = self.mod_[call.args[0]]
@@ -108,8 +125,51 @@ class _Lowerer(relax.PyExprMutator):
     def transform(self) -> tvm.IRModule:
         for gv, func in self.mod_.functions.items():
             if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+                self.planned = plan_outputs(bindings(func), self._narrow_outputs,
+                                            self._takes_bf16, self._is_view)
                 self.builder_.update_func(gv, self.visit_expr(func))
         return self.builder_.get()
+
+    def _composite(self, call: relax.Call
+                   ) -> tuple[TPPPattern, KernelFamily, str, Match] | None:
+        """The pattern, family, precision and match of a call of one of our composites."""
+        if not isinstance(call.op, relax.GlobalVar):
+            return None
+        func = self.mod_[call.op]
+        comp = str(func.attrs["Composite"]) if func.attrs and "Composite" in func.attrs else None
+        pattern = self.patterns.get(comp)
+        if pattern is None:
+            return None
+        family = FAMILIES[pattern.lowering]
+        matched = _match(pattern, func, list(call.args))
+        if matched is None:
+            return None
+        return pattern, family, family.precision(self.precision), matched
+
+    def _narrow_outputs(self, call: relax.Call) -> tuple[str, ...]:
+        found = self._composite(call)
+        if found is None or (self.logs is not None and self.precision == "float32"):
+            return ()  # (a tuned kernel may replace it: those write fp32)
+        _, family, prec, matched = found
+        return family.narrow_outputs(matched, prec, self.isa, self.threads)
+
+    def _takes_bf16(self, call: relax.Call, var: relax.Var | None) -> bool:
+        found = self._composite(call)
+        if found is None or var is None:
+            return False
+        _, family, prec, matched = found
+        key = family.bf16_operand(matched, prec, self.isa, self.threads)
+        return key is not None and matched.get(key) is not None \
+            and matched[key].same_as(var) \
+            and sum(1 for arg in call.args if arg.same_as(var)) == 1
+
+    def _is_view(self, call: relax.Call) -> bool:
+        found = self._composite(call)
+        return found is not None and found[1].is_view(found[3])
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.binding_var = binding.var
+        super().visit_var_binding_(binding)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
@@ -129,20 +189,22 @@ class _Lowerer(relax.PyExprMutator):
                 return tuned
         family = FAMILIES[pattern.lowering]
         matched = _match(pattern, func, list(call.args))
+        io = self.planned.get(self.binding_var, FP32_IO)
         try:
             if matched is None:
                 raise ValueError("pattern no longer matches its composite function")
             prec = family.precision(self.precision)
             lowered = None
-            if prec != "float32":
-                lowered = self._low_precision(family, matched, comp, prec)
-                if lowered is not None and not lowered.kept_fp32:
+            if prec != "float32" or io != FP32_IO:
+                lowered, io = self._planned_kernel(family, matched, comp, prec, io)
+                if lowered is not None and prec != "float32" and not lowered.kept_fp32:
                     # on_tiles where the kernel's shape decided; else every prec GEMM of an
                     # AMX target runs on tiles
                     tiles = lowered.on_tiles
                     tiles = runs_on_tiles(self.isa, prec) if tiles is None else tiles
                     row = replace(row, precision=prec, unit=unit_of(tiles))
             if lowered is None:
+                io = FP32_IO
                 lowered = family.lower(self.builder_, matched, comp, self.isa, "float32",
                                        self.threads)
         except Exception as err:  # noqa: BLE001 - fall back to TVM, keep the model correct
@@ -151,22 +213,47 @@ class _Lowerer(relax.PyExprMutator):
             self.report.fallbacks[f"{comp} ({reason})"] += 1
             return call
         self.report.kernels[row] += 1
-        self.lowp_offers.producers.update(lowered.offers.producers)
-        self.lowp_offers.conversions.update(lowered.offers.conversions)
-        self.lowp_offers.producer_dtypes.update(lowered.offers.producer_dtypes)
-        return lowered.expr
+        if io.writes != "float32":
+            self.written[io.writes] += 1
+        return widened(lowered.expr, io)
+
+    def _planned_kernel(self, family: KernelFamily, matched: Match, comp: str, prec: str,
+                        io: KernelIO) -> tuple[Lowered | None, KernelIO]:
+        """The ``prec`` kernel built as planned (``io``), else writing fp32 (its readers
+        then convert, as they would have), and the dtypes it was built for; None if
+        neither builds."""
+        planned = self._narrowed(family, matched, prec, io)
+        lowered = self._low_precision(family, planned, comp, prec)
+        if lowered is None and io.writes != "float32" and prec != "float32":
+            planned = planned.with_operands(io=replace(planned.io, writes="float32",
+                                                       quantization=None))
+            lowered = self._low_precision(family, planned, comp, prec)
+        return lowered, planned.io
+
+    def _narrowed(self, family: KernelFamily, matched: Match, prec: str, io: KernelIO
+                  ) -> Match:
+        """``matched`` with its planned ``io``, and its bf16 operand (if the family takes
+        one) as the bf16 tensor a bf16 producer wrote, where one did."""
+        key = family.bf16_operand(matched, prec, self.isa, self.threads)
+        source = None if key is None else narrowed(matched[key], self.lookup_binding)
+        if source is None:
+            return matched.with_operands(io=io)
+        if isinstance(source, relax.Call):
+            source = self.builder_.emit(source)
+        return matched.with_operands(io=replace(io, takes="bfloat16"), **{key: source})
 
     def _low_precision(self, family: KernelFamily, matched: Match, comp: str, prec: str
                        ) -> Lowered | None:
-        """The ``prec`` kernel of a composite, or None (reported) when it cannot be built:
-        the fp32 TPP kernel then runs it, not TVM's untuned code (a matmul there is 100x
-        slower)."""
+        """The ``prec`` kernel of a composite with its planned dtypes (``matched.io``), or
+        None (reported) when it cannot be built: the fp32 TPP kernel then runs it, not TVM's
+        untuned code (a matmul there is 100x slower)."""
         try:
             return family.lower(self.builder_, matched, comp, self.isa, prec, self.threads)
         except Exception as err:  # noqa: BLE001 - fp32 TPPs are the next best, not TVM
             reason = _reason(err)
-            log.info("%s kernel of %s failed, fp32 TPP instead: %s", prec, comp, reason)
-            self.report.rewrites[f"{comp}: {prec} kernel failed, ran on fp32 TPPs ({reason})"] += 1
+            kind = prec if matched.io.writes == "float32" else f"{prec} -> {matched.io.writes}"
+            log.info("%s kernel of %s failed, fp32 TPP instead: %s", kind, comp, reason)
+            self.report.rewrites[f"{comp}: {kind} kernel failed, ran on fp32 TPPs ({reason})"] += 1
             return None
 
     def _tuned(self, func: relax.Function, call: relax.Call, row: KernelRow
@@ -208,10 +295,8 @@ def lower_tpp_composites(mod: tvm.IRModule, isa: str, report: LoweringReport,
     AMX tiles on an AMX target, one task per thread of ``threads``)."""
     report.precision = precision
     lowerer = _Lowerer(mod, isa, report, precision, logs, force_tuned, threads)
-    mod = lowerer.transform()
-    mod, written = lowp_activations(mod, lowerer.lowp_offers)
-    report_narrowed(report, written)
-    mod = relax.transform.DeadCodeElimination()(mod)
+    mod = without_round_trips(lowerer.transform())
+    report_narrowed(report, lowerer.written)
     # Composites that fell back are still calls of private functions: inline them so the
     # normal legalize/fuse path compiles their ops.
     return inline_composites(mod)

@@ -303,9 +303,8 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
 
     ``params`` binds named parameters of ``main`` as constants first (so weights can be
     packed); ``report`` collects which subgraphs became TPP kernels. ``precision="bf16"``
-    runs dense layers/matmuls with constant weights and pointwise convolutions in bf16
-    (bf16 operands, fp32 accumulation and fp32 outputs, bf16 where the only reader is the
-    next bf16 layer); everything else stays fp32.
+    runs the kernel families that have bf16 kernels in bf16 (the policy:
+    :data:`~.lower.PRECISIONS`).
     ``tune_logs`` (a folder made by ``tpp_tvm.tune``, or ``"shipped"`` for the logs shipped
     for this target) supplies tuned kernels where they beat the hand schedules.
     """

@@ -47,10 +47,10 @@ from .int8_kernels import (
     INT8_KERNELS,
     Int8Emitter,
     Int8Epilogue,
+    build_declared,
     conv_unsupported,
 )
 from .lower import as_relax_kernel
-from .lowp_activations import lowp_activations, report_narrowed
 from .patterns import RELAX_ACTIVATIONS, activation_constants_hold, epilogue_pattern
 from .report import LoweringReport
 from .transposes import sink_transposes
@@ -510,6 +510,4 @@ def lower_quantized(mod: tvm.IRModule, isa: str, report: LoweringReport, threads
     if not emitter.kernels:
         return bb.get() if emitter.fp32_rewrites else mod
     # An int8 layer whose readers all quantize its output alike writes the quantized u8/s8.
-    mod, written = lowp_activations(bb.get(), emitter.offers)
-    report_narrowed(report, written)
-    return relax.transform.DeadCodeElimination()(mod)
+    return build_declared(bb.get(), emitter, report)

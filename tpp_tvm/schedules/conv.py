@@ -345,6 +345,12 @@ def _conv_contraction(sh: ConvShape, plan: GemmPlan, Xp: te.Tensor, W: te.Tensor
     return te.compute((sh.n, sh.oh, *gdim, plan.mp, plan.np_), contraction, name="C")
 
 
+def conv_plan(shape: ConvShape, isa: str, dtype: str = "float32") -> GemmPlan:
+    """The blocking :func:`conv_schedule` uses (AMX tiles where the shape fills them),
+    known before the kernel is built: it fixes the packed filter's layout."""
+    return tile_conv_plan(shape, dtype, isa) or plan_conv(shape, dtype, register_tile_isa(isa))
+
+
 def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue(),
                   dtype: str = "float32", threads: int = 1) -> tuple[s_tir.Schedule, GemmPlan]:
     """The scheduled (tensorized) convolution PrimFunc and its blocking. ``dtype`` is
@@ -360,8 +366,8 @@ def conv_schedule(shape: ConvShape, isa: str, *, epilogue: Epilogue = Epilogue()
             "by conv_input_schedule), int8 (u8 data x s8 filter) or int16 (both widened)")
     check_low_precision(isa, dtype, "conv2d")
     tiles = tile_conv_plan(shape, dtype, isa)
+    plan = conv_plan(shape, isa, dtype)
     isa = register_tile_isa(isa)
-    plan = tiles or plan_conv(shape, dtype, isa)
     prec = plan.precision
     source = None if plan.a_prepadded else strided_pointwise(shape)
     if source is not None:  # computed on the gathered pixels' image

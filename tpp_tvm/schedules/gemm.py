@@ -66,7 +66,7 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, epilogue: Epilogue = Epil
     check_gemm(m, n, k, dtype)
     check_low_precision(isa, dtype)
     tiles = runs_on_tiles(isa, dtype) and b_packed
-    plan = plan_gemm(m, n, k, dtype, isa if tiles else register_tile_isa(isa))
+    plan = gemm_plan(m, n, k, isa, dtype, b_packed)
     inputs, out, stages = gemm_te(plan, batch, epilogue, b_packed, dequantize, a_transposed,
                                   b_transposed, a_scale, a_col_scale)
     func = te.create_prim_func([*inputs, out])
@@ -75,6 +75,15 @@ def gemm_schedule(m: int, n: int, k: int, isa: str, *, epilogue: Epilogue = Epil
             func = func.with_attr(A_ROWS_ATTR, [plan.m, plan.k])  # rows alone padded
         return schedule_tile_gemm(func, plan, batch is not None, stages, threads), plan
     return schedule_gemm(func, plan, register_tile_isa(isa), batch is not None, stages), plan
+
+
+def gemm_plan(m: int, n: int, k: int, isa: str, dtype: str = "float32", b_packed: bool = True
+              ) -> GemmPlan:
+    """The blocking :func:`gemm_schedule` uses for these options (AMX tiles for a packed
+    low-precision B on an AMX target), known before the kernel is built: it fixes the
+    packed operands' layouts."""
+    tiles = runs_on_tiles(isa, dtype) and b_packed
+    return plan_gemm(m, n, k, dtype, isa if tiles else register_tile_isa(isa))
 
 
 def schedule_gemm(func: tirx.PrimFunc, plan: GemmPlan, isa: str, batched: bool,

@@ -28,19 +28,10 @@ from ...schedules.expand_depthwise import (
 )
 from ...schedules.gemm_plan import register_tile_isa, runs_on_tiles, vector_unit
 from ...schedules.winograd import pack_winograd_filter, winograd_applies, winograd_schedule
-from ..lowp_activations import LowpOffers
+from ..activation_dtypes import FP32_IO
 from ..patterns import matched_activation
-from .base import (
-    KernelFamily,
-    Lowered,
-    Match,
-    as_relax_kernel,
-    bf16_offers,
-    dims,
-    kernel_name,
-    merge_offers,
-)
-from .gemm import emit_gemm
+from .base import KernelFamily, Lowered, Match, as_relax_kernel, dims, kernel_name, output_args
+from .gemm import emit_gemm, gemm_bf16_operand, gemm_narrow_outputs
 
 
 def _pointwise(call: relax.Call, weight: np.ndarray) -> bool:
@@ -79,7 +70,8 @@ def lower_conv2d(bb: relax.BlockBuilder, matched: Match, name: str,
         return emit_gemm(bb, matched, name, isa, x, w_kn, [n, h, w, oc], precision, threads)
     if "lhs_scale" in matched:  # the pattern check admits pointwise convolutions only
         raise RuntimeError(f"{name}: a scaled input needs a pointwise convolution")
-    epilogue = matched.epilogue
+    io = matched.io
+    epilogue = matched.epilogue.writing(io.writes)
     x_rows = bb.emit(relax.op.reshape(x, (n, h, w * c)))
     if precision != "float32":
         # bf16 (A and the filter; fp32 tile and epilogue): the input padded to bf16 by a
@@ -89,7 +81,7 @@ def lower_conv2d(bb: relax.BlockBuilder, matched: Match, name: str,
         prec = plan.precision
         packed = pack_filter(w_oihw.astype(numpy_dtype(prec.b)), plan.nr, vnni=prec.vnni,
                              groups=groups)
-        pad = conv_input_schedule(shape, plan)
+        pad = conv_input_schedule(shape, plan, io.takes)
         hp, wp, cc = padded_input_shape(shape, plan)
         image = (n, *((groups,) if groups > 1 else ()), hp, wp * cc)
         cvt = bb.add_func(as_relax_kernel(pad.mod["main"]), kernel_name(name) + "_a_bf16")
@@ -102,13 +94,8 @@ def lower_conv2d(bb: relax.BlockBuilder, matched: Match, name: str,
     else:
         sch, plan = conv_schedule(shape, isa, epilogue=epilogue)
         packed = pack_filter(w_oihw, plan.nr, groups=groups)
-    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
-    offers = LowpOffers()
-    if precision != "float32":
-        offers = bf16_offers(gv, lambda dtype: conv_schedule(
-            shape, isa, epilogue=epilogue.writing(dtype), dtype=precision,
-            threads=threads)[0].mod["main"],
-            cvt, lambda: conv_input_schedule(shape, plan, "bfloat16").mod["main"])
+    kernel = sch.mod["main"]
+    gv = bb.add_func(as_relax_kernel(kernel), kernel_name(name))
     args = [x_rows, relax.const(packed)]
     # Grouped: the kernel writes (n, oh, ow, groups, channels per group), NHWC once reshaped.
     out_shape = (n, shape.oh, shape.ow, *((groups, shape.og) if groups > 1 else (oc,)))
@@ -119,9 +106,26 @@ def lower_conv2d(bb: relax.BlockBuilder, matched: Match, name: str,
     if epilogue.residual:
         res = matched["residual"]
         args.append(bb.emit(relax.op.reshape(res, out_shape)) if groups > 1 else res)
-    out = relax.call_tir(gv, args, relax.TensorType(out_shape, "float32"))
+    out = relax.call_tir(gv, output_args(args, kernel, oc, io),
+                         relax.TensorType(out_shape, io.writes))
     out = relax.op.reshape(bb.emit(out), (n, shape.oh, shape.ow, oc)) if groups > 1 else out
-    return Lowered(out, on_tiles=plan.amx if precision != "float32" else None, offers=offers)
+    return Lowered(out, on_tiles=plan.amx if precision != "float32" else None)
+
+
+def conv_narrow_outputs(matched: Match, precision: str, isa: str, threads: int
+                        ) -> tuple[str, ...]:
+    """A bf16 convolution by a constant filter writes what a bf16 GEMM does."""
+    if not isinstance(matched["weight"], tvm.ir.GenericConst):
+        return ()
+    return gemm_narrow_outputs(matched, precision, isa, threads)
+
+
+def conv_bf16_operand(matched: Match, precision: str, isa: str, threads: int) -> str | None:
+    """A bf16 convolution by a constant filter takes its image in bf16 (padded by its
+    input kernel) as a bf16 GEMM takes its rows."""
+    if not isinstance(matched["weight"], tvm.ir.GenericConst):
+        return None
+    return gemm_bf16_operand(matched, precision, isa, threads)
 
 
 def lower_depthwise(bb: relax.BlockBuilder, matched: Match, name: str,
@@ -136,22 +140,25 @@ def lower_depthwise(bb: relax.BlockBuilder, matched: Match, name: str,
     if multiplier > 1:
         x = bb.emit(relax.op.repeat(x, multiplier, axis=3))
     shape = replace(_conv_shape(x, call.attrs, c, r, s), dilation=int(call.attrs.dilation[0]))
-    epilogue = matched.epilogue
-    sch = depthwise_conv_schedule(shape, isa, epilogue=epilogue)
-    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
-    # In a quantized model the next int8 layer's input: the kernel can write it quantized.
-    offers = LowpOffers()
-    offers.producers[gv.name_hint] = lambda dtype, _clips: as_relax_kernel(
-        depthwise_conv_schedule(shape, isa, epilogue=epilogue.writing(dtype)).mod["main"])
-    offers.producer_dtypes[gv.name_hint] = ("uint8", "int8")
+    io = matched.io
+    epilogue = matched.epilogue.writing(io.writes)
+    kernel = depthwise_conv_schedule(shape, isa, epilogue=epilogue).mod["main"]
+    gv = bb.add_func(as_relax_kernel(kernel), kernel_name(name))
     args = [x, relax.const(np.ascontiguousarray(w_rsc, dtype="float32"))]
     if epilogue.bias:
         args.append(relax.const(matched["bias"].value.numpy().reshape(-1).astype("float32")))
     if epilogue.residual:
         args.append(matched["residual"])
-    return Lowered(relax.call_tir(gv, args, relax.TensorType((shape.n, shape.oh, shape.ow, c),
-                                                             "float32")),
-                   kept_fp32=precision != "float32", offers=offers)
+    return Lowered(relax.call_tir(gv, output_args(args, kernel, c, io),
+                                  relax.TensorType((shape.n, shape.oh, shape.ow, c), io.writes)),
+                   kept_fp32=precision != "float32")
+
+
+def depthwise_narrow_outputs(matched: Match, precision: str, isa: str, threads: int
+                             ) -> tuple[str, ...]:
+    """In a quantized model a depthwise convolution's output is the next int8 layer's
+    input: the kernel writes it quantized."""
+    return ("uint8", "int8")
 
 
 def lower_expand_depthwise(bb: relax.BlockBuilder, matched: Match, name: str,
@@ -172,21 +179,18 @@ def lower_expand_depthwise(bb: relax.BlockBuilder, matched: Match, name: str,
     expansion = Epilogue(bias=True, activation=matched_activation(matched, "expand_act"))
     epilogue = Epilogue(bias=True, activation=matched_activation(matched, "act")
                         if "act" in matched else None)
-    unit = vector_unit(isa)
-    lanes = unit.schedule_lanes("float32")
-    # bf16 off tiles: the fused fp32 kernel (MobileNetV2 on Zen 5, 1 thread: 3.25 ms as a
-    # bf16 GEMM + depthwise, 2.88 fused); on tiles the bf16 expansion GEMM.
-    if (precision != "float32" and runs_on_tiles(isa, precision)) \
-            or plan_expand_depthwise(shape, lanes, threads, unit.num_vregs) is None:
+    lanes = vector_unit(isa).schedule_lanes("float32")
+    if _expand_depthwise_split(matched, precision, isa, threads):
         expanded = lower_conv2d(
             bb, Match({"lhs": x, "weight": matched["expand_weight"], "root": call,
-                       "bias": matched["expand_bias"]}, expansion),
+                       "bias": matched["expand_bias"]}, expansion,
+                      io=replace(FP32_IO, takes=matched.io.takes)),
             name.replace("expand_depthwise_conv2d", "conv2d"), isa, precision, threads)
         depthwise = lower_depthwise(
-            bb, matched.with_operands(epilogue, lhs=bb.emit(expanded.expr)),
+            bb, matched.with_operands(epilogue, replace(matched.io, takes="float32"),
+                                      lhs=bb.emit(expanded.expr)),
             name.replace("expand_depthwise_conv2d", "depthwise_conv2d"), register_tile_isa(isa))
-        return Lowered(depthwise.expr, expanded.on_tiles, expanded.kept_fp32,
-                       merge_offers(expanded.offers, depthwise.offers))
+        return Lowered(depthwise.expr, expanded.on_tiles, expanded.kept_fp32)
     sch, plan = expand_depthwise_schedule(
         shape, _conv_shape(x, call.attrs, c, *w_oihw.shape[2:]), register_tile_isa(isa),
         threads=threads, expansion_epilogue=expansion, epilogue=epilogue)
@@ -199,6 +203,35 @@ def lower_expand_depthwise(bb: relax.BlockBuilder, matched: Match, name: str,
     return Lowered(relax.call_tir(gv, args, relax.TensorType((shape.n, shape.oh, shape.ow, c),
                                                              "float32")),
                    kept_fp32=precision != "float32")
+
+
+def _expand_depthwise_split(matched: Match, precision: str, isa: str, threads: int) -> bool:
+    """Whether an expansion and its depthwise convolution run as two kernels: where the
+    fused kernel has no efficient blocking, or the bf16 expansion runs on AMX tiles (off
+    tiles, the fused fp32 kernel beats a bf16 GEMM writing the expanded tensor out:
+    MobileNetV2 on Zen 5, 1 thread, 3.25 ms as a bf16 GEMM + depthwise, 2.88 fused)."""
+    if precision != "float32" and runs_on_tiles(isa, precision):
+        return True
+    r, s, _, c = matched["weight"].value.numpy().shape  # HWIO with I = 1
+    unit = vector_unit(isa)
+    shape = _conv_shape(matched["lhs"], matched["root"].attrs, c, r, s)
+    return plan_expand_depthwise(shape, unit.schedule_lanes("float32"), threads,
+                                 unit.num_vregs) is None
+
+
+def expand_depthwise_narrow_outputs(matched: Match, precision: str, isa: str, threads: int
+                                    ) -> tuple[str, ...]:
+    """As two kernels, the depthwise convolution's outputs (the fused kernel writes fp32)."""
+    return ("uint8", "int8") if _expand_depthwise_split(matched, precision, isa, threads) \
+        else ()
+
+
+def expand_depthwise_bf16_operand(matched: Match, precision: str, isa: str, threads: int
+                                  ) -> str | None:
+    """As two kernels in bf16, the expansion takes its input as a bf16 convolution does."""
+    if precision == "float32" or not _expand_depthwise_split(matched, precision, isa, threads):
+        return None
+    return "expand_lhs"
 
 
 def _conv_shape(x: relax.Expr, attrs, oc: int, r: int, s: int) -> ConvShape:
@@ -230,7 +263,9 @@ def _conv_runtime_weight(bb: relax.BlockBuilder, matched: Match, name: str,
 
 
 FAMILIES = (
-    KernelFamily("conv2d", lower_conv2d, ("float32", "bfloat16")),
-    KernelFamily("depthwise_conv2d", lower_depthwise),
-    KernelFamily("expand_depthwise_conv2d", lower_expand_depthwise, ("float32", "bfloat16")),
+    KernelFamily("conv2d", lower_conv2d, ("float32", "bfloat16"), conv_narrow_outputs,
+                 conv_bf16_operand),
+    KernelFamily("depthwise_conv2d", lower_depthwise, narrow_outputs=depthwise_narrow_outputs),
+    KernelFamily("expand_depthwise_conv2d", lower_expand_depthwise, ("float32", "bfloat16"),
+                 expand_depthwise_narrow_outputs, expand_depthwise_bf16_operand),
 )

@@ -9,43 +9,45 @@ from tvm import relax
 from ...kernels import numpy_dtype, pack_b_numpy
 from ...schedules.backward import col_sum_schedule
 from ...schedules.gemm import bf16_a_schedule, gemm_schedule
-from ..lowp_activations import LowpOffers
-from .base import KernelFamily, Lowered, Match, as_relax_kernel, bf16_offers, dims, kernel_name
+from .base import (
+    KernelFamily,
+    Lowered,
+    Match,
+    as_relax_kernel,
+    dims,
+    kernel_name,
+    output_args,
+)
 
 
 def emit_gemm(bb: relax.BlockBuilder, matched: Match, name: str, isa: str,
-               x: relax.Expr, w_kn: np.ndarray, out_shape: list[int],
-               precision: str = "float32", threads: int = 1) -> Lowered:
+              x: relax.Expr, w_kn: np.ndarray, out_shape: list[int],
+              precision: str = "float32", threads: int = 1) -> Lowered:
     """One GEMM kernel over x flattened to rows: (+bias)(+act)(x gate)(+residual)(+act),
     reshaped.
 
     In bf16 the weight is packed as bf16 VNNI panels now, and x is converted (and padded)
-    to bf16 by a small kernel before the GEMM; the epilogue is fp32, and so is the output
-    unless ``lowp_activations`` finds that the next bf16 layer is its only reader. On
-    an AMX target the bf16 GEMM runs on tiles, one task per thread of ``threads``."""
-    offers = LowpOffers()
+    to bf16 by a small kernel before the GEMM, or arrives in bf16 (``matched.io``); the
+    epilogue is fp32, and the output is what ``matched.io`` planned. On an AMX target the
+    bf16 GEMM runs on tiles, one task per thread of ``threads``."""
+    io = matched.io
     xs = dims(x)
     k, n = w_kn.shape
     m = int(np.prod(xs[:-1])) if len(xs) > 1 else 1
     col_scale = matched.get("lhs_scale")
     if col_scale is not None and precision != "float32":  # scaled rows are fp32 only
         x, col_scale = bb.emit(relax.op.multiply(x, col_scale)), None
-    epilogue = matched.epilogue
+    epilogue = matched.epilogue.writing(io.writes)
     sch, plan = gemm_schedule(m, n, k, isa, epilogue=epilogue, dtype=precision,
                               a_col_scale=col_scale is not None, threads=threads)
-    gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
+    kernel = sch.mod["main"]
+    gv = bb.add_func(as_relax_kernel(kernel), kernel_name(name))
     a2 = bb.emit(relax.op.reshape(x, (m, k))) if len(xs) != 2 else x
     prec = plan.precision
-    if plan.a_prepadded:
-        cvt = bb.add_func(as_relax_kernel(bf16_a_schedule(m, k, plan.mp, plan.kp, isa)
-                                          .mod["main"]), kernel_name(name) + "_a_bf16")
+    if plan.a_prepadded and (io.takes != prec.a or (plan.mp, plan.kp) != (m, k)):
+        cvt = bf16_a_schedule(m, k, plan.mp, plan.kp, isa, in_dtype=io.takes)
+        cvt = bb.add_func(as_relax_kernel(cvt.mod["main"]), kernel_name(name) + "_a_bf16")
         a2 = bb.emit(relax.call_tir(cvt, [a2], relax.TensorType((plan.mp, plan.kp), prec.a)))
-        unpadded = (plan.mp, plan.kp) == (m, k)
-        offers = bf16_offers(gv, lambda dtype: gemm_schedule(
-            m, n, k, isa, epilogue=epilogue.writing(dtype), dtype=precision,
-            threads=threads)[0].mod["main"],
-            cvt, None if unpadded else lambda: bf16_a_schedule(
-                m, k, plan.mp, plan.kp, isa, in_dtype="bfloat16").mod["main"])
     w_packed = pack_b_numpy(w_kn.astype(numpy_dtype(prec.b)), plan.nr, "kn", plan.kp, prec.vnni)
     args = [a2, relax.const(w_packed)]
     if col_scale is not None:
@@ -57,9 +59,21 @@ def emit_gemm(bb: relax.BlockBuilder, matched: Match, name: str, isa: str,
         if getattr(epilogue, operand):
             t = matched[operand]
             args.append(bb.emit(relax.op.reshape(t, (m, n))) if len(out_shape) != 2 else t)
-    out = bb.emit(relax.call_tir(gv, args, relax.TensorType((m, n), "float32")))
-    return Lowered(relax.op.reshape(out, out_shape) if len(out_shape) != 2 else out,
-                   offers=offers)
+    out = bb.emit(relax.call_tir(gv, output_args(args, kernel, n, io),
+                                 relax.TensorType((m, n), io.writes)))
+    return Lowered(relax.op.reshape(out, out_shape) if len(out_shape) != 2 else out)
+
+
+def gemm_narrow_outputs(matched: Match, precision: str, isa: str, threads: int
+                        ) -> tuple[str, ...]:
+    """A bf16 GEMM writes bf16 for the next bf16 layer, or the quantized input of the
+    next int8 one."""
+    return ("bfloat16", "uint8", "int8") if precision == "bfloat16" else ()
+
+
+def gemm_bf16_operand(matched: Match, precision: str, isa: str, threads: int) -> str | None:
+    """A bf16 GEMM takes its rows in bf16 (not scaled ones: those are scaled in fp32)."""
+    return "lhs" if precision == "bfloat16" and "lhs_scale" not in matched else None
 
 
 def lower_dense(bb: relax.BlockBuilder, matched: Match, name: str,
@@ -133,7 +147,8 @@ def lower_col_sum(bb: relax.BlockBuilder, matched: Match, name: str,
 
 
 FAMILIES = (
-    KernelFamily("dense", lower_dense, ("float32", "bfloat16")),
+    KernelFamily("dense", lower_dense, ("float32", "bfloat16"), gemm_narrow_outputs,
+                 gemm_bf16_operand),
     KernelFamily("bmm", lower_bmm),
     KernelFamily("matmul", lower_matmul),
     KernelFamily("col_sum", lower_col_sum),

@@ -36,7 +36,7 @@ def lower_global_avg_pool(bb: relax.BlockBuilder, matched: Match, name: str,
     """Global average pooling (mean over H, W of NHWC): the reduce_add_rows TPP."""
     x, call = matched["lhs"], matched["root"]
     n, h, w, c = dims(x)
-    if h * w == 1:  # the mean of one pixel is the pixel (VGG's 1 x 4096 head)
+    if _one_pixel(matched):  # the mean of one pixel is the pixel (VGG's 1 x 4096 head)
         return Lowered(relax.op.reshape(x, dims(call)))
     sch = global_avg_pool_schedule(n, h * w, c, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
@@ -45,7 +45,13 @@ def lower_global_avg_pool(bb: relax.BlockBuilder, matched: Match, name: str,
     return Lowered(relax.op.reshape(out, dims(call)))
 
 
+def _one_pixel(matched: Match) -> bool:
+    """A global average pooling of a one-pixel map: a reshape."""
+    _, h, w, _ = dims(matched["lhs"])
+    return h * w == 1
+
+
 FAMILIES = (
     KernelFamily("max_pool2d", lower_max_pool),
-    KernelFamily("global_avg_pool", lower_global_avg_pool),
+    KernelFamily("global_avg_pool", lower_global_avg_pool, is_view=_one_pixel),
 )

@@ -5,8 +5,6 @@ would; on the AVX-512 kernels and on AMX tiles."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -141,13 +139,45 @@ def test_models_pass_bf16_between_layers_and_give_the_same_result(
     passing = compile_onnx(model, target=tgt, precision="bf16")
     assert passing.report_data["rewrites"].get(REWRITE, 0) == links
     assert REWRITE in passing.report()
-    monkeypatch.setattr(lower, "lowp_activations", lambda mod, offers: (mod, Counter()))
+    monkeypatch.setattr(lower, "plan_outputs", lambda *args: {})
     converting = compile_onnx(model, target=tgt, precision="bf16")
     assert REWRITE not in converting.report_data.get("rewrites", {})
     for got, want in zip(passing(**inputs), converting(**inputs), strict=True):
         np.testing.assert_array_equal(got, want)
     if tiles_emulated(tgt):
         amx_emulator.check(name)
+
+
+@pytest.mark.requires_torch
+@pytest.mark.requires_avx512_bf16
+def test_a_layer_that_cannot_write_its_planned_dtype_writes_fp32_and_stays_right(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan is made before any kernel exists; a bf16 GEMM that cannot then write bf16
+    writes fp32 (reported), and its reader converts as it would without a plan: the same
+    bits."""
+    from tpp_tvm.relay_passes import lower
+    from tpp_tvm.relay_passes.families import gemm as gemm_family
+
+    tgt = target("avx512", num_cores=2)
+    model = models.GENERATORS["mlp"](**models.TINY_ARGS["mlp"])
+    inputs = models.example_inputs(model)
+    real = gemm_family.gemm_schedule
+
+    def no_bf16_output(*args, epilogue: Epilogue = Epilogue(), **kwargs):
+        if epilogue.out_dtype == "bfloat16":
+            raise ValueError("no bf16 output here")
+        return real(*args, epilogue=epilogue, **kwargs)
+
+    monkeypatch.setattr(gemm_family, "gemm_schedule", no_bf16_output)
+    refused = compile_onnx(model, target=tgt, precision="bf16")
+    rewrites = refused.report_data["rewrites"]
+    assert REWRITE not in rewrites
+    assert any("bfloat16 -> bfloat16 kernel failed" in line for line in rewrites), rewrites
+    assert not refused.report_data.get("fallbacks")
+    monkeypatch.setattr(lower, "plan_outputs", lambda *args: {})
+    unplanned = compile_onnx(model, target=tgt, precision="bf16")
+    for got, want in zip(refused(**inputs), unplanned(**inputs), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def _quantized(x: np.ndarray, inv_scale: float, zero: float, dtype: str) -> np.ndarray:
