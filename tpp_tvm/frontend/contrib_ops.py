@@ -44,7 +44,7 @@ def _simplified_layer_norm(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     out = relax.op.nn.rms_norm(x, scale, axes=list(range(axis, rank)),
                                epsilon=float(attrs.get("epsilon", 1e-5)))
     unused = relax.const(_UNUSED, "float32")
-    return relax.Tuple([out, unused])
+    return relax.Tuple([bb.normalize(out), unused])
 
 
 def _skip_simplified_layer_norm(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
@@ -60,7 +60,7 @@ def _skip_simplified_layer_norm(bb: Any, inputs: Any, attrs: dict[str, Any]) -> 
     out = relax.op.nn.rms_norm(total, gamma, axes=[-1],
                                epsilon=float(attrs.get("epsilon", 1e-12)))
     unused = relax.const(_UNUSED, "float32")
-    return relax.Tuple([out, unused, unused, total])
+    return relax.Tuple([bb.normalize(out), unused, unused, total])
 
 
 def _rotary_embedding(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
@@ -93,7 +93,7 @@ def _rotary_embedding(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     else:
         raise UnsupportedOperatorError(f"RotaryEmbedding of a {len(shape)}-D input "
                                        "(3-D or 4-D)")
-    _, _, seq, head = _dims(bb.normalize(x4))
+    seq = _dims(bb.normalize(x4))[2]
     half = _dims(cos)[-1]
     rotary = int(attrs.get("rotary_embedding_dim", 0)) or 2 * half
     if positions is not None:  # cos/sin rows of each position: (batch, sequence, half)
@@ -107,9 +107,23 @@ def _rotary_embedding(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
     else:  # the caches are per position already: (sequence, half) or (batch, seq, half)
         cos, sin = (relax.op.expand_dims(t, 1) if len(_dims(t)) == 3 else t
                     for t in (cos, sin))
+    out = rotated(bb, x4, cos, sin, rotary, bool(int(attrs.get("interleaved", 0))))
+    if len(shape) == 3:
+        out = relax.op.reshape(relax.op.permute_dims(out, [0, 2, 1, 3]), shape)
+    return out
+
+
+def rotated(bb: Any, x4: Any, cos: Any, sin: Any, rotary: int, interleaved: bool) -> Any:
+    """The first ``rotary`` channels of each head of ``x4`` (batch, heads, sequence, head
+    size) rotated by the ``cos``/``sin`` rows (broadcast to (.., sequence, rotary / 2)):
+    halves (x[:d/2], x[d/2:]) or interleaved pairs (x[2i], x[2i+1]); the other channels
+    pass through."""
+    from tvm import relax
+
+    head = _dims(bb.normalize(x4))[3]
     rot = relax.op.strided_slice(x4, axes=[3], begin=[0], end=[rotary])
     rest = relax.op.strided_slice(x4, axes=[3], begin=[rotary], end=[head])
-    if int(attrs.get("interleaved", 0)):  # pairs (x[2i], x[2i+1])
+    if interleaved:  # pairs (x[2i], x[2i+1])
         pairs = relax.op.reshape(rot, (*_dims(bb.normalize(rot))[:3], rotary // 2, 2))
         first = relax.op.squeeze(relax.op.strided_slice(pairs, [4], [0], [1]), [4])
         second = relax.op.squeeze(relax.op.strided_slice(pairs, [4], [1], [2]), [4])
@@ -118,15 +132,12 @@ def _rotary_embedding(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
         second = relax.op.strided_slice(rot, axes=[3], begin=[rotary // 2], end=[rotary])
     new_first = relax.op.subtract(relax.op.multiply(first, cos), relax.op.multiply(second, sin))
     new_second = relax.op.add(relax.op.multiply(second, cos), relax.op.multiply(first, sin))
-    if int(attrs.get("interleaved", 0)):
+    if interleaved:
         stacked = relax.op.stack([new_first, new_second], axis=4)
-        rotated = relax.op.reshape(stacked, _dims(bb.normalize(rot)))
+        out = relax.op.reshape(stacked, _dims(bb.normalize(rot)))
     else:
-        rotated = relax.op.concat([new_first, new_second], axis=3)
-    out = relax.op.concat([rotated, rest], axis=3) if rotary < head else rotated
-    if len(shape) == 3:
-        out = relax.op.reshape(relax.op.permute_dims(out, [0, 2, 1, 3]), shape)
-    return out
+        out = relax.op.concat([new_first, new_second], axis=3)
+    return relax.op.concat([out, rest], axis=3) if rotary < head else out
 
 
 def _gather_block_quantized(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:

@@ -80,8 +80,13 @@ def int8_fake_quantized(bb: Any, x: Any, k: int, block: int) -> Any:
     tiles = bb.normalize(relax.op.reshape(flat, (rows, blocks, block)))
     amax = relax.op.max(relax.op.abs(tiles), axis=[2], keepdims=True)
     scale = bb.normalize(relax.op.divide(amax, relax.const(np.float32(127))))
-    inverse = relax.op.divide(relax.const(np.float32(1)), relax.op.maximum(
-        scale, relax.const(np.finfo(np.float32).tiny)))  # all-zero blocks stay 0
+    # 127 / max|x| as MLAS computes it (1 / scale is an ulp off, which moves a code on a
+    # rounding tie); all-zero blocks stay 0
+    inverse = relax.op.where(
+        relax.op.greater(amax, relax.const(np.float32(0))),
+        relax.op.divide(relax.const(np.float32(127)),
+                        relax.op.maximum(amax, relax.const(np.finfo(np.float32).tiny))),
+        relax.const(np.float32(0)))
     codes = relax.op.round(relax.op.multiply(tiles, inverse))
     out = relax.op.reshape(relax.op.multiply(codes, scale), (rows, blocks * block))
     if blocks * block != k:
@@ -106,6 +111,7 @@ def matmul_nbits(bb: Any, inputs: Any, attrs: dict[str, Any]) -> Any:
 
     where = _node(attrs)
     a, b, scales, zero_points, g_idx, bias = (list(inputs) + [None] * 6)[:6]
+    a = bb.normalize(a)  # a converter's output may come unnormalized
     k, n = int(attrs["K"]), int(attrs["N"])
     bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))
     level = int(attrs.get("accuracy_level", 0))

@@ -74,8 +74,11 @@ def _int8_activations_pattern():
     flat = is_op("relax.reshape")(x, wildcard())
     padded = is_op("relax.nn.pad")(flat, varg_default_wildcard=True) | flat
     tiles = is_op("relax.reshape")(padded, wildcard())
-    scale = is_op("relax.divide")(is_op("relax.max")(is_op("relax.abs")(tiles)), is_const())
-    inverse = is_op("relax.divide")(is_const(), is_op("relax.maximum")(scale, is_const()))
+    amax = is_op("relax.max")(is_op("relax.abs")(tiles))
+    scale = is_op("relax.divide")(amax, is_const())
+    inverse = is_op("relax.where")(
+        is_op("relax.greater")(amax, is_const()),
+        is_op("relax.divide")(is_const(), is_op("relax.maximum")(amax, is_const())), is_const())
     deq = is_op("relax.multiply")(
         is_op("relax.round")(is_op("relax.multiply")(tiles, inverse)), scale)
     back = is_op("relax.reshape")(deq, wildcard())
