@@ -53,6 +53,14 @@ from harness import (
 
 CACHE = Path(tempfile.gettempdir()) / "tpp_tvm_decoder"
 MODELS = ("gpt2", "llama")
+#: Llama-style decoders by name: (layers, hidden, intermediate, heads, kv heads); vocabulary
+#: 32000, random weights. ``llama500m``: 0.45B parameters; ``llama1b``: TinyLlama-1.1B's shape.
+LLAMAS = {"llama": (8, 1024, 2816, 16, 4), "llama500m": (20, 1280, 3456, 20, 4),
+          "llama1b": (22, 2048, 5632, 32, 4)}
+#: OpenVINO at its own settings for LLMs (``openvino_llm``): no precision hint (bf16 where the
+#: CPU has it), which turns on its int8 dynamic quantization of activations for compressed
+#: weights and its u8 KV cache: what its GenAI pipelines run, not f32.
+OPENVINO_LLM_CONFIG: dict = {}
 
 
 #: A quantized model's name: base model, bits, block size, accuracy level.
@@ -80,9 +88,10 @@ def export(name: str) -> Path:
     if name == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
     else:
+        layers, hidden, inner, heads, kv_heads = LLAMAS[name]
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_hidden_layers=8, hidden_size=1024, intermediate_size=2816,
-            num_attention_heads=16, num_key_value_heads=4, vocab_size=32000))
+            num_hidden_layers=layers, hidden_size=hidden, intermediate_size=inner,
+            num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000))
     return export_causal_lm_with_cache(model.eval(), path)
 
 
@@ -128,8 +137,11 @@ class PeerLoop:
         model = onnx.load(str(path), load_external_data=False)
         self.layout = cache_layout(model)
         self.outputs = [v.name for v in model.graph.output]
-        self.generate = {"onnxruntime": self._onnxruntime, "openvino": self._openvino,
-                         "openvino_stateless": self._openvino_stateless}[impl](path, threads)
+        self.generate = {
+            "onnxruntime": self._onnxruntime,
+            "openvino": self._openvino,
+            "openvino_llm": lambda p, t: self._openvino(p, t, OPENVINO_LLM_CONFIG),
+            "openvino_stateless": self._openvino_stateless}[impl](path, threads)
 
     def _feed(self, ids: np.ndarray, total: int) -> dict[str, np.ndarray]:
         lay, batch = self.layout, ids.shape[0]
@@ -175,7 +187,7 @@ class PeerLoop:
             return np.stack(tokens, 1), prefill, steps
         return generate
 
-    def _openvino(self, path: Path, threads: int):
+    def _openvino(self, path: Path, threads: int, config: dict | None = None):
         import openvino as ov
         from openvino._offline_transformations import apply_make_stateful_transformation
 
@@ -183,9 +195,9 @@ class PeerLoop:
         core = ov.Core()
         model = core.read_model(str(path))
         apply_make_stateful_transformation(model, dict(zip(lay.past, lay.present)))
+        config = {"INFERENCE_PRECISION_HINT": "f32"} if config is None else config
         compiled = core.compile_model(model, "CPU", {
-            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
-            "CPU_DENORMALS_OPTIMIZATION": True})
+            **config, "INFERENCE_NUM_THREADS": threads, "CPU_DENORMALS_OPTIMIZATION": True})
         request = compiled.create_infer_request()
         variables = {p + q: p for p, q in zip(lay.past, lay.present)}
 
@@ -305,19 +317,20 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
     return list(best.values())
 
 
-def run_apart(name: str, args: argparse.Namespace) -> list[dict]:
+def run_apart(name: str, args: argparse.Namespace, prompt: int, threads: int) -> list[dict]:
     """:func:`run_model` with each runtime in a process of its own (an idle runtime's
     worker threads slow the next one in the same process), rows compared by their tokens."""
     rows = []
     for impl in args.impls.split(","):
         cmd = [sys.executable, __file__, "--worker", "--models", name, "--impls", impl,
-               "--prompt", str(args.prompt), "--new", str(args.new), "--rounds",
-               str(args.rounds), "--threads", str(args.threads)]
+               "--prompt", str(prompt), "--new", str(args.new), "--rounds",
+               str(args.rounds), "--threads", str(threads)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         sys.stderr.write(out.stderr[-2000:])
         if out.returncode != 0:
             raise RuntimeError(f"{impl} on {name} failed: {out.stderr[-500:]}")
-        rows += json.loads(out.stdout.strip().splitlines()[-1])
+        rows += [{**row, "threads": threads}
+                 for row in json.loads(out.stdout.strip().splitlines()[-1])]
     tpp = next((r["tokens"] for r in rows if r["impl"] == "tpp_tvm"), None)
     for row in rows:
         if tpp is not None:
@@ -325,7 +338,7 @@ def run_apart(name: str, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], threads: int, command: str, date: str, load: str,
+def render(rows: list[dict], threads: str, command: str, date: str, load: str,
            title: str = "KV-cache decoding: tokens per second") -> str:
     lines = [f"# {title}", "",
              *run_header(machine(), date, command, load),
@@ -337,18 +350,21 @@ def render(rows: list[dict], threads: int, command: str, date: str, load: str,
              "embedding tables only gathered from) / step time; \"of bandwidth\" divides it by "
              f"`peak.py --stream read` on {threads} thread(s), measured before every round "
              "(the best kept).", "",
-             "| model | runtime | prefill ms | step ms | tokens/s | tpp_tvm speed-up | "
-             "weight GB/s | bandwidth GB/s | of bandwidth | same tokens as tpp_tvm | "
-             "compile s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
-    for model in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == model]
+             "| model | threads | runtime | prefill ms | step ms | tokens/s | tpp_tvm "
+             "speed-up | weight GB/s | bandwidth GB/s | of bandwidth | same tokens as "
+             "tpp_tvm | compile s |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    runs = dict.fromkeys((r["model"], r["prompt"], r.get("threads", threads)) for r in rows)
+    for model, prompt, run_threads in runs:
+        mine = [r for r in rows if (r["model"], r["prompt"], r.get("threads", threads))
+                == (model, prompt, run_threads)]
         tpp = next((r for r in mine if r["impl"] == "tpp_tvm"), None)
         for r in mine:
             speedup = f"{tpp['tokens_per_s'] / r['tokens_per_s']:.2f}" if tpp else "-"
             compiled = f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
             lines.append(
-                f"| {model} ({r['weight_mb']:.0f} MB, {r['prompt']}+{r['new']}) | {r['impl']} "
+                f"| {model} ({r['weight_mb']:.0f} MB, {r['prompt']}+{r['new']}) | "
+                f"{run_threads} | {r['impl']} "
                 f"| {r['prefill_ms']:.1f} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
                 f"{speedup} | {r['weight_gb_s']:.1f} | {r['bandwidth_gb_s']:.1f} | "
                 f"{r['weight_gb_s'] / r['bandwidth_gb_s']:.0%} | "
@@ -360,26 +376,28 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--prompt", default="128", help="prompt lengths, comma-separated")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", default="1", help="thread counts, comma-separated")
     parser.add_argument("--impls", default="tpp_tvm,onnxruntime,openvino,openvino_stateless")
     parser.add_argument("--out", help="folder for decoder.md/json (default: results/<cpu>)")
     parser.add_argument("--name", default="decoder", help="the result files' name")
     parser.add_argument("--title", default="KV-cache decoding: tokens per second")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
     if args.worker:
-        print(json.dumps(run_model(args.models, args.prompt, args.new, args.rounds,
-                                   args.threads, args.impls.split(","))))
+        os.environ["TVM_NUM_THREADS"] = args.threads
+        print(json.dumps(run_model(args.models, int(args.prompt), args.new, args.rounds,
+                                   int(args.threads), args.impls.split(","))))
         return 0
     load_before = os.getloadavg()[0]
     rows = []
     for name in args.models.split(","):
         export(name)  # once, before the workers
-        rows += run_apart(name, args)
+        for threads in (int(t) for t in args.threads.split(",")):
+            for prompt in (int(n) for n in args.prompt.split(",")):
+                rows += run_apart(name, args, prompt, threads)
     write_results(args.out or str(results_dir()), args.name, argv, rows, load_before,
                   lambda command, date, load: render(rows, args.threads, command, date,
                                                      load, args.title), script="decoder")
