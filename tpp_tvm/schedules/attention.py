@@ -82,6 +82,8 @@ def padded_query_rows(rows: int, max_rows: int = 8) -> int:
     ``max_rows`` blocks: the Audio Spectrogram Transformer's 1214 tokens (2 x 607) ran in
     2-row blocks, each re-reading a head's K and V (610 KB, past Zen 3's L2) for 2 queries,
     at a third of the FMA rate."""
+    if rows == 1:  # a decoding step: the smallest block (2 rows), not 8
+        return 2
     divisors = [mr for mr in range(2, min(max_rows, rows) + 1) if rows % mr == 0]
     if divisors and (2 * divisors[-1] >= max_rows or rows < 8 * max_rows):
         return rows

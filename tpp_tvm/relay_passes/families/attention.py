@@ -42,6 +42,13 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
         v = matched["v_grouped"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched.scale_multiplies else 1.0 / c
+    if group > 1 and not tiles and _folds_group(matched, qs, query_block_rows(isa)):
+        # Few queries (a decoding step): the query heads sharing a K/V head become rows
+        # of one block, so each K/V head is read once for all of them and the block is
+        # not padded to 8 rows for 1 query. (batch, kv head, group, queries) is a reshape.
+        qs = [*qs[:-3], qs[-3] // group, group * qs[-2], qs[-1]]
+        q = bb.emit(relax.op.reshape(q, qs))
+        bh, group = bh // group, 1
     rows = tile_rows or padded_query_rows(qs[-2], query_block_rows(isa))
     keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
@@ -87,8 +94,20 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, dv), "float32")))
     if rows != qs[-2]:
         out = bb.emit(relax.op.strided_slice(out, axes=[1], begin=[0], end=[qs[-2]]))
-    return Lowered(relax.op.reshape(out, (*qs[:-1], dv)), on_tiles=tiles or None,
-                   kept_fp32=precision != "float32" and not tiles)
+    return Lowered(relax.op.reshape(out, (*dims(matched["q"])[:-1], dv)),
+                   on_tiles=tiles or None, kept_fp32=precision != "float32" and not tiles)
+
+
+def _folds_group(matched: Match, qs: list[int], block_rows: int) -> bool:
+    """Whether a grouped attention's shared heads can run as rows of one block: fewer
+    queries than a block holds, and a mask (if any) that is the same for every head and
+    query (a decoding step's padding mask, (batch or 1, 1, 1, keys))."""
+    if len(qs) != 4 or qs[-2] >= block_rows:
+        return False
+    if "mask" not in matched:
+        return True
+    ms = dims(matched["mask"])
+    return len(ms) == 4 and ms[1] == 1 and ms[2] == 1
 
 
 FAMILIES = (KernelFamily("attention", lower_attention, ("float32", "bfloat16")),)
