@@ -106,6 +106,7 @@ class _Lowerer(relax.PyExprMutator):
         self.planned: dict[relax.Var, KernelIO] = {}
         self.binding_var: relax.Var | None = None
         self.written: Counter = Counter()  # kernels built writing a narrow dtype
+        self.composites: dict[relax.Call, tuple | None] = {}
 
     def _contraction(self, call: relax.Call) -> relax.Expr:
         func = self.mod_[call.args[0]]
@@ -132,7 +133,14 @@ class _Lowerer(relax.PyExprMutator):
 
     def _composite(self, call: relax.Call
                    ) -> tuple[TPPPattern, KernelFamily, str, Match] | None:
-        """The pattern, family, precision and match of a call of one of our composites."""
+        """The pattern, family, precision and match of a call of one of our composites
+        (matched once per call: the plan asks of a call as a producer and as a reader)."""
+        if call not in self.composites:
+            self.composites[call] = self._find_composite(call)
+        return self.composites[call]
+
+    def _find_composite(self, call: relax.Call
+                        ) -> tuple[TPPPattern, KernelFamily, str, Match] | None:
         if not isinstance(call.op, relax.GlobalVar):
             return None
         func = self.mod_[call.op]
