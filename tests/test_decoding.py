@@ -61,10 +61,22 @@ def _ort_logits(path: str, prompt: list[int], tokens: list[int]) -> list[np.ndar
     return out
 
 
-def test_cache_buckets_give_the_unpadded_models_logits(llama, session) -> None:
+@pytest.fixture(scope="module")
+def copying_session(llama) -> DecoderSession:
+    """The cache copied back from the export's own outputs, not written in place."""
+    return DecoderSession(llama[1], decode_buckets=(15, 31, 63), prompt_buckets=(8, 16),
+                          write_in_place=False)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_cache_buckets_give_the_unpadded_models_logits(llama, session, copying_session,
+                                                       in_place) -> None:
     """Two prompts of different lengths in one batch: every step's logits match ONNX
-    Runtime's unpadded run of each prompt alone, and the greedy tokens match torch's."""
+    Runtime's unpadded run of each prompt alone, and the greedy tokens match torch's, with
+    the cache written in place by the steps or copied back from their outputs."""
     model, path = llama
+    session = session if in_place else copying_session
+    assert session.writes_in_place is in_place
     prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
     session.reset()
     steps = [session.prefill(prompts)]
@@ -82,9 +94,14 @@ def test_cache_buckets_give_the_unpadded_models_logits(llama, session) -> None:
             ref_tokens = model.generate(torch.tensor([prompt]), max_new_tokens=12,
                                         do_sample=False, pad_token_id=0)[0, len(prompt):]
         np.testing.assert_array_equal(tokens[b], ref_tokens.numpy())
-    # 8-token prompt bucket, then the 15- and 31-slot cache buckets: three builds, not 12.
-    sizes = sorted((s["seq"], s["past"]) for s in session.model.compiled_sizes)
-    assert sizes == [(1, 15), (1, 31), (8, 1)]
+    # 8-token prompt bucket, then the 15- and 31-slot cache buckets: three builds, not 12
+    # (written in place, the cache holds the step's new slot too).
+    steps = sorted((s["seq"], s["past"]) for s in session.step_model.compiled_sizes)
+    if in_place:
+        assert [(s["seq"], s["past"]) for s in session.model.compiled_sizes] == [(8, 1)]
+        assert steps == [(1, 16), (1, 32)]
+    else:
+        assert steps == [(1, 15), (1, 31), (8, 1)]
     # RMS norms, and attention reading the shared K/V heads in place (no repeat).
     report = session.report()
     assert "tpp.rms_norm: 5" in report
@@ -93,11 +110,12 @@ def test_cache_buckets_give_the_unpadded_models_logits(llama, session) -> None:
 
 def test_generate_and_prepare(session) -> None:
     session.prepare(prompt_length=4, max_length=20, batch=2)  # compiled above: nothing new
-    assert len(session.model.compiled_sizes) == 3
+    assert len(session.model.compiled_sizes) + len(session.step_model.compiled_sizes) == 3
     out = session.generate([[4, 3, 2, 1], [7, 7]], max_new_tokens=6)
     assert out.tokens.shape == (2, 6) and len(out.step_seconds) == 5
     assert out.tokens_per_second > 0
-    assert "KV-cache decoder: 4 cache tensors (past axis 2)" in session.report()
+    assert "KV-cache decoder: 4 cache tensors (past axis 2, written in place)" \
+        in session.report()
 
 
 def test_concurrent_generations_on_one_session_serialize(session) -> None:
@@ -171,3 +189,26 @@ def test_int4_export_generates_like_onnxruntime(tmp_path) -> None:
     assert "tpp.matmul_int4_weights" in session.report(), session.report()
     with pytest.raises(ValueError, match="int4"):
         export_causal_lm_with_cache(None, tmp_path / "x.onnx", weights="int2")
+
+
+def test_in_place_rewrite_only_where_the_cache_is_only_concatenated(llama) -> None:
+    """The step model writes each cache with TensorScatter and reads the past length one
+    slot shorter; a cache input read any other way leaves the export as it is."""
+    from tpp_tvm.decoding import CACHE_WRITE_INDEX, with_cache_written_in_place
+
+    model = onnx.load(llama[1])
+    layout = cache_layout(model)
+    written = with_cache_written_in_place(model, layout)
+    ops = [n.op_type for n in written.graph.node]
+    assert ops.count("TensorScatter") == len(layout.past)
+    scatters = [n for n in written.graph.node if n.op_type == "TensorScatter"]
+    assert sorted(n.output[0] for n in scatters) == sorted(layout.present)
+    assert all(n.input[0] in layout.past and n.input[2] == CACHE_WRITE_INDEX for n in scatters)
+    assert CACHE_WRITE_INDEX in [v.name for v in written.graph.input]
+    assert ops.count("Sub") > [n.op_type for n in model.graph.node].count("Sub")
+
+    model.graph.node.append(onnx.helper.make_node(
+        "ReduceSum", [layout.past[0]], ["cache_total"], keepdims=0))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(
+        "cache_total", onnx.TensorProto.FLOAT, None))
+    assert with_cache_written_in_place(model, layout) is None

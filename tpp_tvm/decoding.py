@@ -3,13 +3,24 @@
 A decoder exported with ``past_key_values`` inputs and ``present`` outputs (see
 :mod:`tpp_tvm.cache_export`) grows its past by one token per step. TPP kernels are built per
 static size (:mod:`tpp_tvm.dynamic`), so a build per past length would mean a compile per
-token. :class:`DecoderSession` instead keeps the cache in **capacity buckets**: the past is
-left-padded to a bucket's length and the padding masked out through the model's own
-``attention_mask`` — exactly how batched generation pads prompts, so the outputs are the
-unpadded model's (masked keys get zero softmax weight). Each step appends one token and drops
-one leading pad slot; the cache moves to the next bucket only when it is full. Prompts are
-left-padded to prompt buckets the same way. So generating 128 tokens after a 128-token prompt
-compiles two sizes (the prompt and one cache bucket), not 129.
+token. :class:`DecoderSession` instead keeps the cache in **capacity buckets**: a bucket's
+tensors hold the tokens so far in their first slots and unused slots after them, masked out
+through the model's own ``attention_mask`` — exactly how batched generation pads prompts, so
+the outputs are the unpadded model's (masked keys get zero softmax weight; attention does not
+depend on the order of the keys, whose positions are already rotated in). Each step writes
+one token into the next free slot; the cache moves to the next bucket only when it is full.
+Prompts are left-padded to prompt buckets the same way. So generating 128 tokens after a
+128-token prompt compiles two sizes (the prompt and one cache bucket), not 129.
+
+**The cache is written where it lies.** A step's build is the export with each
+``present = Concat(past, new)`` output rewritten into ONNX's ``TensorScatter(past, new,
+cache_write_index)`` (:func:`with_cache_written_in_place`), which the importer compiles into
+a write into the input tensor itself: a step writes one token's keys and values instead of
+copying the whole cache twice (the concatenation out, then back into the bucket). The
+concatenation the attention reads stays; the slot being written is masked in that step, so
+the attention gives the same result whether it sees the slot before or after the write. An
+export whose cache outputs are not such concatenations decodes with its own outputs, the new
+slot copied back from them.
 
 Requires ``attention_mask`` and ``position_ids`` inputs (positions must not be derived from
 the padded past length). Decode buckets are ``2^k - 1`` slots so the keys of a step (past +
@@ -28,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from .errors import ModelLoadError, UnsupportedShapeError
 
@@ -35,6 +47,8 @@ from .errors import ModelLoadError, UnsupportedShapeError
 DECODE_BUCKETS = tuple(2**k - 1 for k in range(5, 15))
 #: Prompt lengths one prefill build serves (shorter prompts are left-padded).
 PROMPT_BUCKETS = tuple(2**k for k in range(4, 15))
+#: The input a step's build takes the slot to write its token's keys and values at from.
+CACHE_WRITE_INDEX = "cache_write_index"
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,84 @@ def cache_layout(model: onnx.ModelProto) -> CacheLayout:
                        inputs[past[0]].dtype, inputs["attention_mask"].dtype)
 
 
+def with_cache_written_in_place(model: onnx.ModelProto, layout: CacheLayout
+                                ) -> onnx.ModelProto | None:
+    """The export with its cache written in place: each ``present = Concat(past, new)`` (on
+    the past axis) becomes ``TensorScatter(past, new, cache_write_index)`` — the ``past``
+    input then holds the new token's slot too, written from the slot a new
+    ``cache_write_index`` input (one per batch row) gives, and ``present`` is that input
+    itself. Everything that read the concatenation reads it, with the same shape. Shapes of
+    ``past`` read elsewhere (the past length the masks are built from) are taken one slot
+    shorter, as they were. None where the cache is used otherwise (nothing is rewritten)."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    rewrites = {}  # id(concat node) -> the cache input it extends
+    for past, present, dims in zip(layout.past, layout.present, layout.cache_shapes):
+        node = producer.get(present)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None) \
+            if node is not None and node.op_type == "Concat" else None
+        if axis is None or len(node.input) != 2 or axis % len(dims) != layout.axis \
+                or _through_copies(node.input[0], producer) != past:
+            return None
+        rewrites[id(node)] = past
+    copies = {n for n in producer if n not in layout.past
+              and _through_copies(n, producer) in layout.past}
+    cache_tensors = set(layout.past) | copies
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for node, original in zip(out.graph.node, model.graph.node):
+        reads = [n for n in node.input if n in cache_tensors]
+        if id(original) in rewrites:
+            nodes.append(onnx.helper.make_node(
+                "TensorScatter", [rewrites[id(original)], node.input[1], CACHE_WRITE_INDEX],
+                list(node.output), name=f"{node.output[0]}/written_in_place",
+                axis=layout.axis))
+        elif not reads or node.output[0] in copies:
+            nodes.append(node)
+        elif node.op_type == "Shape":
+            nodes += _shorter_by_one_slot(node, layout.axis, len(layout.cache_shapes[0]))
+        else:
+            return None  # the cache is read some other way
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    inputs = {v.name: v for v in out.graph.input}
+    batch = inputs[layout.tokens].type.tensor_type.shape.dim[0]
+    out.graph.input.append(onnx.helper.make_tensor_value_info(
+        CACHE_WRITE_INDEX, onnx.TensorProto.INT64, [batch.dim_param or batch.dim_value]))
+    for output in out.graph.output:
+        if output.name in layout.present:  # the cache input's shape now
+            output.type.CopyFrom(inputs[layout.past[layout.present.index(output.name)]].type)
+    return out
+
+
+def _shorter_by_one_slot(shape: onnx.NodeProto, axis: int, rank: int) -> list[onnx.NodeProto]:
+    """``shape`` (a Shape of the cache) followed by one less slot on ``axis``: the cache input
+    holds the step's new slot too, and what reads its shape expects the past alone."""
+    attrs = {a.name: a.i for a in shape.attribute}
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank)
+                  for v in (attrs.get("start", 0), attrs.get("end", rank)))
+    delta = np.array([int(d == axis) for d in range(rank)][start:end], np.int64)
+    full = f"{shape.output[0]}/with_new_slot"
+    measured = onnx.NodeProto()
+    measured.CopyFrom(shape)
+    measured.output[:] = [full]
+    constant = onnx.helper.make_node(
+        "Constant", [], [f"{full}/one_slot"],
+        value=onnx.numpy_helper.from_array(delta, f"{full}/one_slot"))
+    return [measured, constant,
+            onnx.helper.make_node("Sub", [full, f"{full}/one_slot"], list(shape.output))]
+
+
+def _through_copies(name: str, producer: dict[str, onnx.NodeProto]) -> str:
+    """The tensor ``name`` copies (through Identity and one-input Concat nodes, which the
+    torch exporter puts between a cache input and its concatenation)."""
+    node = producer.get(name)
+    while node is not None and len(node.input) == 1 and node.op_type in ("Identity", "Concat"):
+        name = node.input[0]
+        node = producer.get(name)
+    return name
+
+
 def bucket_for(length: int, buckets: Sequence[int], what: str) -> int:
     """The smallest bucket holding ``length``; an error beyond the largest."""
     for b in sorted(buckets):
@@ -140,6 +232,10 @@ class DecoderSession:
     different lengths) and returns each one's next-token logits; ``decode(tokens)`` appends
     one token per sequence and returns the next logits; ``generate`` loops greedily.
 
+    ``model`` runs the prompts; ``step_model`` the steps: the export with its cache written
+    in place, or the export itself where that rewrite does not apply or ``write_in_place``
+    is False (``writes_in_place`` says which).
+
     A session is one batch's KV cache: calls from several Python threads serialize (each
     step sees the cache the previous one left); a session per thread generates concurrently.
     """
@@ -148,7 +244,7 @@ class DecoderSession:
                  precision: str = "float32", tune_logs: Any = None,
                  decode_buckets: Sequence[int] = DECODE_BUCKETS,
                  prompt_buckets: Sequence[int] = PROMPT_BUCKETS,
-                 max_cached: int = 8) -> None:
+                 max_cached: int = 8, write_in_place: bool = True) -> None:
         from .compiled import compile_onnx
         from .dynamic import DynamicModel
         from .frontend import load_model
@@ -157,8 +253,13 @@ class DecoderSession:
         self.layout = cache_layout(proto)
         self.decode_buckets = tuple(sorted(decode_buckets))
         self.prompt_buckets = tuple(sorted(prompt_buckets))
-        self.model = compile_onnx(proto, target, precision=precision, tune_logs=tune_logs,
-                                  max_cached=max_cached)
+        in_place = with_cache_written_in_place(proto, self.layout) if write_in_place else None
+        self.writes_in_place = in_place is not None
+        options = {"target": target, "precision": precision, "tune_logs": tune_logs,
+                   "max_cached": max_cached}
+        self.model = compile_onnx(proto, **options)
+        self.step_model = compile_onnx(in_place, **options) if in_place is not None \
+            else self.model
         if not isinstance(self.model, DynamicModel):
             raise ModelLoadError("the export's past length is static: a KV-cache decoder "
                                  "needs it dynamic (dynamic_axes on the past inputs)")
@@ -171,8 +272,9 @@ class DecoderSession:
     @_serialized
     def reset(self) -> None:
         """Forget the cache (a new batch of prompts follows)."""
-        self._cache: list[Any] = []  # TVM tensors: the past the next call reads
+        self._cache: list[Any] = []  # TVM tensors: the bucket's cache
         self._valid = np.zeros((0, 0), bool)  # (batch, slots): real tokens, not padding
+        self._used = 0  # slots written; the next step writes slot _used
         self._buffers: dict[tuple[int, int], list[Any]] = {}
 
     @property
@@ -188,70 +290,74 @@ class DecoderSession:
         return tuple(shape)
 
     def _buffers_for(self, batch: int, slots: int) -> list[Any]:
-        """The cache tensors of one bucket, allocated once and refilled every step: fresh
-        arrays per step cost GPT-2's 255-slot step 15 ms of copies and page faults."""
+        """The cache tensors of one bucket, allocated (zeroed: unused slots are masked, and
+        must hold no NaN) once and reused."""
         import tvm
 
         key = (batch, slots)
         if key not in self._buffers:
-            self._buffers[key] = [tvm.runtime.empty(self._cache_shape(batch, slots, i),
-                                                    self.layout.cache_dtype)
+            self._buffers[key] = [tvm.runtime.tensor(np.zeros(self._cache_shape(batch, slots, i),
+                                                              self.layout.cache_dtype))
                                   for i in range(len(self.layout.past))]
         return self._buffers[key]
 
-    def _fit(self, slots: int) -> None:
-        """Copy the cache into the ``slots``-slot bucket's tensors: left-padded with zeros,
-        or its leading slots dropped (only padding is dropped)."""
-        have = self._valid.shape[1]
-        batch = self._valid.shape[0]
-        dest = self._buffers_for(batch, slots)
-        if self._cache is dest:
-            return
-        ax = self.layout.axis
-        keep = min(have, slots)
-        assert not self._valid[:, :have - keep].any(), "only padding is dropped"
-        src_index = (slice(None),) * ax + (slice(have - keep, None),)
-        dst_index = (slice(None),) * ax + (slice(slots - keep, None),)
-        pad_index = (slice(None),) * ax + (slice(0, slots - keep),)
-        for src, dst in zip(self._cache, dest):
-            out = np.from_dlpack(dst)
-            out[pad_index] = 0
-            out[dst_index] = np.from_dlpack(src)[src_index]
-        self._cache = dest
-        pad = np.zeros((batch, slots - keep), bool)
-        self._valid = np.concatenate([pad, self._valid[:, have - keep:]], 1)
+    def _capacity(self, tokens: int) -> int:
+        """Slots of the cache tensors a step after ``tokens`` cached ones runs with: its
+        decode bucket (the past the step's attention reads besides the new token), plus
+        the new token's slot where the cache is written in place."""
+        if self.writes_in_place:
+            return bucket_for(tokens, self.decode_buckets, "a KV cache") + 1
+        return bucket_for(tokens + 1, self.decode_buckets, "a KV cache")
 
-    def _build(self, batch: int, seq: int, slots: int) -> Any:
+    def _slots(self, start: int, stop: int) -> tuple[slice, ...]:
+        return (slice(None),) * self.layout.axis + (slice(start, stop),)
+
+    def _move(self, sources: list[Any], first: int, valid: np.ndarray, slots: int) -> None:
+        """Make the ``slots``-slot bucket the cache: its first slots get ``sources``' slots
+        from ``first`` on (``valid`` says which hold tokens), the rest are masked."""
+        used = valid.shape[1]
+        dest = self._buffers_for(valid.shape[0], slots)
+        for src, dst in zip(sources, dest):
+            np.from_dlpack(dst)[self._slots(0, used)] = \
+                np.from_dlpack(src)[self._slots(first, first + used)]
+        self._cache = dest
+        self._valid = np.concatenate([valid, np.zeros((valid.shape[0], slots - used), bool)], 1)
+        self._used = used
+
+    def _build(self, batch: int, seq: int, slots: int, step: bool = False) -> Any:
         """The static build for ``seq`` new tokens after a ``slots``-slot cache (compiled on
-        first use); shapes are given as zero-byte broadcast views."""
+        first use; of the step model for a ``step``); shapes are given as zero-byte views."""
         lay = self.layout
 
         def shaped(*shape: int) -> np.ndarray:
             return np.broadcast_to(np.uint8(0), shape)
 
+        in_place = step and self.writes_in_place  # the new slot is one of the cache's
         arrays = {lay.tokens: shaped(batch, seq), lay.positions: shaped(batch, seq),
-                  lay.mask: shaped(batch, slots + seq)}
+                  lay.mask: shaped(batch, slots if in_place else slots + seq)}
         arrays |= {n: shaped(*self._cache_shape(batch, slots, i))
                    for i, n in enumerate(lay.past)}
-        return self.model.specialization(self.model.size_of(arrays))
+        model = self.step_model if step else self.model
+        if in_place:
+            arrays[CACHE_WRITE_INDEX] = shaped(batch)
+        return model.specialization(model.size_of(arrays))
 
-    def _run(self, tokens: np.ndarray, new_valid: np.ndarray) -> np.ndarray:
-        """One call: ``tokens`` (batch, new) after the cache; returns the last logits."""
+    def _run(self, tokens: np.ndarray, mask: np.ndarray, past: list[Any],
+             extra: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, list[Any]]:
+        """One call: ``tokens`` (batch, new) after ``past`` under ``mask`` (past slots then
+        the new tokens); returns the last logits and the cache outputs."""
         import tvm
 
         lay = self.layout
-        valid = np.concatenate([self._valid, new_valid], 1)
-        positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0)[:, -tokens.shape[1]:]
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -tokens.shape[1]:]
         small = {lay.tokens: tokens.astype(np.int64), lay.positions: positions.astype(np.int64),
-                 lay.mask: valid.astype(lay.mask_dtype)}
-        compiled = self._build(*tokens.shape, self._valid.shape[1])
+                 lay.mask: mask.astype(lay.mask_dtype)} | (extra or {})
+        compiled = self._build(*tokens.shape, past[0].shape[lay.axis], step=extra is not None)
         feed = {name: tvm.runtime.tensor(value) for name, value in small.items()}
-        feed |= dict(zip(lay.past, self._cache))
+        feed |= dict(zip(lay.past, past))
         out = dict(zip(self._outputs, compiled.run_tensors([feed[i.name]
                                                             for i in compiled.inputs])))
-        self._cache = [out[name] for name in lay.present]
-        self._valid = valid
-        return np.from_dlpack(out[lay.logits])[:, -1].copy()
+        return np.from_dlpack(out[lay.logits])[:, -1].copy(), [out[n] for n in lay.present]
 
     # ------------------------------------------------------------------ steps
 
@@ -263,16 +369,18 @@ class DecoderSession:
             raise UnsupportedShapeError("prefill needs at least one token per prompt")
         width = bucket_for(max(len(r) for r in rows), self.prompt_buckets, "a prompt")
         tokens = np.zeros((len(rows), width), np.int64)
-        new_valid = np.zeros((len(rows), width), bool)
+        valid = np.zeros((len(rows), width), bool)
         for b, r in enumerate(rows):
             tokens[b, width - len(r):] = r
-            new_valid[b, width - len(r):] = True
+            valid[b, width - len(r):] = True
         # One masked past slot: a zero-length past would be a zero-size tensor.
-        self._valid = np.zeros((len(rows), 1), bool)
-        self._cache = self._buffers_for(len(rows), 1)
-        for c in self._cache:
-            np.from_dlpack(c)[...] = 0
-        return self._run(tokens, new_valid)
+        empty = self._buffers_for(len(rows), 1)
+        mask = np.concatenate([np.zeros((len(rows), 1), bool), valid], 1)
+        logits, present = self._run(tokens, mask, empty)
+        first = width - max(len(r) for r in rows)  # pad columns no prompt reaches
+        used = width - first
+        self._move(present, 1 + first, valid[:, first:], self._capacity(used))
+        return logits
 
     @_serialized
     def decode(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -280,14 +388,28 @@ class DecoderSession:
         if not self._cache:
             raise UnsupportedShapeError("decode() before prefill(): no sequences to extend")
         step = np.asarray(tokens, np.int64).reshape(-1, 1)
-        if step.shape[0] != self._valid.shape[0]:
+        batch, slots = self._valid.shape
+        if step.shape[0] != batch:
             raise UnsupportedShapeError(f"decode() got {step.shape[0]} tokens for a batch of "
-                                        f"{self._valid.shape[0]} sequences")
-        lead = int(np.argmax(self._valid.any(axis=0))) if self._valid.any() else 0
-        used = self._valid.shape[1] - lead  # slots from the first real token on
-        self._fit(bucket_for(used + 1, self.decode_buckets, "a KV cache"))
-        logits = self._run(step, np.ones((step.shape[0], 1), bool))
-        self._fit(self._valid.shape[1] - 1)  # the step's extra slot: drop one leading pad
+                                        f"{batch} sequences")
+        if self._used == slots:  # full: the next bucket
+            self._move(self._cache, 0, self._valid, self._capacity(slots))
+            slots = self._valid.shape[1]
+        write = self._used
+        if self.writes_in_place:  # the new token's slot is the one written
+            mask = self._valid.copy()
+            mask[:, write] = True
+            extra = {CACHE_WRITE_INDEX: np.full(batch, write, np.int64)}
+        else:
+            mask = np.concatenate([self._valid, np.ones((batch, 1), bool)], 1)
+            extra = {}
+        logits, present = self._run(step, mask, self._cache, extra)
+        if not self.writes_in_place:  # the new slot, from the concatenated outputs
+            for src, dst in zip(present, self._cache):
+                np.from_dlpack(dst)[self._slots(write, write + 1)] = \
+                    np.from_dlpack(src)[self._slots(slots, slots + 1)]
+        self._valid[:, write] = True
+        self._used += 1
         return logits
 
     @_serialized
@@ -295,9 +417,9 @@ class DecoderSession:
         """Compile ahead the prompt bucket and the cache buckets a generation up to
         ``max_length`` tokens in total needs (otherwise each compiles on first use)."""
         self._build(batch, bucket_for(prompt_length, self.prompt_buckets, "a prompt"), 1)
-        for slots in sorted({bucket_for(used, self.decode_buckets, "a KV cache")
-                             for used in range(prompt_length + 1, max_length + 1)}):
-            self._build(batch, 1, slots)
+        for slots in sorted({self._capacity(used)
+                             for used in range(prompt_length, max_length)}):
+            self._build(batch, 1, slots, step=True)
 
     @_serialized
     def generate(self, prompts: np.ndarray | Sequence[Sequence[int]], max_new_tokens: int
@@ -316,9 +438,13 @@ class DecoderSession:
         return Generation(np.stack(out, 1), prefill, float(sum(steps)), steps)
 
     def report(self) -> str:
-        """The cache layout, the buckets and the dynamic model's report."""
+        """The cache layout, the buckets and the prompt and step models' reports."""
         lay = self.layout
-        lines = [f"KV-cache decoder: {len(lay.past)} cache tensors (past axis {lay.axis}), "
-                 f"decode buckets {self.decode_buckets[:6]}..., prompt buckets "
-                 f"{self.prompt_buckets[:6]}...", self.model.report()]
+        written = "written in place" if self.writes_in_place else \
+            "copied from the export's concatenated outputs"
+        lines = [f"KV-cache decoder: {len(lay.past)} cache tensors (past axis {lay.axis}, "
+                 f"{written}), decode buckets {self.decode_buckets[:6]}..., prompt buckets "
+                 f"{self.prompt_buckets[:6]}...", "Prompts:", self.model.report()]
+        if self.step_model is not self.model:
+            lines += ["Steps:", self.step_model.report()]
         return "\n".join(lines)

@@ -23,7 +23,7 @@ import tvm
 from tpp_tvm import onnx_recurrent
 from tpp_tvm.errors import UnsupportedOperatorError
 
-from . import contrib_attention, contrib_ops, weight_only
+from . import cache_ops, contrib_attention, contrib_ops, weight_only
 from .folding import subgraphs
 
 # Operator domains whose ops TVM's converter knows by name (it ignores the domain, so a node of
@@ -235,6 +235,7 @@ EXTRA_CONVERTERS: dict[str, Callable[..., Any]] = {
     **weight_only.CONVERTERS,
     **contrib_ops.CONVERTERS,
     **contrib_attention.CONVERTERS,
+    **cache_ops.CONVERTERS,
     "Max": _variadic("maximum"),
     "Min": _variadic("minimum"),
     "Sum": _variadic("add"),
