@@ -34,7 +34,10 @@ class AttentionShape:
     (a causal mask) when ``mask_per_query``; ``zero_masked_rows``
     gives a row whose keys are all masked (-inf) zero output, as SDPA exports' NaN guard
     does, instead of NaN; ``group`` query heads share each K/V head (grouped-query
-    attention: K and V have ``bh // group`` rows, read in place, never repeated)."""
+    attention: K and V have ``bh // group`` rows, read in place, never repeated);
+    ``keys_as_rows``: K comes as (bh/g, seq, dim) rows, not Kᵀ, and each key block is
+    transposed in L1 where the scores take it (for one query block a head, a decoding step:
+    a Kᵀ copy of the whole cache would be written and read back for one use)."""
 
     bh: int
     seq_q: int
@@ -47,6 +50,7 @@ class AttentionShape:
     group: int = 1
     mask_per_query: bool = False
     dim_v: int | None = None
+    keys_as_rows: bool = False
 
     @property
     def value_dim(self) -> int:
@@ -108,6 +112,20 @@ def _col_block(cols: int, lanes: int = 16) -> int:
     return cols
 
 
+def _operands(sh: AttentionShape) -> tuple[te.Tensor, te.Tensor, te.Tensor, te.Tensor]:
+    """Q, the K input, Kᵀ as the scores read it (the input itself, or with
+    ``keys_as_rows`` the transposing stage the schedule runs per key block) and V."""
+    kv_rows = sh.bh // sh.group
+    Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
+    V = te.placeholder((kv_rows, sh.seq, sh.value_dim), "float32", name="v")
+    if not sh.keys_as_rows:
+        KT = te.placeholder((kv_rows, sh.dim, sh.seq), "float32", name="k_t")
+        return Q, KT, KT, V
+    K = te.placeholder((kv_rows, sh.seq, sh.dim), "float32", name="k")
+    return Q, K, te.compute((kv_rows, sh.dim, sh.seq), lambda b, r, j: K[b, j, r],
+                            name="k_t_block"), V
+
+
 def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
     """The kernel's TE stages as a PrimFunc: fp32 products, or on ``tiles`` bf16 products
     with fp32 accumulation: Q and the probabilities converted per query block, Kᵀ and V
@@ -115,10 +133,8 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
     seq/32, dim/2, 32, 2), ``v_packed`` (bh/g, dim_v/32, seq/2, 32, 2): the tile GEMMs' B
     layout). The softmax between the products is fp32 either way."""
     g = sh.group
-    Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
-    KT = te.placeholder((sh.bh // g, sh.dim, sh.seq), "float32", name="k_t")
-    V = te.placeholder((sh.bh // g, sh.seq, sh.value_dim), "float32", name="v")
-    inputs = [Q, KT]
+    Q, K, KT, V = _operands(sh)
+    inputs = [Q, K]
     nb, bf16 = TILE_BLOCK, "bfloat16"
 
     def tile_product(a: te.Tensor, b_packed: te.Tensor, k: int, name: str) -> te.Tensor:
@@ -216,8 +232,9 @@ def _query_blocks(sch: s_tir.Schedule, mr: int) -> tuple:
 
 
 def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
-    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s), [mask
-    (bh/heads, sq or 1, s)], V (bh/group, s, dv); output (bh, sq, dv)."""
+    """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s) (K (bh/group,
+    s, d) with ``keys_as_rows``), [mask (bh/heads, sq or 1, s)], V (bh/group, s, dv); output
+    (bh, sq, dv)."""
     sh = shape
     unit = vector_unit(isa)
     lanes = unit.static_lanes("float32")
@@ -237,6 +254,13 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     si, sj, sk = sch.get_loops(sb)[1:]
     sjo, sji = sch.split(sj, [None, nr])
     sch.reorder(sjo, si, sji, sk)
+    if sh.keys_as_rows:  # the key block transposed in L1 for the scores' GEMM
+        kb = sch.get_sblock("k_t_block")
+        sch.compute_at(kb, sjo)
+        kr = sch.get_loops(kb)[-2]
+        if not try_tensorize(sch, kr, TPPSpec("transpose", m=nr, n=sh.dim), isa,
+                             "attention key block"):
+            sch.vectorize(sch.get_loops(kb)[-1])
     if not try_tensorize(sch, si, TPPSpec("gemm", m=mr, n=nr, k=sh.dim, beta=0), isa,
                          "attention scores"):
         raise RuntimeError("attention score tile did not tensorize")  # a bug

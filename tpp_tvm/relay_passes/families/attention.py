@@ -35,10 +35,10 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
     tiles = tile_rows is not None
     bh = int(np.prod(qs[:-2]))
     group = 1
+    k = None  # K as rows (shared heads), where the kernel transposes its key blocks itself
     if "k_grouped" in matched:  # shared K/V heads read in place, not repeated
         k = matched["k_grouped"]
         group = qs[1] // dims(k)[1]
-        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
         v = matched["v_grouped"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched.scale_multiplies else 1.0 / c
@@ -50,45 +50,30 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
         q = bb.emit(relax.op.reshape(q, qs))
         bh, group = bh // group, 1
     rows = tile_rows or padded_query_rows(qs[-2], query_block_rows(isa))
+    # One query block a head (a decoding step) reads K once: its key blocks are transposed
+    # in L1 by the kernel, not copied whole into Kᵀ first.
+    keys_as_rows = k is not None and not tiles and rows <= query_block_rows(isa)
+    if k is not None and not keys_as_rows:
+        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
     keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards
         q3 = bb.emit(relax.op.nn.pad(q3, [0, 0, 0, rows - qs[-2], 0, 0]))
-    kt3 = bb.emit(relax.op.reshape(kt, (bh // group, ks[-2], ks[-1])))
+    if keys_as_rows:
+        kt3 = bb.emit(relax.op.reshape(k, (bh // group, ks[-1], ks[-2])))
+    else:
+        kt3 = bb.emit(relax.op.reshape(kt, (bh // group, ks[-2], ks[-1])))
     v3 = bb.emit(relax.op.reshape(v, (bh // group, ks[-1], dv)))
     if keys != ks[-1]:  # zero keys and values, masked out below
-        kt3 = bb.emit(relax.op.nn.pad(kt3, [0, 0, 0, 0, 0, keys - ks[-1]]))
+        key_axis = [0, 0, 0, keys - ks[-1], 0, 0] if keys_as_rows \
+            else [0, 0, 0, 0, 0, keys - ks[-1]]
+        kt3 = bb.emit(relax.op.nn.pad(kt3, key_axis))
         v3 = bb.emit(relax.op.nn.pad(v3, [0, 0, 0, keys - ks[-1], 0, 0]))
-    args = [q3, kt3]
-    heads = bh
-    masked = "mask" in matched or keys != ks[-1]
-    per_query = False
-    if "mask" in matched:
-        mask = matched["mask"]
-        ms = dims(mask)
-        if len(ms) != len(qs) or not mask_rows_broadcast(tuple(ms[:-2]), tuple(qs[:-2])):
-            # a constant broadcast over inner dims (a bias per head): one row per (b, h)
-            full = np.broadcast_to(mask.value.numpy(), (*qs[:-2], *ms[-2:]))
-            mask = relax.const(np.ascontiguousarray(full))
-            ms = dims(mask)
-        mask_rows = int(np.prod(ms[:-2]))
-        heads = bh // mask_rows
-        per_query = ms[-2] > 1
-        mask3 = bb.emit(relax.op.reshape(mask, (mask_rows, ms[-2], ms[-1])))
-        if keys != ks[-1]:
-            mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, 0, 0, keys - ks[-1]],
-                                            pad_value=float("-inf")))
-        if per_query and rows != qs[-2]:  # the padded query rows' outputs are dropped
-            mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, rows - qs[-2], 0, 0]))
-        args.append(mask3)
-    elif masked:
-        pad_mask = np.zeros((1, 1, keys), "float32")
-        pad_mask[..., ks[-1]:] = -np.inf
-        args.append(relax.const(pad_mask))
-    args.append(v3)
-    shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, masked,
+    mask3, heads, per_query = _mask_rows(bb, matched, qs, ks[-1], keys, rows, bh)
+    args = [q3, kt3, *([mask3] if mask3 is not None else []), v3]
+    shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, mask3 is not None,
                            zero_masked_rows="nan_guard" in matched, group=group,
-                           mask_per_query=per_query, dim_v=dv)
+                           mask_per_query=per_query, dim_v=dv, keys_as_rows=keys_as_rows)
     sch = attention_tile_schedule(shape, threads) if tiles else attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, dv), "float32")))
@@ -96,6 +81,36 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
         out = bb.emit(relax.op.strided_slice(out, axes=[1], begin=[0], end=[qs[-2]]))
     return Lowered(relax.op.reshape(out, (*dims(matched["q"])[:-1], dv)),
                    on_tiles=tiles or None, kept_fp32=precision != "float32" and not tiles)
+
+
+def _mask_rows(bb: relax.BlockBuilder, matched: Match, qs: list[int], seq: int, keys: int,
+               rows: int, bh: int) -> tuple[relax.Expr | None, int, bool]:
+    """The kernel's mask argument (mask rows, 1 or ``rows`` queries, ``keys``), the (batch·
+    head) rows sharing a mask row, and whether it is per query: the matched mask, its padded
+    keys at -inf and padded query rows at zero; or only the padded keys' -inf (None where
+    nothing is masked)."""
+    if "mask" not in matched:
+        if keys == seq:
+            return None, bh, False
+        pad_mask = np.zeros((1, 1, keys), "float32")
+        pad_mask[..., seq:] = -np.inf
+        return relax.const(pad_mask), bh, False
+    mask = matched["mask"]
+    ms = dims(mask)
+    if len(ms) != len(qs) or not mask_rows_broadcast(tuple(ms[:-2]), tuple(qs[:-2])):
+        # a constant broadcast over inner dims (a bias per head): one row per (b, h)
+        full = np.broadcast_to(mask.value.numpy(), (*qs[:-2], *ms[-2:]))
+        mask = relax.const(np.ascontiguousarray(full))
+        ms = dims(mask)
+    mask_rows = int(np.prod(ms[:-2]))
+    per_query = ms[-2] > 1
+    mask3 = bb.emit(relax.op.reshape(mask, (mask_rows, ms[-2], ms[-1])))
+    if keys != seq:
+        mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, 0, 0, keys - seq],
+                                        pad_value=float("-inf")))
+    if per_query and rows != qs[-2]:  # the padded query rows' outputs are dropped
+        mask3 = bb.emit(relax.op.nn.pad(mask3, [0, 0, 0, rows - qs[-2], 0, 0]))
+    return mask3, bh // mask_rows, per_query
 
 
 def _folds_group(matched: Match, qs: list[int], block_rows: int) -> bool:
