@@ -107,6 +107,24 @@ def quantize(source: Path, path: Path, bits: int, block: int, level: int) -> Pat
     return path
 
 
+def initializer_bytes(path: Path) -> int:
+    """Bytes of every initializer of the file (what a runtime holding its weights once
+    holds)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    return sum(int(np.prod(t.dims)) * np.dtype(
+        onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        for t in model.graph.initializer)
+
+
+def resident_mb() -> float:
+    """This process's resident memory (MB)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1e6
+
+
 def weight_bytes(path: Path) -> int:
     """Bytes of the weights one decode step reads: every initializer except tables only
     gathered from (a token's embedding row is all a step reads of those)."""
@@ -303,8 +321,11 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
             print(f"[decoder] {name} {impl}: prefill {row['prefill_ms']:.1f} ms, step "
                   f"{row['step_ms']:.2f} ms, {row['tokens_per_s']:.1f} tok/s",
                   file=sys.stderr, flush=True)
+    resident = resident_mb()  # one runtime per process (run_apart): the model's runtime
     nbytes = weight_bytes(path)
     for impl, row in best.items():
+        row["resident_mb"] = resident
+        row["initializer_mb"] = initializer_bytes(path) / 1e6
         row["prefill_ms"] = prefill_ms[impl]
         row["bandwidth_gb_s"] = bandwidth
         row["weight_gb_s"] = nbytes / (row["step_ms"] * 1e-3) / 1e9
@@ -349,11 +370,13 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
              f"- Weight GB/s: bytes of the weights a decode step reads (initializers, less "
              "embedding tables only gathered from) / step time; \"of bandwidth\" divides it by "
              f"`peak.py --stream read` on {threads} thread(s), measured before every round "
-             "(the best kept).", "",
+             "(the best kept). Resident MB: the runtime's whole process after its rounds "
+             "(Python, the runtime, its model, buffers), beside the file's initializers.",
+             "",
              "| model | threads | runtime | prefill ms | step ms | tokens/s | tpp_tvm "
              "speed-up | weight GB/s | bandwidth GB/s | of bandwidth | same tokens as "
-             "tpp_tvm | compile s |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "tpp_tvm | compile s | resident MB (file weights) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     runs = dict.fromkeys((r["model"], r["prompt"], r.get("threads", threads)) for r in rows)
     for model, prompt, run_threads in runs:
         mine = [r for r in rows if (r["model"], r["prompt"], r.get("threads", threads))
@@ -368,8 +391,15 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
                 f"| {r['prefill_ms']:.1f} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
                 f"{speedup} | {r['weight_gb_s']:.1f} | {r['bandwidth_gb_s']:.1f} | "
                 f"{r['weight_gb_s'] / r['bandwidth_gb_s']:.0%} | "
-                f"{r.get('tokens_match_tpp', '-')} | {compiled} |")
+                f"{r.get('tokens_match_tpp', '-')} | {compiled} | "
+                f"{_resident(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _resident(row: dict) -> str:
+    if row.get("resident_mb") is None:
+        return "-"
+    return f"{row['resident_mb']:.0f} ({row['initializer_mb']:.0f})"
 
 
 def main(argv: list[str] | None = None) -> int:

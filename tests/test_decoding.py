@@ -165,7 +165,7 @@ def test_cli_generates_the_sessions_tokens(llama, session, capsys) -> None:
     assert cli.main(["generate", llama[1], "--prompt", "a,b"]) == 2
 
 
-def test_int4_export_generates_like_onnxruntime(tmp_path) -> None:
+def test_int4_export_generates_like_onnxruntime(tmp_path, monkeypatch) -> None:
     """Two calls from a transformers model to int4 generation: the export quantizes the
     MatMul weights (ONNX Runtime's MatMulNBits), the session runs them on the weight-only
     kernels, and its logits match ONNX Runtime's on the same file."""
@@ -179,10 +179,17 @@ def test_int4_export_generates_like_onnxruntime(tmp_path) -> None:
                                            tmp_path / "int4.onnx", weights="int4"))
     ops = [node.op_type for node in onnx.load(path).graph.node]
     assert ops.count("MatMulNBits") == 7 + 1, ops  # q, k, v, o, gate, up, down; lm head
+    from tpp_tvm.relay_passes import shared_constants
+
+    monkeypatch.setattr(shared_constants, "MIN_SHARED_BYTES", 0)  # a tiny model's weights
     session = DecoderSession(path, decode_buckets=(15,), prompt_buckets=(8,))
     prompt = [3, 1, 4, 1, 5]
     first = session.prefill([prompt])
+    pooled = session.constants.nbytes
     second = session.decode(first.argmax(-1))
+    # The step build packs the weights as the prompt build did: it holds no copy of its own
+    # (a few small constants of its own shape only).
+    assert pooled > 0 and session.constants.nbytes - pooled < pooled / 10
     want = _ort_logits(path, prompt, [int(first.argmax(-1)[0])])
     for got, ref in zip([first[0], second[0]], want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

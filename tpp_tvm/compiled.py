@@ -9,6 +9,7 @@ model without compiling again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,10 +17,12 @@ import platform
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import tvm
 from tvm import relax
 
@@ -36,7 +39,7 @@ from .errors import (
 )
 from .inputs import bind_inputs
 from .intrinsics import amx_emulator
-from .profiling import peak_rss, profile_vm
+from .profiling import peak_rss, profile_vm, release_freed_memory
 from .relay_passes.pipeline import build
 from .relay_passes.report import (
     SIDECAR_FORMAT,
@@ -46,6 +49,7 @@ from .relay_passes.report import (
     rows_from_labels,
     rows_to_json,
 )
+from .relay_passes.shared_constants import SharedConstants
 from .runtime import configure_threads, install, target_threads, use_threads
 from .target import target as tpp_target
 from .target import tiles_emulated
@@ -398,7 +402,8 @@ def load(path: str | Path, threads: int | None = None) -> CompiledModel | Dynami
     no exception could report."""
     path = Path(path)
     if is_dynamic_export(path):
-        return load_dynamic(path, load, _compile_size)
+        return load_dynamic(path, load, functools.partial(_compile_size,
+                                                          constants=SharedConstants()))
     side = Path(str(path) + _SIDECAR)
     if not path.is_file():
         raise ModelLoadError(f"no compiled model at {path}")
@@ -463,13 +468,14 @@ def bf16_without_tiles_note(target_cpu: str) -> str:
 
 
 def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
-                  tune_logs=None) -> CompiledModel:
+                  tune_logs=None, constants: SharedConstants | None = None) -> CompiledModel:
     """Compile a Relax module (static input shapes) into a :class:`CompiledModel`.
 
     ``precision="bf16"``: the bf16 policy of ``relay_passes.lower.PRECISIONS``.
     ``tune_logs``: a folder made by ``tpp_tvm.tune``, ``"shipped"`` (the logs in
     ``tune_logs/`` for this CPU) or None (default: hand schedules only — per-subgraph wins
     measured in isolation did not hold in a whole BERT-base model, see docs/guide.md, Tuning).
+    ``constants``: a pool shared with the model's other builds (each weight held once).
     """
     tgt = target if target is not None else tpp_target()
     tgt = tgt if isinstance(tgt, tvm.target.Target) else tvm.target.Target(tgt)
@@ -478,7 +484,9 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
         amx_emulator.library()
     try:
         with peak_rss() as memory:
-            exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs)
+            exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs,
+                        constants=constants)
+        release_freed_memory()
     except TPPError:
         raise
     except Exception as exc:  # TVM's checks and LLVM: one clear error, the cause chained
@@ -508,7 +516,9 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
 
 def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
                  precision: str = "float32", tune_logs=None, *,
-                 dynamic: dict | None = None, max_cached: int | None = None
+                 dynamic: dict | None = None, max_cached: int | None = None,
+                 constants: SharedConstants | None = None,
+                 reload: Callable[[], onnx.ModelProto] | None = None
                  ) -> CompiledModel | DynamicModel:
     """Import an ONNX model (proto, path or bytes) and compile it onto TPPs.
 
@@ -518,7 +528,11 @@ def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
     A model whose inputs keep dynamic dims (named by the export, or marked ``None`` in
     ``shape_dict``: ``{"input_ids": (1, None)}``) gives a :class:`~tpp_tvm.dynamic.
     DynamicModel`, which compiles one static build per size on first use; ``dynamic``
-    bounds its dims (``{"seq": (1, 512)}``), ``max_cached`` caps the builds kept."""
+    bounds its dims (``{"seq": (1, 512)}``), ``max_cached`` caps the builds kept; its builds
+    share their identical constants (``constants``: a pool to share them with other models
+    too, as a decoder's prompt and step models do). ``reload`` gives the model again: the
+    dynamic model then calls it for each new size instead of holding the model (weights
+    included) in memory meanwhile."""
     from .dynamic import MAX_CACHED, check_bounds, dynamic_dims, input_patterns
     from .frontend import from_onnx, load_model
 
@@ -530,12 +544,17 @@ def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
             check_bounds(dynamic, names)  # names what is not dynamic
         if shape_dict and patterns is not None:  # None marks left where the model is static
             shape_dict = {p.name: p.dims for p in patterns if p.name in shape_dict}
-        return compile_relax(from_onnx(model, shape_dict), target, precision, tune_logs)
-    return DynamicModel(model, patterns, check_bounds(dynamic, names), _compile_size, target,
+        compiled = compile_relax(from_onnx(model, shape_dict), target, precision, tune_logs,
+                                 constants)
+        release_freed_memory()  # the import's temporaries too, gone by now
+        return compiled
+    constants = constants if constants is not None else SharedConstants()
+    return DynamicModel(reload or model, patterns, check_bounds(dynamic, names),
+                        functools.partial(_compile_size, constants=constants), target,
                         precision, tune_logs, max_cached or MAX_CACHED)
 
 
-def _compile_size(model, shape_dict: dict, target, precision: str, tune_logs
-                  ) -> CompiledModel:
-    """One static size of a :class:`DynamicModel`."""
-    return compile_onnx(model, target, shape_dict, precision, tune_logs)
+def _compile_size(model, shape_dict: dict, target, precision: str, tune_logs,
+                  constants: SharedConstants) -> CompiledModel:
+    """One static size of a :class:`DynamicModel`, its constants shared with the others."""
+    return compile_onnx(model, target, shape_dict, precision, tune_logs, constants=constants)

@@ -191,6 +191,13 @@ def _through_copies(name: str, producer: dict[str, onnx.NodeProto]) -> str:
     return name
 
 
+def _rewritten(source: Any, layout: CacheLayout) -> onnx.ModelProto:
+    """The model ``source()`` gives, its cache written in place."""
+    model = with_cache_written_in_place(source(), layout)
+    assert model is not None, "the rewrite applied to this model before"
+    return model
+
+
 def bucket_for(length: int, buckets: Sequence[int], what: str) -> int:
     """The smallest bucket holding ``length``; an error beyond the largest."""
     for b in sorted(buckets):
@@ -248,6 +255,7 @@ class DecoderSession:
         from .compiled import compile_onnx
         from .dynamic import DynamicModel
         from .frontend import load_model
+        from .relay_passes.shared_constants import SharedConstants
 
         proto = load_model(model)
         self.layout = cache_layout(proto)
@@ -255,11 +263,22 @@ class DecoderSession:
         self.prompt_buckets = tuple(sorted(prompt_buckets))
         in_place = with_cache_written_in_place(proto, self.layout) if write_in_place else None
         self.writes_in_place = in_place is not None
+        #: The constants every build of the session shares: the prompt and step builds
+        #: hold each weight once (packed alike for any row count, they are alike).
+        self.constants = SharedConstants()
         options = {"target": target, "precision": precision, "tune_logs": tune_logs,
-                   "max_cached": max_cached}
-        self.model = compile_onnx(proto, **options)
-        self.step_model = compile_onnx(in_place, **options) if in_place is not None \
-            else self.model
+                   "max_cached": max_cached, "constants": self.constants}
+        # Neither model is held for the sizes compiled later: read again from the file (or
+        # rewritten again from the one proto), so the weights are not in memory twice.
+        layout = self.layout
+        if isinstance(model, (str, Path)):
+            prompts = functools.partial(load_model, model)
+        else:
+            prompts = None  # the proto itself, held
+        steps = functools.partial(_rewritten, prompts or (lambda: proto), layout)
+        self.model = compile_onnx(proto, reload=prompts, **options)
+        self.step_model = compile_onnx(in_place, reload=steps, **options) \
+            if in_place is not None else self.model
         if not isinstance(self.model, DynamicModel):
             raise ModelLoadError("the export's past length is static: a KV-cache decoder "
                                  "needs it dynamic (dynamic_axes on the past inputs)")

@@ -137,13 +137,14 @@ class DynamicModel:
     sizes are checked against the bounds before anything is compiled.
     """
 
-    def __init__(self, model: onnx.ModelProto, patterns: list[InputPattern],
+    def __init__(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto],
+                 patterns: list[InputPattern],
                  bounds: dict[str, tuple[int, float]], compile_static: CompileStatic,
                  target: Any = None, precision: str = "float32", tune_logs: Any = None,
                  max_cached: int = MAX_CACHED) -> None:
         if max_cached < 1:
             raise UnsupportedShapeError(f"max_cached must be >= 1, got {max_cached}")
-        self._model = model
+        self._model = model  # or what gives it anew: a large model is not held meanwhile
         self._compile_static = compile_static
         self.patterns = patterns
         self.bounds = bounds
@@ -158,6 +159,11 @@ class DynamicModel:
         # CompiledModel gives each thread its own VM); compiling a size and the cache
         # serialize, so two threads needing a new size compile it once.
         self._lock = threading.Lock()
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The ONNX model (read again where the model was given as what reads it)."""
+        return self._model() if callable(self._model) else self._model
 
     @property
     def dims(self) -> list[str]:
@@ -229,7 +235,7 @@ class DynamicModel:
             self._cache.move_to_end(size)
             return self._cache[size]
         t0 = time.perf_counter()
-        compiled = self._compile_static(self._model, self._shape_dict(size), self._target,
+        compiled = self._compile_static(self.model, self._shape_dict(size), self._target,
                                         self._precision, self._tune_logs)
         self._compile_seconds[size] = time.perf_counter() - t0
         self._cache[size] = compiled
@@ -296,7 +302,7 @@ class DynamicModel:
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_model(self._model, path / _ONNX)  # an LLM's weights go past protobuf's 2 GiB
+        save_model(self.model, path / _ONNX)  # an LLM's weights go past protobuf's 2 GiB
         libraries = []
         for i, (size, compiled) in enumerate(self._cache.items()):
             name = f"size{i}.so"

@@ -67,3 +67,26 @@ def peak_rss(interval_s: float = 0.05) -> Iterator[dict]:
         done.set()
         thread.join()
         result["peak_mib"] = max(result["peak_mib"], proc.memory_info().rss / 2**20)
+
+
+def resident_mib() -> float:
+    """This process's resident memory now (MiB)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). A compile frees about as much as the build keeps, scattered over the heap:
+    without this a 0.45B decoder's build left 880 MB resident where it holds 470."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return
+    if trim is not None:
+        trim(0)

@@ -52,6 +52,7 @@ from .quantized import SplitFullReductions, lower_quantized
 from .report import LoweringReport
 from .residual_order import OrderResidualOperands
 from .scalar_constants import fold_scalar_constants
+from .shared_constants import SharedConstants
 from .transposes import SinkLayoutTransposes
 from .weight_only import lower_weight_only
 
@@ -297,8 +298,8 @@ def register() -> None:
 def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
           params: dict | None = None, report: LoweringReport | None = None,
           precision: str = "float32",
-          tune_logs: str | os.PathLike | TuneLogs | None = None, force_tuned: bool = False
-          ) -> relax.VMExecutable:
+          tune_logs: str | os.PathLike | TuneLogs | None = None, force_tuned: bool = False,
+          constants: SharedConstants | None = None) -> relax.VMExecutable:
     """Compile a Relax module with the TPP pipeline (``relay.build``'s successor).
 
     ``params`` binds named parameters of ``main`` as constants first (so weights can be
@@ -307,6 +308,8 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
     :data:`~.lower.PRECISIONS`).
     ``tune_logs`` (a folder made by ``tpp_tvm.tune``, or ``"shipped"`` for the logs shipped
     for this target) supplies tuned kernels where they beat the hand schedules.
+    ``constants``: a pool shared with other builds of the model, which then hold each
+    identical constant (a weight packed alike) once.
     """
     precision = check_precision(precision)
     tgt = target if target is not None else tpp_target()
@@ -320,6 +323,8 @@ def build(mod: tvm.IRModule, target: tvm.target.Target | None = None,
     t0 = time.perf_counter()
     with tgt:
         mod = tpp_pipeline(report, precision, logs, force_tuned)(mod)
+    if constants is not None:
+        mod = constants.share(mod)
     exe = tvm.compile(mod, target=tgt, relax_pipeline=None, tir_pipeline=TIR_PIPELINE)
     if report is not None:
         report.compile_seconds = time.perf_counter() - t0

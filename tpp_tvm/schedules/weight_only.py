@@ -139,10 +139,10 @@ class WeightOnlyPlan:
 
 
 def plan(shape: WeightOnlyShape, isa: str = "avx512") -> WeightOnlyPlan:
-    """The chunk rows and tile width for ``shape`` on ``isa``: as many rows as fit
-    (:data:`MAX_ROWS`), then the widest tile (up to 4 vectors: a 64-byte line of 4-bit
-    codes on AVX-512) whose accumulators fit :data:`ACC_REGISTERS` and that divides N
-    (else N is padded to whole tiles)."""
+    """The tile width and chunk rows for ``shape`` on ``isa``: the widest tile (up to 4
+    vectors: a 64-byte line of 4-bit codes on AVX-512) whose accumulators for one row fit
+    :data:`ACC_REGISTERS` and that divides N (else N is padded to whole tiles), then as many
+    rows as fit beside it (up to :data:`MAX_ROWS`)."""
     disa = vector_isa(isa)
     if disa.scalable:
         raise UnsupportedShapeError(
@@ -152,12 +152,16 @@ def plan(shape: WeightOnlyShape, isa: str = "avx512") -> WeightOnlyPlan:
         raise UnsupportedShapeError(
             f"weight-only matmul: int8 activations need {DOT_LANES} int32 lanes "
             f"(AVX512_VNNI); {isa} has {lanes}")
-    mr = min(shape.m, MAX_ROWS)
     # fp32: two partial sums and one total per vector; int8: one of each; panel: the
     # totals only. Wider than 4 vectors measured no faster (4096 x 4096, one core).
     per_vector = 1 if shape.panel else 2 if shape.int8_activations else 3
-    fits = [v for v in (4, 2, 1) if per_vector * mr * v <= ACC_REGISTERS]
+    # The tile is as wide as one row's accumulators allow, whatever the rows: the packed
+    # weights are then the same for a decoding step and a prompt, and a decoder's builds
+    # share them (:mod:`~tpp_tvm.relay_passes.shared_constants`); the rows a chunk takes
+    # are what fits beside that width.
+    fits = [v for v in (4, 2, 1) if per_vector * v <= ACC_REGISTERS]
     vectors = next((v for v in fits if shape.n % (v * lanes) == 0), fits[-1])
+    mr = max(1, min(shape.m, MAX_ROWS, ACC_REGISTERS // (per_vector * vectors)))
     nt = vectors * lanes
     return WeightOnlyPlan(mr=mr, nt=nt, lanes=lanes, rows=-(-shape.m // mr) * mr,
                           depth=shape.blocks * shape.block, cols=-(-shape.n // nt) * nt)
