@@ -65,6 +65,28 @@ def test_attention_matches_numpy(shape):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [
+    # a grouped decoding step (5 query heads folded as rows over one K/V head), 2 key blocks
+    AttentionShape(bh=2, seq_q=5, seq=64, dim=64, heads=2, scale=0.125, mask=True,
+                   zero_masked_rows=True, keys_as_rows=True),
+    AttentionShape(bh=3, seq_q=2, seq=32, dim=32, heads=3, scale=0.25, mask=False,
+                   keys_as_rows=True),
+])
+def test_keys_read_as_rows_match_numpy(shape):
+    """K given as rows, its key blocks transposed in the kernel (transpose TPPs), gives
+    what Kᵀ gives."""
+    sch = attention_schedule(shape, checks.VECTOR_ISA)
+    assert "tpp.transpose" in str(sch.trace)
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    q, kt, v, mask = _inputs(shape, shape.seq)
+    k = np.ascontiguousarray(kt.transpose(0, 2, 1))
+    out = np.zeros((shape.bh, shape.seq_q, shape.value_dim), "float32")
+    args = [tvm.runtime.tensor(x) for x in (q, k, *([mask] if shape.mask else []), v, out)]
+    lib(*args)
+    np.testing.assert_allclose(args[-1].numpy(), _reference(q, kt, mask, v, shape),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_attention_tiles_are_tpps():
     shape = AttentionShape(bh=2, seq_q=16, seq=64, dim=32, heads=2, scale=0.5, mask=True)
     trace = str(attention_schedule(shape, checks.VECTOR_ISA).trace)
@@ -140,6 +162,31 @@ def test_ragged_keys_with_a_mask_run_padded():
     feeds["m"] = mask
     compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
     assert "tpp.attention_mask: 1" in compiled.report()
+
+
+@pytest.mark.requires_onnxruntime
+def test_a_decoding_step_reads_k_as_rows():
+    """One query over 40 keys (a decoding step of multi-head attention): the graph's Kᵀ is
+    not materialized, the kernel reads K's rows (ragged keys zero-padded along K's rows);
+    against ORT."""
+    from onnx import TensorProto, helper
+
+    heads, keys, dim = 2, 40, 16
+    f = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("q", f, [1, heads, 1, dim])]
+    inputs += [helper.make_tensor_value_info(n, f, [1, heads, keys, dim]) for n in "kv"]
+    inputs.append(helper.make_tensor_value_info("m", f, [1, 1, 1, keys]))
+    graph = helper.make_graph(_attention_nodes("Div", masked=True), "g", inputs,
+                              [helper.make_tensor_value_info("y", f, None)],
+                              [helper.make_tensor("c", f, [], [4.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(15)
+    feeds = {n: rng.standard_normal([1, heads, 1 if n == "q" else keys, dim]).astype(
+        "float32") for n in "qkv"}
+    feeds["m"] = np.where(rng.random((1, 1, 1, keys)) < 0.25, -1e9, 0).astype("float32")
+    compiled = checks.assert_runs_like_onnxruntime(model, feeds, rtol=1e-5, atol=1e-5)
+    report = compiled.report()
+    assert "tpp.attention_mask_krows: 1" in report and "transpose" not in report, report
 
 
 @pytest.mark.requires_onnxruntime

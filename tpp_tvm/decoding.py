@@ -270,18 +270,15 @@ class DecoderSession:
                    "max_cached": max_cached, "constants": self.constants}
         # Neither model is held for the sizes compiled later: read again from the file (or
         # rewritten again from the one proto), so the weights are not in memory twice.
-        layout = self.layout
-        if isinstance(model, (str, Path)):
-            prompts = functools.partial(load_model, model)
-        else:
-            prompts = None  # the proto itself, held
-        steps = functools.partial(_rewritten, prompts or (lambda: proto), layout)
+        prompts = functools.partial(load_model, model) if isinstance(model, (str, Path)) \
+            else None  # else the proto itself, held
         self.model = compile_onnx(proto, reload=prompts, **options)
-        self.step_model = compile_onnx(in_place, reload=steps, **options) \
-            if in_place is not None else self.model
         if not isinstance(self.model, DynamicModel):
             raise ModelLoadError("the export's past length is static: a KV-cache decoder "
                                  "needs it dynamic (dynamic_axes on the past inputs)")
+        steps = functools.partial(_rewritten, prompts or (lambda: proto), self.layout)
+        self.step_model = compile_onnx(in_place, reload=steps, **options) \
+            if in_place is not None else self.model
         self._outputs = [v.name for v in proto.graph.output]
         self._lock = threading.RLock()
         self.reset()

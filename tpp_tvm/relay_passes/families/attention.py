@@ -40,6 +40,8 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
         k = matched["k_grouped"]
         group = qs[1] // dims(k)[1]
         v = matched["v_grouped"]
+    elif "k_rows" in matched:  # Kᵀ is K transposed (a decoding step's few queries)
+        k = matched["k_rows"]
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched.scale_multiplies else 1.0 / c
     if group > 1 and not tiles and _folds_group(matched, qs, query_block_rows(isa)):
@@ -54,7 +56,8 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
     # in L1 by the kernel, not copied whole into Kᵀ first.
     keys_as_rows = k is not None and not tiles and rows <= query_block_rows(isa)
     if k is not None and not keys_as_rows:
-        kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        rank = len(dims(k))
+        kt = bb.emit(relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2]))
     keys = padded_keys(ks[-1])
     q3 = bb.emit(relax.op.reshape(q, (bh, qs[-2], qs[-1])))
     if rows != qs[-2]:  # a prime query count: zero rows as the tail, dropped afterwards

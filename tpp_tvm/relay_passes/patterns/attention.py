@@ -32,6 +32,20 @@ def _grouped_check(a: dict, qs: tuple[int, ...], keys: int) -> bool:
     return len(kv_heads) == 1
 
 
+#: Most queries of a step that reads K as rows (``k_rows``): a decoding step's few queries,
+#: one query block, so the kernel transposes K's blocks in L1 instead of the graph copying
+#: all of Kᵀ first (more query blocks would each transpose K again).
+ROWS_K_MAX_QUERIES = 8
+
+
+def _rows_check(a: dict, qs: tuple[int, ...]) -> bool:
+    """Kᵀ is K with its last two axes swapped, and there are few queries."""
+    rank = len(qs)
+    axes = [int(x) for x in a["k_permute"].attrs.axes]
+    return (axes == [*range(rank - 2), rank - 1, rank - 2] and static_f32(a["k_rows"])
+            and qs[-2] <= ROWS_K_MAX_QUERIES)
+
+
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask is
     (batch or 1, heads or 1, queries or 1, keys), as padding, causal and ALiBi masks are."""
@@ -51,6 +65,8 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     if "nan_guard" in a and scalar_value(a["nan_guard"]) != 0.0:
         return False
     if "k_grouped" in a and not _grouped_check(a, qs, ks[-1]):
+        return False
+    if "k_rows" in a and not _rows_check(a, qs):
         return False
     softmax = a["softmax"]
     if int(softmax.attrs.axis) % len(qs) != len(qs) - 1:
@@ -101,17 +117,24 @@ def attention_patterns() -> list[TPPPattern]:
     optionally with the probabilities' NaNs zeroed (``where(isnan(p), 0, p)``: torch's SDPA
     export guards fully masked rows so), annotated ``nan_guard``; and optionally with K and V
     heads repeated for grouped-query attention (annotated ``k_grouped``/``v_grouped``: the
-    kernel reads the shared heads in place)."""
+    kernel reads the shared heads in place); for a decoding step's few queries, optionally
+    with Kᵀ the transpose of K (annotated ``k_rows``: the kernel reads K's rows)."""
     out = []
-    for grouped, guarded in ((True, True), (True, False), (False, True), (False, False)):
+    forms = [(grouped, guarded) for grouped in ("grouped", "rows", "") for guarded in
+             (True, False)]
+    for form, guarded in forms:
         for scale_op in ("relax.divide", "relax.multiply"):
             for with_mask in (True, False):
                 q, c = wildcard(), is_const()
                 ann = {}
-                if grouped:
+                if form == "grouped":
                     kt = is_op("relax.permute_dims")(_repeated_heads(ann, "k_grouped"))
                     v = _repeated_heads(ann, "v_grouped")
                     ann["k_permute"] = kt
+                elif form == "rows":
+                    ann["k_rows"] = wildcard()
+                    kt = ann["k_permute"] = is_op("relax.permute_dims")(ann["k_rows"])
+                    v = wildcard()
                 else:
                     kt, v = wildcard(), wildcard()
                 scores = is_op("relax.matmul")(q, kt)
@@ -130,7 +153,8 @@ def attention_patterns() -> list[TPPPattern]:
                 ann.update({"softmax": sm, "out": o})
                 name = "tpp.attention" + ("_mask" if with_mask else "")
                 name += "" if scale_op == "relax.divide" else "_mulscale"
-                name += ("_nanguard" if guarded else "") + ("_gqa" if grouped else "")
+                name += ("_nanguard" if guarded else "") + {"grouped": "_gqa",
+                                                            "rows": "_krows"}.get(form, "")
                 out.append(TPPPattern(name, o, ann,
                                       _attention_check, "attention",
                                       scale_multiplies=scale_op == "relax.multiply"))
