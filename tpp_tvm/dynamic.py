@@ -16,6 +16,7 @@ unnamed, ``<input>[<axis>]``; inputs sharing a name must agree at run time.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import threading
@@ -32,6 +33,7 @@ import onnx
 from .errors import ModelLoadError, UnsupportedShapeError
 from .frontend import load_model, save_model
 from .inputs import bind_inputs
+from .profiling import release_freed_memory
 
 #: Compiles one static size: (model, shape_dict, target, precision, tune_logs) -> a
 #: CompiledModel (``compiled.compile_onnx``, passed in so data flows one way).
@@ -238,6 +240,11 @@ class DynamicModel:
         compiled = self._compile_static(self.model, self._shape_dict(size), self._target,
                                         self._precision, self._tune_logs)
         self._compile_seconds[size] = time.perf_counter() - t0
+        # The compile's temporaries (the model read again, its import, the build's IR) are
+        # garbage only now: give their pages back (a 0.45B decoder's build otherwise left
+        # 1.6 GB resident where it holds 0.4).
+        gc.collect()
+        release_freed_memory()
         self._cache[size] = compiled
         while len(self._cache) > self.max_cached:
             dropped, _ = self._cache.popitem(last=False)
