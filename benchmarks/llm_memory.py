@@ -1,7 +1,7 @@
 """Resident memory of a weight-only LLM in each runtime: what holding the model costs.
 
 For each runtime, in a process of its own: the process's resident memory before the runtime
-is imported, then what importing it and loading the model adds (tpp_tvm: a
+is imported, what importing it adds, what loading the model adds (tpp_tvm: a
 ``DecoderSession`` with its prompt and step builds compiled ahead, ``prepare``), then what a
 generation adds (the prompt, then ``--new`` greedy tokens: activations, the KV cache, the
 runtime's pools), and the process's peak. Beside: the bytes of the file's initializers (a
@@ -17,6 +17,7 @@ Writes ``results/<isa>-<cpu>/llm_memory.md`` and ``llm_memory.json``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -28,6 +29,9 @@ from decoder import PeerLoop, export, initializer_bytes, resident_mb
 from harness import machine, results_dir, run_header, write_results
 
 TITLE = "Weight-only quantized LLM: resident memory per runtime"
+#: The module each runtime is imported as.
+_MODULES = {"tpp_tvm": "tpp_tvm.decoding", "onnxruntime": "onnxruntime",
+            "openvino": "openvino", "openvino_llm": "openvino"}
 
 
 def measure(name: str, impl: str, prompt_len: int, new: int) -> dict:
@@ -35,6 +39,8 @@ def measure(name: str, impl: str, prompt_len: int, new: int) -> dict:
     path = export(name)
     prompt = np.random.default_rng(0).integers(0, 1000, (1, prompt_len)).astype(np.int64)
     before = resident_mb()
+    importlib.import_module(_MODULES[impl])
+    imported = resident_mb()
     if impl == "tpp_tvm":
         from tpp_tvm.decoding import DecoderSession
 
@@ -48,7 +54,8 @@ def measure(name: str, impl: str, prompt_len: int, new: int) -> dict:
         loop.generate(prompt, new)
     after = resident_mb()
     return {"model": name, "impl": impl, "prompt": prompt_len, "new": new,
-            "before_mb": before, "loaded_mb": loaded - before, "generated_mb": after - loaded,
+            "before_mb": before, "import_mb": imported - before, "loaded_mb": loaded - imported,
+            "generated_mb": after - loaded,
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
             "initializer_mb": initializer_bytes(path) / 1e6}
 
@@ -56,17 +63,18 @@ def measure(name: str, impl: str, prompt_len: int, new: int) -> dict:
 def render(rows: list[dict], command: str, date: str, load: str) -> str:
     lines = [f"# {TITLE}", "", *run_header(machine(), date, command, load),
              "- A process per runtime (1 thread). MB of resident memory: the process before "
-             "the runtime is imported; what importing it and loading the model add (tpp_tvm: "
-             "the session with its prompt and step builds compiled); what generating adds; "
-             "the process's peak (tpp_tvm's while compiling). \"x file\" divides the loaded "
-             "model's MB by the file's initializer MB.", "",
-             "| model | runtime | process before | + runtime and model | x file | "
+             "the runtime is imported; what importing it adds; what loading the model adds "
+             "(tpp_tvm: the session with its prompt and step builds compiled); what "
+             "generating adds; the process's peak (tpp_tvm's while compiling). \"x file\" "
+             "divides the loaded model's MB by the file's initializer MB.", "",
+             "| model | runtime | process before | + import | + model | x file | "
              "+ generating | peak | file initializers |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['model']} ({r['prompt']}+{r['new']}) | {r['impl']} | {r['before_mb']:.0f} | "
-            f"{r['loaded_mb']:.0f} | {r['loaded_mb'] / r['initializer_mb']:.2f} | "
+            f"{r['import_mb']:.0f} | {r['loaded_mb']:.0f} | "
+            f"{r['loaded_mb'] / r['initializer_mb']:.2f} | "
             f"{r['generated_mb']:.0f} | {r['peak_mb']:.0f} | {r['initializer_mb']:.0f} |")
     return "\n".join(lines) + "\n"
 

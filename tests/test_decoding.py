@@ -219,3 +219,33 @@ def test_in_place_rewrite_only_where_the_cache_is_only_concatenated(llama) -> No
     model.graph.output.append(onnx.helper.make_tensor_value_info(
         "cache_total", onnx.TensorProto.FLOAT, None))
     assert with_cache_written_in_place(model, layout) is None
+
+
+def test_int4_greedy_tokens_equal_onnxruntime_for_64_steps(tmp_path) -> None:
+    """The issue's generation check: on the same int4 file (accuracy level 0), 64 greedy
+    steps of the session, crossing three cache buckets, give ONNX Runtime's tokens."""
+    from tpp_tvm.cache_export import export_causal_lm_with_cache
+
+    torch.manual_seed(2)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=128)
+    path = str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
+                                           tmp_path / "int4.onnx", weights="int4"))
+    session = DecoderSession(path, decode_buckets=(15, 31, 63, 127), prompt_buckets=(8,))
+    prompt = [3, 1, 4, 1, 5, 9]
+    got = session.generate([prompt], max_new_tokens=65).tokens[0]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    layout = cache_layout(onnx.load(path))
+    shapes = [[d if isinstance(d, int) else 1 for d in s] for s in layout.cache_shapes]
+    for s in shapes:
+        s[layout.axis] = 0
+    cache = [np.zeros(s, np.float32) for s in shapes]
+    ids, total, want = np.array([prompt]), len(prompt), []
+    for _ in range(65):
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+                "position_ids": np.arange(total - ids.shape[1], total)[None]}
+        out = sess.run(None, feed | dict(zip(layout.past, cache)))
+        want.append(int(out[0][0, -1].argmax()))
+        cache, ids, total = out[1:], np.array([[want[-1]]]), total + 1
+    np.testing.assert_array_equal(got, want)
