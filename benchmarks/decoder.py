@@ -32,9 +32,11 @@ Writes ``results/<isa>-<cpu>/decoder.md`` and ``decoder.json``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -402,6 +404,81 @@ def _resident(row: dict) -> str:
     return f"{row['resident_mb']:.0f} ({row['initializer_mb']:.0f})"
 
 
+#: What ``--memory`` measures, and the module each runtime is imported as.
+MEMORY_TITLE = "Weight-only quantized LLM: resident memory per runtime"
+_RUNTIME_MODULES = {"tpp_tvm": "tpp_tvm.decoding", "onnxruntime": "onnxruntime",
+                    "openvino": "openvino", "openvino_llm": "openvino"}
+
+
+def measure_memory(name: str, impl: str, prompt_len: int, new: int) -> dict:
+    """One runtime's memory (MB) holding the export ``name`` and generating from it."""
+    path = export(name)
+    prompt = np.random.default_rng(0).integers(0, 1000, (1, prompt_len)).astype(np.int64)
+    before = resident_mb()
+    importlib.import_module(_RUNTIME_MODULES[impl])
+    imported = resident_mb()
+    if impl == "tpp_tvm":
+        from tpp_tvm.decoding import DecoderSession
+
+        session = DecoderSession(str(path))
+        session.prepare(prompt_len, prompt_len + new)
+        loaded = resident_mb()
+        session.generate(prompt, new)
+    else:
+        loop = PeerLoop(impl, path, int(os.environ.get("TVM_NUM_THREADS", "1")))
+        loaded = resident_mb()
+        loop.generate(prompt, new)
+    after = resident_mb()
+    return {"model": name, "impl": impl, "prompt": prompt_len, "new": new,
+            "before_mb": before, "import_mb": imported - before, "loaded_mb": loaded - imported,
+            "generated_mb": after - loaded,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+            "initializer_mb": initializer_bytes(path) / 1e6}
+
+
+def render_memory(rows: list[dict], command: str, date: str, load: str) -> str:
+    lines = [f"# {MEMORY_TITLE}", "", *run_header(machine(), date, command, load),
+             "- A process per runtime (1 thread). MB of resident memory: the process before "
+             "the runtime is imported; what importing it adds; what loading the model adds "
+             "(tpp_tvm: the session with its prompt and step builds compiled); what "
+             "generating adds; the process's peak (tpp_tvm's while compiling). \"x file\" "
+             "divides the loaded model's MB by the file's initializer MB.", "",
+             "| model | runtime | process before | + import | + model | x file | "
+             "+ generating | peak | file initializers |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} ({r['prompt']}+{r['new']}) | {r['impl']} | {r['before_mb']:.0f} | "
+            f"{r['import_mb']:.0f} | {r['loaded_mb']:.0f} | "
+            f"{r['loaded_mb'] / r['initializer_mb']:.2f} | "
+            f"{r['generated_mb']:.0f} | {r['peak_mb']:.0f} | {r['initializer_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def memory_main(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--memory``: :func:`measure_memory` of each model and runtime, a process each."""
+    if args.worker:
+        print(json.dumps(measure_memory(args.models, args.impls, int(args.prompt), args.new)))
+        return 0
+    load_before = os.getloadavg()[0]
+    rows = []
+    for name in args.models.split(","):
+        export(name)  # once, before the workers
+        for impl in args.impls.split(","):
+            cmd = [sys.executable, __file__, "--memory", "--worker", "--models", name,
+                   "--impls", impl, "--prompt", args.prompt, "--new", str(args.new)]
+            out = subprocess.run(cmd, capture_output=True, text=True,
+                                 env={**os.environ, "TVM_NUM_THREADS": "1"})
+            if out.returncode != 0:
+                raise RuntimeError(f"{impl} on {name} failed: {out.stderr[-800:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"[llm_memory] {rows[-1]}", file=sys.stderr, flush=True)
+    write_results(args.out or str(results_dir()), args.name, argv, rows, load_before,
+                  lambda command, date, load: render_memory(rows, command, date, load),
+                  script="decoder")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -414,8 +491,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="folder for decoder.md/json (default: results/<cpu>)")
     parser.add_argument("--name", default="decoder", help="the result files' name")
     parser.add_argument("--title", default="KV-cache decoding: tokens per second")
+    parser.add_argument("--memory", action="store_true",
+                        help="resident memory per runtime instead of speed (llm_memory.py)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory:
+        return memory_main(args, argv)
     if args.worker:
         os.environ["TVM_NUM_THREADS"] = args.threads
         print(json.dumps(run_model(args.models, int(args.prompt), args.new, args.rounds,
