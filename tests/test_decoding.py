@@ -165,18 +165,27 @@ def test_cli_generates_the_sessions_tokens(llama, session, capsys) -> None:
     assert cli.main(["generate", llama[1], "--prompt", "a,b"]) == 2
 
 
+def _int4_llama(tmp_path, seed: int, layers: int, positions: int) -> str:
+    """A tiny Llama-style model with random weights, exported with its cache and its MatMul
+    weights quantized to int4 (MatMulNBits, accuracy level 0)."""
+    from tpp_tvm.cache_export import export_causal_lm_with_cache
+
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=layers, hidden_size=64, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+        max_position_embeddings=positions)
+    return str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
+                                           tmp_path / "int4.onnx", weights="int4"))
+
+
 def test_int4_export_generates_like_onnxruntime(tmp_path, monkeypatch) -> None:
     """Two calls from a transformers model to int4 generation: the export quantizes the
     MatMul weights (ONNX Runtime's MatMulNBits), the session runs them on the weight-only
     kernels, and its logits match ONNX Runtime's on the same file."""
     from tpp_tvm.cache_export import export_causal_lm_with_cache
 
-    torch.manual_seed(1)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
-    path = str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
-                                           tmp_path / "int4.onnx", weights="int4"))
+    path = _int4_llama(tmp_path, seed=1, layers=1, positions=64)
     ops = [node.op_type for node in onnx.load(path).graph.node]
     assert ops.count("MatMulNBits") == 7 + 1, ops  # q, k, v, o, gate, up, down; lm head
     from tpp_tvm.relay_passes import shared_constants
@@ -224,28 +233,11 @@ def test_in_place_rewrite_only_where_the_cache_is_only_concatenated(llama) -> No
 def test_int4_greedy_tokens_equal_onnxruntime_for_64_steps(tmp_path) -> None:
     """The issue's generation check: on the same int4 file (accuracy level 0), 64 greedy
     steps of the session, crossing three cache buckets, give ONNX Runtime's tokens."""
-    from tpp_tvm.cache_export import export_causal_lm_with_cache
-
-    torch.manual_seed(2)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, max_position_embeddings=128)
-    path = str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
-                                           tmp_path / "int4.onnx", weights="int4"))
+    path = _int4_llama(tmp_path, seed=2, layers=2, positions=128)
     session = DecoderSession(path, decode_buckets=(15, 31, 63, 127), prompt_buckets=(8,))
     prompt = [3, 1, 4, 1, 5, 9]
     got = session.generate([prompt], max_new_tokens=65).tokens[0]
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    layout = cache_layout(onnx.load(path))
-    shapes = [[d if isinstance(d, int) else 1 for d in s] for s in layout.cache_shapes]
-    for s in shapes:
-        s[layout.axis] = 0
-    cache = [np.zeros(s, np.float32) for s in shapes]
-    ids, total, want = np.array([prompt]), len(prompt), []
-    for _ in range(65):
-        feed = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
-                "position_ids": np.arange(total - ids.shape[1], total)[None]}
-        out = sess.run(None, feed | dict(zip(layout.past, cache)))
-        want.append(int(out[0][0, -1].argmax()))
-        cache, ids, total = out[1:], np.array([[want[-1]]]), total + 1
+    # ONNX Runtime after the prompt and after each of the session's tokens picks that token
+    # next: the two greedy sequences are the same.
+    want = [int(logits.argmax()) for logits in _ort_logits(path, prompt, list(got[:-1]))]
     np.testing.assert_array_equal(got, want)
