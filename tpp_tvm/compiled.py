@@ -486,7 +486,6 @@ def compile_relax(mod: tvm.IRModule, target=None, precision: str = "float32",
         with peak_rss() as memory:
             exe = build(mod, tgt, report=report, precision=precision, tune_logs=tune_logs,
                         constants=constants)
-        release_freed_memory()
     except TPPError:
         raise
     except Exception as exc:  # TVM's checks and LLVM: one clear error, the cause chained
@@ -546,7 +545,7 @@ def compile_onnx(model_or_path, target=None, shape_dict: dict | None = None,
             shape_dict = {p.name: p.dims for p in patterns if p.name in shape_dict}
         compiled = compile_relax(from_onnx(model, shape_dict), target, precision, tune_logs,
                                  constants)
-        release_freed_memory()  # the import's temporaries too, gone by now
+        release_freed_memory()  # the import's and the build's temporaries, garbage now
         return compiled
     constants = constants if constants is not None else SharedConstants()
     return DynamicModel(reload or model, patterns, check_bounds(dynamic, names),

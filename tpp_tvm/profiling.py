@@ -69,13 +69,6 @@ def peak_rss(interval_s: float = 0.05) -> Iterator[dict]:
         result["peak_mib"] = max(result["peak_mib"], proc.memory_info().rss / 2**20)
 
 
-def resident_mib() -> float:
-    """This process's resident memory now (MiB)."""
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
 def release_freed_memory() -> None:
     """Give the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing
     elsewhere). A compile frees about as much as the build keeps, scattered over the heap:
