@@ -251,6 +251,73 @@ def test_attention_through_sdpa_reaches_the_attention_kernel() -> None:
     assert not any(k in lowered for k in ("tpp.bmm", "tpp.softmax")), compiled.report()
 
 
+def test_eager_attention_through_torch_matmul_reaches_the_attention_kernel(tmp_path) -> None:
+    """Attention written with ``torch.matmul`` (transformers' eager attention: export
+    decomposes it to views around ``bmm``) and a mask a traced model computes that masks
+    nothing runs on the attention kernel, as the ONNX export of the same module does."""
+
+    class EagerAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(64, 192)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            keep = (torch.arange(s) >= 0)[None, None, None, :].expand(b, 1, s, s)
+            mask = torch.where(keep, torch.tensor(0.0), torch.tensor(torch.finfo(x.dtype).min))
+            scores = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
+            out = torch.matmul(torch.softmax(scores, dim=-1), v)
+            return out.transpose(1, 2).reshape(b, s, 64)
+
+    torch.manual_seed(0)
+    model, x = EagerAttention().eval(), torch.randn(1, 24, 64)
+    compiled = tpp_tvm.compile_torch(model, (x,))
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+    lowered = compiled.report_data["lowered"]
+    assert sum(n for k, n in lowered.items() if k.startswith("tpp.attention")) == 1, \
+        compiled.report()
+    assert not any(k in lowered for k in ("tpp.bmm", "tpp.softmax")), compiled.report()
+
+
+class RowBlocks(torch.nn.Module):
+    """ConvNeXt's block tail (``Linear`` on NHWC rows, a layer scale, the NCHW residual)
+    and Llama's SwiGLU MLP: torch's ``Linear`` views rows around each GEMM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pw = torch.nn.Linear(16, 16)
+        self.gamma = torch.nn.Parameter(torch.rand(16) + 0.5)
+        self.gate, self.up = torch.nn.Linear(16, 32, bias=False), torch.nn.Linear(16, 32,
+                                                                                   bias=False)
+        self.down = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        y = x + (self.gamma * self.pw(x.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        rows = y.flatten(2).transpose(1, 2)
+        act = torch.nn.functional.silu(self.gate(rows)) * self.up(rows)
+        return rows + self.down(act)
+
+
+def test_row_views_around_linears_fuse_as_in_the_onnx_route(tmp_path) -> None:
+    """The layer scale folds into the weights, the residual and the SwiGLU gate join the
+    GEMMs' epilogues through the views torch puts around a ``Linear``: the same kernels
+    as the ONNX export of the module."""
+    torch.manual_seed(0)
+    model, x = RowBlocks().eval(), torch.randn(1, 16, 6, 6)
+    compiled = tpp_tvm.compile_torch(model, (x,))
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+    path = tmp_path / "rows.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    lowered = compiled.report_data["lowered"]
+    assert lowered == tpp_tvm.compile_onnx(str(path)).report_data["lowered"], \
+        compiled.report()
+    assert any("gate" in k for k in lowered) and any("residual" in k for k in lowered), \
+        compiled.report()
+
+
 def test_hardswish_and_hardsigmoid_as_torch_writes_them_fuse_like_onnx(tmp_path) -> None:
     class Mobile(torch.nn.Module):
         def __init__(self) -> None:

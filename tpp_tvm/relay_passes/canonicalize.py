@@ -332,6 +332,27 @@ def fold_convolution_scales(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def drop_zero_adds(func: relax.Function) -> relax.Function:
+    """``x + 0`` → ``x`` for a constant of zeros over two or more axes that does not widen
+    ``x``: an attention mask that masks nothing, as a traced model computes it (ViT through
+    ``torch.export``: ``where(arange >= 0, 0, -inf)``, folded to zeros), which the attention
+    kernel then read. A zero vector stays: a bias costs nothing in an epilogue, and fused
+    forms take one (the expansion + depthwise kernel)."""
+    x, zeros = wildcard(), is_const()
+    pattern = is_op("relax.add")(x, zeros) | is_op("relax.add")(zeros, x)
+
+    def rewriter(orig, m):
+        value = const_value(m[zeros])
+        if value is None or value.any() or sum(n > 1 for n in value.shape) < 2 or \
+                static_shape(m[x]) is None or \
+                static_shape(m[x]) != static_shape(orig) or \
+                str(m[x].ty.dtype) != str(value.dtype):
+            return orig
+        return m[x]
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 def merge_constant_adds(func: relax.Function) -> relax.Function:
     """``(y + c1) + c2`` → ``y + (c1 + c2)`` for constants that broadcast to ``y``'s shape
     (a convolution's bias and the shift of the batch norm after it), so one add remains for
@@ -472,8 +493,11 @@ def sink_dense_reshapes(func: relax.Function) -> relax.Function:
     GPT-2's ``Conv1D`` layers flatten rows around every GEMM (``view(-1, n)``, ``addmm``,
     ``view(*size)``), so its tanh-GELU and residual adds met the GEMM only through a
     reshape and ran as separate kernels. Sunk below them, the reshape is a free view and
-    the epilogue fuses into the GEMM. Only reshapes keeping the last axis move (rows merged
-    or split), so a bias row still lines up."""
+    the epilogue fuses into the GEMM (a product ``reshape(dense) * r`` too: Llama's SwiGLU
+    gate through ``torch.export``). Only reshapes keeping the last axis move (rows merged
+    or split), so a bias row still lines up. A constant scale per column moves below the
+    reshape too (ConvNeXt's layer scale after a ``Linear`` on NHWC rows), where
+    :func:`fold_output_scales` folds it into the weights."""
     x, w, b, r = wildcard(), is_const(), is_const(), wildcard()
     dense = is_op("relax.matmul")(x, w)
     dense = dense | is_op("relax.add")(dense, b)
@@ -482,7 +506,10 @@ def sink_dense_reshapes(func: relax.Function) -> relax.Function:
     unary = None
     for op in EPILOGUE_UNARY:
         unary = is_op(op)(reshaped) if unary is None else unary | is_op(op)(reshaped)
-    added = is_op("relax.add")(reshaped, r) | is_op("relax.add")(r, reshaped)
+    added = is_op("relax.add")(reshaped, r) | is_op("relax.add")(r, reshaped) | \
+        is_op("relax.multiply")(reshaped, r) | is_op("relax.multiply")(r, reshaped)
+    c = is_const()
+    scaled = is_op("relax.multiply")(reshaped, c) | is_op("relax.multiply")(c, reshaped)
 
     def inner(view: relax.Call) -> relax.Expr | None:
         """The reshape's source when the reshape keeps its last axis, else None."""
@@ -507,8 +534,19 @@ def sink_dense_reshapes(func: relax.Function) -> relax.Function:
                 str(other.ty.dtype) != str(src.ty.dtype):
             return orig
         flat = relax.op.reshape(other, static_shape(src))
-        return relax.op.reshape(relax.op.add(src, flat), shape)
+        return relax.op.reshape(relax.Call(orig.op, [src, flat]), shape)
 
+    def rewrite_scale(orig, m):
+        view, scale = m[reshaped], const_value(m[c])
+        src, shape = inner(view), static_shape(view)
+        if src is None or scale is None or static_shape(orig) != shape or \
+                scale.ndim > len(shape) or scale.size not in (1, shape[-1]) or \
+                (scale.size > 1 and scale.shape[-1] != shape[-1]):
+            return orig  # only a scale per column (or a scalar) commutes with the view
+        column = relax.const(scale.reshape(-1)) if scale.size > 1 else m[c]
+        return relax.op.reshape(relax.op.multiply(src, column), shape)
+
+    func = rewrite_call(scaled, rewrite_scale, func)
     return rewrite_call(added, rewrite_add, rewrite_call(unary, rewrite_unary, func))
 
 
@@ -520,12 +558,13 @@ def CanonicalizeActivations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
             func = rewrite_silu(rewrite_tanh_gelu(rewrite_erf_gelu(
                 rewrite_clips(drop_identity_casts(func)))))
             func = rewrite_rms_norm(merge_operand_scales(drop_single_concats(func)))
-            func = merge_constant_adds(fold_convolution_scales(
-                fold_batch_norms(fold_output_scales(func))))
+            func = merge_constant_adds(drop_zero_adds(fold_convolution_scales(
+                fold_batch_norms(fold_output_scales(func)))))
             for _ in range(MAX_BRANCHES):  # one pair of branches merges per round
                 merged = merge_parallel_convolutions(func)
                 if structural_equal(merged, func):
                     break
                 func = merged
-            mod[gv] = sink_dense_reshapes(func)
+            # a scale sunk below a view meets its GEMM only now
+            mod[gv] = fold_output_scales(sink_dense_reshapes(func))
     return mod

@@ -38,6 +38,7 @@ from ..target import is_tpp_target, isa_of
 from ..target import target as tpp_target
 from ..tir_pipeline import PIPELINE as TIR_PIPELINE
 from ..tuning.logs import TuneLogs, resolve_logs
+from .batched_matmul import UnflattenBatchedMatmuls
 from .canonical_forms import CanonicalizeOperatorForms
 from .canonicalize import CanonicalizeActivations
 from .gathers import injective_gathers
@@ -87,7 +88,9 @@ def weight_only_pass(isa: str, report: LoweringReport) -> tvm.transform.Pass:
 def simplify_passes(isa: str | None = None, report: LoweringReport | None = None,
                     threads: int = 1) -> list[tvm.transform.Pass]:
     """Inference simplification; on a TPP ISA, quantized matmuls become int8 TPPs first."""
-    passes = [CanonicalizeActivations]
+    # torch's bmm between views of batched operands back to their matmul (attention, a
+    # Linear of a strided input), before folding makes a broadcast weight a constant.
+    passes = [UnflattenBatchedMatmuls, CanonicalizeActivations]
     if isa is not None:
         # Before constant folding, which would fold the s8 weights' casts away; after
         # canonicalization, so a GELU after a quantized matmul fuses into its epilogue.

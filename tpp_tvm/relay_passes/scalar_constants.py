@@ -5,7 +5,10 @@ starts from a scalar constant stays in the graph: ONNX's ``MatMulInteger`` with 
 zero point of 0 imports as ``W_q - int32(0)``, and because ``int32(0)`` is never folded the
 weight is not a constant when the TPP patterns look for one (a dynamically quantized MLP's
 4096x4096 layer ran as a matmul of activations, its weight re-read unpacked on every call:
-2.3x slower than the same layer in fp32). These ops are evaluated here with numpy instead;
+2.3x slower than the same layer in fp32). Nor does it fold ``arange`` (its bounds are
+immediates, not tensors), from which a traced model computes position ids and masks at
+run time (transformers' ViT through ``torch.export``: an attention mask of zeros, built
+from ``arange >= 0`` on every call). These ops are evaluated here with numpy instead;
 ``FoldConstant`` then folds what depended on them.
 """
 
@@ -18,6 +21,9 @@ import tvm
 from tvm import relax
 
 from .exprs import dtype_of
+
+#: Longest ``arange`` made a constant (a longer one is cheaper to compute than to store).
+MAX_ARANGE = 1 << 16
 
 #: Elementwise ops evaluated on constants, with numpy's meaning equal to Relax's.
 _NUMPY_OPS: dict[str, Callable[..., np.ndarray]] = {
@@ -49,6 +55,8 @@ class _ScalarConstantFolder(relax.PyExprMutator):
 
     def _evaluate(self, call: relax.Call) -> np.ndarray | None:
         name = getattr(call.op, "name", "")
+        if name == "relax.arange":
+            return _arange(call)
         if name not in _NUMPY_OPS and name not in ("relax.astype", "relax.divide"):
             return None
         values = [_tensor_value(self.lookup(arg)) for arg in call.args]
@@ -70,6 +78,20 @@ class _ScalarConstantFolder(relax.PyExprMutator):
             bound = self.lookup_binding(expr)
             return bound if bound is not None else expr
         return expr
+
+
+def _arange(call: relax.Call) -> np.ndarray | None:
+    """``arange(start, end, step)`` with static bounds, evaluated (at most MAX_ARANGE)."""
+    bounds = []
+    for arg in call.args:
+        if not isinstance(arg, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+            return None
+        bounds.append(arg.value)
+    if len(bounds) != 3 or bounds[2] == 0:
+        return None
+    values = np.arange(*bounds).astype(dtype_of(call))
+    return values if values.size <= MAX_ARANGE and list(values.shape) == \
+        [int(n) for n in call.ty.shape] else None
 
 
 def _tensor_value(expr: relax.Expr) -> np.ndarray | None:

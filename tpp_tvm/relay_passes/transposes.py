@@ -20,7 +20,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm_ffi import structural_equal
 
-from .canonicalize import EPILOGUE_UNARY
+from .canonicalize import EPILOGUE_UNARY, sink_dense_reshapes
 from .exprs import bindings, static_shape
 
 #: Element-wise ops with one tensor input and no axis: ``f(x.T) = f(x).T``.
@@ -269,10 +269,13 @@ def SinkLayoutTransposes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
     inverse pair of transposes (ConvNeXt's first stage added its residuals NCHW: a
     transposing kernel of TVM's default code and a TPP add per block, where the add joins
     the GEMM's epilogue). Other transposes (a matmul's operand) stay where they are. Then
-    activations move above the views after a convolution and view chains that change
-    nothing go (:func:`drop_identity_views`)."""
+    activations move above the views after a convolution, view chains that change
+    nothing go (:func:`drop_identity_views`), and a residual add the sinking brought next
+    to a GEMM's row view moves above the view into its epilogue (ConvNeXt through
+    ``torch.export``: ``Linear`` on flattened NHWC rows, then the NCHW residual)."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             func = sink_views_below_activations(sink_transposes(func, [TO_NCHW, TO_NHWC]))
-            mod[gv] = drop_identity_views(func)
+            # a residual the transposes' sinking brought next to a viewed GEMM joins it
+            mod[gv] = sink_dense_reshapes(drop_identity_views(func))
     return mod
