@@ -114,8 +114,8 @@ def test_generate_and_prepare(session) -> None:
     out = session.generate([[4, 3, 2, 1], [7, 7]], max_new_tokens=6)
     assert out.tokens.shape == (2, 6) and len(out.step_seconds) == 5
     assert out.tokens_per_second > 0
-    assert "KV-cache decoder: 4 cache tensors (past axis 2, written in place)" \
-        in session.report()
+    assert "KV-cache decoder: 4 cache tensors (past axis 2, written in place, last " \
+        "position's logits only)" in session.report()
 
 
 def test_concurrent_generations_on_one_session_serialize(session) -> None:
@@ -228,6 +228,42 @@ def test_in_place_rewrite_only_where_the_cache_is_only_concatenated(llama) -> No
     model.graph.output.append(onnx.helper.make_tensor_value_info(
         "cache_total", onnx.TensorProto.FLOAT, None))
     assert with_cache_written_in_place(model, layout) is None
+
+
+def test_prompts_compute_the_last_positions_logits_only(llama, session) -> None:
+    """The LM head takes the hidden states' last position (a Slice before it): ONNX Runtime
+    runs the rewritten export to the original's last logits; a logits output that is not
+    an LM head's product per position leaves the export as it is."""
+    from tpp_tvm.decoding import with_last_logits_only
+
+    model = onnx.load(llama[1])
+    layout = cache_layout(model)
+    sliced = with_last_logits_only(model, layout)
+    assert [n.op_type for n in sliced.graph.node].count("Slice") == \
+        [n.op_type for n in model.graph.node].count("Slice") + 1
+    assert session.last_logits_only and "last position's logits only" in session.report()
+    rng = np.random.default_rng(0)
+    shapes = [[2 if isinstance(d, str) else d for d in s] for s in layout.cache_shapes]
+    feed = {"input_ids": rng.integers(0, 100, (2, 5)), "attention_mask": np.ones((2, 8), "int64"),
+            "position_ids": np.tile(np.arange(3, 8), (2, 1))}
+    for name, shape in zip(layout.past, shapes):
+        shape[layout.axis] = 3
+        feed[name] = rng.standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(llama[1], providers=["CPUExecutionProvider"]).run(None, feed)
+    got = ort.InferenceSession(sliced.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feed)
+    assert got[0].shape == (2, 1, 100)
+    np.testing.assert_allclose(got[0][:, 0], want[0][:, -1], rtol=1e-5, atol=1e-6)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        np.testing.assert_array_equal(g, w)
+
+    softmax = onnx.ModelProto()
+    softmax.CopyFrom(model)
+    head = next(n for n in softmax.graph.node if layout.logits in n.output)
+    head.output[0] = "raw_logits"
+    softmax.graph.node.append(onnx.helper.make_node("Softmax", ["raw_logits"],
+                                                    [layout.logits], axis=-1))
+    assert with_last_logits_only(softmax, layout) is None
 
 
 def test_int4_greedy_tokens_equal_onnxruntime_for_64_steps(tmp_path) -> None:

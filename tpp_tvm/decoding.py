@@ -22,6 +22,10 @@ the attention gives the same result whether it sees the slot before or after the
 export whose cache outputs are not such concatenations decodes with its own outputs, the new
 slot copied back from them.
 
+**A prompt computes one position's logits.** The builds take the LM head's input at the
+last position only (:func:`with_last_logits_only`): the next token needs no other logits,
+and the head is the model's widest product.
+
 Requires ``attention_mask`` and ``position_ids`` inputs (positions must not be derived from
 the padded past length). Decode buckets are ``2^k - 1`` slots so the keys of a step (past +
 the new token) are a power of two: the attention kernels' key blocks need no padding.
@@ -191,6 +195,70 @@ def _through_copies(name: str, producer: dict[str, onnx.NodeProto]) -> str:
     return name
 
 
+#: Ops between the LM head's product and the logits that act on each position alone (with
+#: a constant per vocabulary entry at most: a bias, a scale, a cast, a soft cap).
+_PER_POSITION = frozenset({"Add", "Sub", "Mul", "Div", "Cast", "Identity", "Tanh"})
+#: Products an LM head is written as (their first input: the hidden states).
+_LM_HEADS = frozenset({"MatMul", "MatMulNBits"})
+
+
+def with_last_logits_only(model: onnx.ModelProto, layout: CacheLayout
+                          ) -> onnx.ModelProto | None:
+    """The export computing the logits of each sequence's last position only: the LM head
+    takes the hidden states' last position (a ``Slice`` on the sequence axis), and what
+    follows it acts per position. A prompt needs no other logits (prompts are left-padded,
+    so the last position is every row's last token), and the head is the widest product of
+    the model: a 512-token prompt of a 32k-token vocabulary wrote 64 MB of logits and spent
+    33 GFLOP on them. None where the logits are not (batch, sequence, vocab) products of an
+    LM head (nothing is rewritten)."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    constants = {t.name: len(t.dims) for t in model.graph.initializer} | {
+        node.output[0]: len(next((a.t.dims for a in node.attribute if a.name == "value"), []))
+        for node in model.graph.node if node.op_type == "Constant"}
+    shapes = {v.name: v.type.tensor_type.shape.dim for v in (*model.graph.input,
+                                                              *model.graph.output)}
+    logits, tokens = shapes[layout.logits], shapes[layout.tokens]
+    if len(logits) != 3 or not tokens[1].dim_param or \
+            logits[1].dim_param != tokens[1].dim_param:
+        return None
+    node = producer.get(layout.logits)
+    while node is not None and node.op_type in _PER_POSITION:
+        computed = [n for n in node.input if n not in constants]
+        if len(computed) != 1 or any(constants[n] > 1 for n in node.input if n in constants):
+            return None
+        node = producer.get(computed[0])
+    if node is None or node.op_type not in _LM_HEADS or node.input[0] in constants:
+        return None
+    index = next(i for i, n in enumerate(model.graph.node) if n is node)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = list(out.graph.node)
+    head = nodes[index]
+    last = f"{head.input[0]}/last_position"
+    bounds = {"starts": -1, "ends": np.iinfo(np.int64).max, "axes": 1}
+    out.graph.initializer.extend(onnx.numpy_helper.from_array(
+        np.array([v], np.int64), f"{last}/{k}") for k, v in bounds.items())
+    nodes.insert(index, onnx.helper.make_node(
+        "Slice", [head.input[0], *(f"{last}/{k}" for k in bounds)], [last], name=last))
+    head.input[0] = last
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    dim = next(v for v in out.graph.output if v.name == layout.logits) \
+        .type.tensor_type.shape.dim[1]
+    dim.Clear()
+    dim.dim_value = 1
+    return out
+
+
+def _loaded(path: str | Path, layout: CacheLayout, last_logits_only: bool
+            ) -> onnx.ModelProto:
+    """The export at ``path``, computing the last position's logits only if asked."""
+    from .frontend import load_model
+
+    model = load_model(path)
+    return (with_last_logits_only(model, layout) or model) if last_logits_only else model
+
+
 def _rewritten(source: Any, layout: CacheLayout) -> onnx.ModelProto:
     """The model ``source()`` gives, its cache written in place."""
     model = with_cache_written_in_place(source(), layout)
@@ -259,6 +327,11 @@ class DecoderSession:
 
         proto = load_model(model)
         self.layout = cache_layout(proto)
+        sliced = with_last_logits_only(proto, self.layout)
+        #: Whether the builds compute the last position's logits only (a prompt's others
+        #: are never read; see :func:`with_last_logits_only`).
+        self.last_logits_only = sliced is not None
+        proto = sliced or proto
         self.decode_buckets = tuple(sorted(decode_buckets))
         self.prompt_buckets = tuple(sorted(prompt_buckets))
         in_place = with_cache_written_in_place(proto, self.layout) if write_in_place else None
@@ -270,8 +343,8 @@ class DecoderSession:
                    "max_cached": max_cached, "constants": self.constants}
         # Neither model is held for the sizes compiled later: read again from the file (or
         # rewritten again from the one proto), so the weights are not in memory twice.
-        prompts = functools.partial(load_model, model) if isinstance(model, (str, Path)) \
-            else None  # else the proto itself, held
+        prompts = functools.partial(_loaded, model, self.layout, self.last_logits_only) \
+            if isinstance(model, (str, Path)) else None  # else the proto itself, held
         self.model = compile_onnx(proto, reload=prompts, **options)
         if not isinstance(self.model, DynamicModel):
             raise ModelLoadError("the export's past length is static: a KV-cache decoder "
@@ -458,8 +531,9 @@ class DecoderSession:
         lay = self.layout
         written = "written in place" if self.writes_in_place else \
             "copied from the export's concatenated outputs"
+        logits = ", last position's logits only" if self.last_logits_only else ""
         lines = [f"KV-cache decoder: {len(lay.past)} cache tensors (past axis {lay.axis}, "
-                 f"{written}), decode buckets {self.decode_buckets[:6]}..., prompt buckets "
+                 f"{written}{logits}), decode buckets {self.decode_buckets[:6]}..., prompt buckets "
                  f"{self.prompt_buckets[:6]}...", "Prompts:", self.model.report()]
         if self.step_model is not self.model:
             lines += ["Steps:", self.step_model.report()]
