@@ -46,6 +46,17 @@ def _close(got, want, tol: float = 1e-4) -> None:
     assert float((got - want).abs().max()) / scale < tol
 
 
+def _both_routes(model: torch.nn.Module, x: torch.Tensor, tmp_path) -> tuple:
+    """``model`` through ``compile_torch`` (checked against eager) and the TPP kernels of
+    its ONNX export's build."""
+    compiled = tpp_tvm.compile_torch(model, (x,))
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    return compiled, tpp_tvm.compile_onnx(str(path)).report_data["lowered"]
+
+
 @pytest.fixture(scope="module")
 def convnet():
     model, x = _convnet(), torch.randn(2, 3, 32, 32)
@@ -305,15 +316,10 @@ def test_row_views_around_linears_fuse_as_in_the_onnx_route(tmp_path) -> None:
     GEMMs' epilogues through the views torch puts around a ``Linear``: the same kernels
     as the ONNX export of the module."""
     torch.manual_seed(0)
-    model, x = RowBlocks().eval(), torch.randn(1, 16, 6, 6)
-    compiled = tpp_tvm.compile_torch(model, (x,))
-    with torch.no_grad():
-        _close(compiled(x), model(x))
-    path = tmp_path / "rows.onnx"
-    torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    compiled, onnx_lowered = _both_routes(RowBlocks().eval(), torch.randn(1, 16, 6, 6),
+                                          tmp_path)
     lowered = compiled.report_data["lowered"]
-    assert lowered == tpp_tvm.compile_onnx(str(path)).report_data["lowered"], \
-        compiled.report()
+    assert lowered == onnx_lowered, compiled.report()
     assert any("gate" in k for k in lowered) and any("residual" in k for k in lowered), \
         compiled.report()
 
@@ -331,15 +337,9 @@ def test_hardswish_and_hardsigmoid_as_torch_writes_them_fuse_like_onnx(tmp_path)
             return torch.nn.functional.relu6(h * gate)
 
     torch.manual_seed(0)
-    model, x = Mobile().eval(), torch.randn(1, 8, 14, 14)
-    compiled = tpp_tvm.compile_torch(model, (x,))
-    with torch.no_grad():
-        _close(compiled(x), model(x))
-    path = tmp_path / "mobile.onnx"
-    torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    compiled, onnx_lowered = _both_routes(Mobile().eval(), torch.randn(1, 8, 14, 14), tmp_path)
     assert "tpp.conv2d_bias_hardswish" in compiled.report_data["lowered"], compiled.report()
-    assert compiled.report_data["lowered"] == \
-        tpp_tvm.compile_onnx(str(path)).report_data["lowered"]
+    assert compiled.report_data["lowered"] == onnx_lowered
 
 
 def test_pt2e_int8_model_runs_on_the_int8_kernels() -> None:
