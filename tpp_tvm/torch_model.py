@@ -32,7 +32,7 @@ def _aligned(t: Any) -> Any:
     tensor, or numpy's 16-byte aligned arrays, are not), copied by TVM on this thread. A
     torch copy would run on torch's OpenMP pool, whose workers then spin for a while after
     it, on the cores tpp_tvm's threads run on: MobileNetV2 through ``torch.compile`` at 2
-    threads took 5.0 ms a call behind such a copy, 3.1 without."""
+    threads spent 5.0 ms a call in its kernels behind such a copy, 2.9 without."""
     import tvm
 
     try:

@@ -76,10 +76,7 @@ def _matmul(a: relax.Expr, b: relax.Expr, product: relax.Call, shape: list[int]
 def unflatten_batched_matmuls(func: relax.Function) -> relax.Function:
     """``reshape(matmul(reshape(a), reshape(b)), batch + [m, n])`` → ``matmul(a, b)`` where
     ``a`` is ``batch + [m, k]``, ``b`` is ``batch + [k, n]`` and the inner reshapes only
-    merged ``batch``; then ``matmul(x, broadcast_to(w))`` → ``matmul(x, w)`` for a
-    broadcast over batch dims only (a ``Linear`` of a non-contiguous input: torch expands
-    the weight to a batch of copies for ``bmm``, which the dense patterns never saw as a
-    constant weight)."""
+    merged ``batch``."""
     lhs, rhs = is_op("relax.reshape")(wildcard(), wildcard()), \
         is_op("relax.reshape")(wildcard(), wildcard())
     product = is_op("relax.matmul")(lhs, rhs)
@@ -94,6 +91,16 @@ def unflatten_batched_matmuls(func: relax.Function) -> relax.Function:
         new = None if a is None or b is None else _matmul(a, b, m[product], shape)
         return orig if new is None else new
 
+    binds = bindings(func)
+    return rewrite_call(pattern, unflatten, func)
+
+
+def drop_weight_broadcasts(func: relax.Function) -> relax.Function:
+    """``matmul(x, broadcast_to(w))`` → ``matmul(x, w)`` for a broadcast over batch dims
+    only (a ``Linear`` of a non-contiguous input: torch expands the weight to a batch of
+    copies for ``bmm``, which the dense patterns never saw as a constant weight)."""
+    binds = bindings(func)
+
     def unbroadcast(orig, _m):
         shapes = [static_shape(x) for x in orig.args]
         if any(s is None or len(s) < 2 for s in shapes):
@@ -104,17 +111,15 @@ def unflatten_batched_matmuls(func: relax.Function) -> relax.Function:
         new = _matmul(a, b, orig, static_shape(orig))
         return orig if new is None else new
 
-    binds = bindings(func)
-    func = rewrite_call(pattern, unflatten, func)
-    binds = bindings(func)
     return rewrite_call(is_op("relax.matmul")(wildcard(), wildcard()), unbroadcast, func)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tpp.UnflattenBatchedMatmuls")
 def UnflattenBatchedMatmuls(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802
-    """:func:`unflatten_batched_matmuls` (after :func:`drop_identity_broadcasts`) on every
-    Relax function."""
+    """:func:`drop_identity_broadcasts`, :func:`unflatten_batched_matmuls` and
+    :func:`drop_weight_broadcasts` on every Relax function."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mod[gv] = unflatten_batched_matmuls(drop_identity_broadcasts(func))
+            func = unflatten_batched_matmuls(drop_identity_broadcasts(func))
+            mod[gv] = drop_weight_broadcasts(func)
     return mod
