@@ -87,6 +87,37 @@ def test_keys_read_as_rows_match_numpy(shape):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fill", ["finfo_min", "-inf"])
+def test_decoding_step_skips_masked_key_blocks_exactly(fill):
+    """A decoding step (keys as rows, one mask row per head) skips the key blocks its mask
+    masks whole: the output is the unskipped kernel's, also where a left-padded block, a
+    ragged block and a whole masked row (a sequence with no tokens yet) are masked."""
+    shape = AttentionShape(bh=6, seq_q=4, seq=256, dim=64, heads=2, scale=0.125, mask=True,
+                           zero_masked_rows=True, keys_as_rows=True)
+    sch = attention_schedule(shape, checks.VECTOR_ISA)
+    assert "llvm.vector.reduce.fmax" in sch.mod.script()
+    q, kt, v, _ = _inputs(shape, 7)
+    masked = np.float32(np.finfo(np.float32).min if fill == "finfo_min" else -np.inf)
+    mask = np.zeros((3, 1, 256), "float32")
+    mask[0, :, 160:] = masked  # the cache's unused slots: 3 whole blocks
+    mask[1, :, :40] = masked   # left padding: a whole block and part of the next
+    mask[1, :, 200:] = masked
+    mask[2] = masked           # nothing to attend to
+    k = np.ascontiguousarray(kt.transpose(0, 2, 1))
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    out = np.zeros((6, 4, 64), "float32")
+    args = [tvm.runtime.tensor(x) for x in (q, k, mask, v, out)]
+    lib(*args)
+    got = args[-1].numpy()
+    np.testing.assert_allclose(got[:4], _reference(q, kt, mask, v, shape)[:4],
+                               rtol=1e-5, atol=1e-5)
+    # The masked row: ONNX's fp32 softmax of equal logits (finfo.min) averages V; -inf
+    # rows are zero (the NaN guard).
+    want = v[4:].mean(1, keepdims=True) if fill == "finfo_min" else 0.0
+    np.testing.assert_allclose(got[4:], np.broadcast_to(want, got[4:].shape), rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_attention_tiles_are_tpps():
     shape = AttentionShape(bh=2, seq_q=16, seq=64, dim=32, heads=2, scale=0.5, mask=True)
     trace = str(attention_schedule(shape, checks.VECTOR_ISA).trace)
