@@ -416,6 +416,12 @@ def measure_memory(name: str, impl: str, prompt_len: int, new: int) -> dict:
     prompt = np.random.default_rng(0).integers(0, 1000, (1, prompt_len)).astype(np.int64)
     before = resident_mb()
     importlib.import_module(_RUNTIME_MODULES[impl])
+    if impl == "tpp_tvm":
+        # Each build hands back the compiler's code pages (including those the import
+        # touched): the import is counted as it stays, not charged to the model.
+        from tpp_tvm.profiling import release_compiler_pages
+
+        release_compiler_pages()
     imported = resident_mb()
     if impl == "tpp_tvm":
         from tpp_tvm.decoding import DecoderSession
@@ -439,7 +445,8 @@ def measure_memory(name: str, impl: str, prompt_len: int, new: int) -> dict:
 def render_memory(rows: list[dict], command: str, date: str, load: str) -> str:
     lines = [f"# {MEMORY_TITLE}", "", *run_header(machine(), date, command, load),
              "- A process per runtime (1 thread). MB of resident memory: the process before "
-             "the runtime is imported; what importing it adds; what loading the model adds "
+             "the runtime is imported; what importing it adds (tpp_tvm: after handing back the "
+             "compiler library's code pages, as each build does); what loading the model adds "
              "(tpp_tvm: the session with its prompt and step builds compiled); what "
              "generating adds; the process's peak (tpp_tvm's while compiling). \"x file\" "
              "divides the loaded model's MB by the file's initializer MB.", "",

@@ -9,6 +9,7 @@ errors a caller can make with inputs. The end-to-end BERT test runs by default.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import checks
@@ -275,6 +276,34 @@ def test_calls_do_not_leak(tiny: Callable[[str], Tiny]) -> None:
     gc.collect()
     grown_mib = (proc.memory_info().rss - before) / 2**20
     assert grown_mib < 8, f"RSS grew {grown_mib:.1f} MiB over 1,000 calls"
+
+
+def _compiler_resident_kib() -> int:
+    """KiB of TVM's compiler library resident in this process (its mappings' Rss)."""
+    kib, ours = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                ours = len(fields) > 5 and "libtvm_compiler" in fields[5]
+            elif ours and fields[0] == "Rss:":
+                kib += int(fields[1])
+    return kib
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+def test_a_build_hands_back_the_compilers_pages(tiny: Callable[[str], Tiny]) -> None:
+    """After a build, the compiler library's code pages it touched are no longer resident
+    (a compiled model never runs them); writable data stays."""
+    from tvm import te
+
+    x = te.placeholder((8,), "float32", name="x")
+    plain = te.create_prim_func([x, te.compute((8,), lambda i: x[i] + 1.0, name="y")])
+    tvm.compile(plain, target="llvm")  # the compiler, run without tpp_tvm's build
+    touched = _compiler_resident_kib()
+    compile_onnx(_relu_model())
+    after = _compiler_resident_kib()
+    assert after < touched / 2, (after, touched)
 
 
 def test_report_gives_compile_peak_memory(tiny: Callable[[str], Tiny]) -> None:

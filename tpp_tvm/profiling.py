@@ -83,3 +83,37 @@ def release_freed_memory() -> None:
         return
     if trim is not None:
         trim(0)
+    release_compiler_pages()
+
+
+#: ``madvise`` advice that reclaims pages at once (Linux 5.4+), and the shared libraries
+#: whose pages only compiling reads.
+MADV_PAGEOUT = 21
+COMPILER_LIBRARIES = ("libtvm_compiler",)
+
+
+def release_compiler_pages() -> None:
+    """Hand back the read-only pages of TVM's compiler library (LLVM's code and tables)
+    that a compile touched: a compiled model never runs them, yet they stayed resident (49
+    MB of a 0.45B decoder session's 518 on Zen 4). Another compile reads them in again.
+    Nothing happens where ``madvise`` or ``/proc/self/maps`` is missing (not Linux)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name, use_errno=True) if name else None
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return
+    if libc is None or not hasattr(libc, "madvise"):
+        return
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or "w" in fields[1] or \
+                not any(lib in fields[5] for lib in COMPILER_LIBRARIES):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        libc.madvise(start, end - start, MADV_PAGEOUT)  # advice only: errors ignored
