@@ -6,6 +6,7 @@ against ONNX Runtime and numpy."""
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import onnx
@@ -344,7 +345,8 @@ def test_kernel_unpacks_in_registers():
     shape = WeightOnlyShape(1, 256, 128, 4, 32)
     asm = compile_kernels(weight_only_schedule(shape, "avx512").mod,
                           tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
-    assert "vfmadd231ps\t%zmm" in asm or "vfmadd231ps %zmm" in asm
+    # any of the three FMA operand orders (LLVM picks 213 for Zen 4, 231 for Intel)
+    assert re.search(r"vfmadd(132|213|231)ps\s+%zmm", asm)
     assert "vpmovzxbd" in asm and "vcvtdq2ps" in asm
 
 
