@@ -107,6 +107,49 @@ def test_matmul_nbits_runs_like_onnxruntime(bits, block, a_shape, n, zp, bias):
     assert f"tpp.matmul_int{bits}_weights{'_bias' if bias else ''}: 1" in compiled.report()
 
 
+@requires_ort
+@pytest.mark.parametrize("skip, fused", [("residual_first", True), ("product_first", True),
+                                         ("broadcast", False)])
+def test_residual_add_fuses_into_the_kernel(skip, fused):
+    """``R + MatMulNBits(A)`` (either order) is one kernel adding R in its stores; an add
+    that broadcasts (a per-column tensor) stays an add after the kernel."""
+    model, feeds = nbits_model([2, 64], 48, bias=True)
+    shape = [48] if skip == "broadcast" else [2, 48]
+    model.graph.input.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, shape))
+    model.graph.output[0].name = "out"
+    operands = ["r", "y"] if skip == "residual_first" else ["y", "r"]
+    model.graph.node.append(helper.make_node("Add", operands, ["out"]))
+    feeds["r"] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    name = "tpp.matmul_int4_weights_bias" + ("_residual" if fused else "")
+    assert f"{name}: 1" in compiled.report()
+
+
+@requires_ort
+@pytest.mark.parametrize("a_shape", [[1, 1, 64], [1, 12, 64]])  # a step, a prompt
+def test_swiglu_gate_fuses_into_the_up_projection(a_shape):
+    """``silu(A Wg) * (A Wu)`` (SwiGLU, ``x * sigmoid(x)`` as exporters write silu): the up
+    projection's kernel multiplies by the activated gate in its stores."""
+    gate, feeds = nbits_model(a_shape, 48, seed=1)
+    up, _ = nbits_model(a_shape, 48, seed=2)
+    for node, init, name in ((gate.graph.node[0], gate.graph.initializer, "g"),
+                             (up.graph.node[0], up.graph.initializer, "u")):
+        for t in init:
+            t.name = f"{name}_{t.name}"
+        node.input[1:] = [f"{name}_{i}" if i else "" for i in node.input[1:]]
+        node.output[0], node.name = name, f"{name}_proj"
+    nodes = [gate.graph.node[0], up.graph.node[0],
+             helper.make_node("Sigmoid", ["g"], ["g_sig"]),
+             helper.make_node("Mul", ["g", "g_sig"], ["g_act"]),
+             helper.make_node("Mul", ["g_act", "u"], ["y"])]
+    graph = helper.make_graph(nodes, "swiglu", list(gate.graph.input), list(gate.graph.output),
+                              [*gate.graph.initializer, *up.graph.initializer])
+    model = helper.make_model(graph, opset_imports=list(gate.opset_import))
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    assert "tpp.matmul_int4_weights_gate: 1" in compiled.report()
+    assert "tpp.matmul_int4_weights: 1" in compiled.report()
+
+
 # bits, block, A's shape, N, zero points: accuracy level 4 (A quantized to int8 per block).
 LEVEL4_CASES = [
     (4, 32, [1, 128], 64, None),
@@ -312,7 +355,11 @@ def _int8_kernel_cases():
 
 @pytest.mark.parametrize("m, k, n, bits, block, zp, bias, int8", _int8_kernel_cases())
 def test_kernel_against_numpy(m, k, n, bits, block, zp, bias, int8):
-    shape = WeightOnlyShape(m, k, n, bits, block, zp, bias, int8_activations=int8)
+    # a residual added (odd rows) or a SwiGLU gate multiplied (4 of 6) in the stores, in
+    # a decoding step, chunks and panels
+    residual, gated = m % 2 == 1, m in (1, 8, 16, 33)
+    shape = WeightOnlyShape(m, k, n, bits, block, zp, bias, int8_activations=int8,
+                            residual=residual, gate=gated)
     if int8 and VECTOR_ISA != "avx512":
         pytest.skip(f"int8 activations run on AVX-512 lanes; this host's ISA is {VECTOR_ISA}")
     p = plan(shape, VECTOR_ISA)
@@ -324,12 +371,18 @@ def test_kernel_against_numpy(m, k, n, bits, block, zp, bias, int8):
     a = rng.standard_normal((m, k)).astype(np.float32)
     a[0, :block] = 0  # an all-zero block: scale 0 for int8 activations
     a_used = int8_blocks(a, block) if int8 else a
-    want = a_used @ dequantize_reference(shape, codes, scales, zps).T + (b if bias else 0)
+    r, g = rng.standard_normal((2, m, n)).astype(np.float32)
+    want = a_used @ dequantize_reference(shape, codes, scales, zps).T + (b if bias else 0) \
+        + (r if residual else 0)
+    if gated:
+        want = want * g / (1 + np.exp(-g))
     packed, tile_scales, tile_zps = pack_weights(shape, p, codes, scales, zps)
     assert packed.nbytes == p.cols * shape.blocks * block * bits // 8  # same bytes, tiled
     args = [np.pad(a, ((0, p.rows - m), (0, p.depth - k))), packed, tile_scales]
     args += [tile_zps] if zp else []
     args += [np.pad(b, (0, p.cols - n))] if bias else []
+    args += [np.pad(x, ((0, p.rows - m), (0, p.cols - n)))
+             for x, given in ((r, residual), (g, gated)) if given]
     out = tvm.runtime.tensor(np.zeros((p.rows, p.cols), np.float32))
     lib = compile_kernels(weight_only_schedule(shape, VECTOR_ISA).mod,
                           tpp_tvm.target(num_cores=1)).jit()

@@ -7,7 +7,9 @@ scales)`` (sliced to K), the codes unpacked from bytes by ``repeat``, ``right_sh
 fp32 constants), recognises that form with its constants, checks them (the shifts, mask,
 zero points and shapes are exactly the import's), and emits ``call_tir`` of
 ``schedules/weight_only.py``'s kernel on the same bytes re-tiled (:func:`pack_weights`),
-the bias fused. Where A is quantized to int8 per block first (accuracy level 4) and the
+the bias, a residual tensor added after it (a transformer's skip connection) or a SwiGLU
+gate (the product times ``silu`` of the gate projection) fused into its stores. Where A is
+quantized to int8 per block first (accuracy level 4) and the
 target has ``vpdpbusd``, the kernel takes the unquantized A and quantizes it itself, for
 int8 dot products; without them, the fp32 kernel takes the unquantized A. A form it
 declines (a zero point that is not a code, a scalable ISA, a non-constant operand) stays as
@@ -17,6 +19,7 @@ the rewrites with the reason.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -60,11 +63,22 @@ def _pattern():
     a = a_int8 | wildcard()
     mm = is_op("relax.matmul")(a, is_op("relax.permute_dims")(sliced | flat))
     bias = is_const()
+    with_bias = is_op("relax.add")(mm, bias)
+    residual = wildcard()
+    product = with_bias | mm
+    # The residual stream added after the product (either operand order: fp32 addition
+    # commutes exactly).
+    with_residual = is_op("relax.add")(product, residual) | \
+        is_op("relax.add")(residual, product)
+    # SwiGLU: the product times silu of another tensor (the gate projection).
+    gate = wildcard()
+    silu = is_op("relax.nn.silu")(gate)
+    gated = is_op("relax.multiply")(silu, product) | is_op("relax.multiply")(product, silu)
     parts = dict(codes=codes, repeat=repeat, shifts=shifts, mask=mask, unpacked=unpacked,
                  widened=widened, zp=zp, zp_codes=zp_codes, scales=scales, flat=flat,
                  sliced=sliced, a=a, a_int8=a_int8, a_source=a_source, a_tiles=a_tiles,
-                 mm=mm, bias=bias)
-    return is_op("relax.add")(mm, bias), mm, parts
+                 mm=mm, bias=bias, residual=residual, gate=gate)
+    return (with_residual, gated, with_bias, mm), parts
 
 
 def _int8_activations_pattern():
@@ -146,6 +160,18 @@ def _read(m, parts) -> tuple[WeightOnlyShape, np.ndarray, np.ndarray, np.ndarray
     return shape, codes, scales.reshape(n, blocks), zero_points, bias
 
 
+def _same_shape(m, part, root: relax.Expr) -> relax.Expr | None:
+    """The matched epilogue operand ``part`` (the residual, the gate) where the kernel's
+    stores can take it: fp32, the result's own shape (nothing broadcast); else None."""
+    if part not in m:
+        return None
+    tensor = m[part]
+    shape = static_shape(tensor)
+    if dtype_of(tensor) != "float32" or shape is None or shape != static_shape(root):
+        return None
+    return tensor
+
+
 def _zero_points(m, parts, n: int, blocks: int, bits: int) -> np.ndarray | None:
     """(N, blocks) uint8 zero points; None for the default ``2**(bits-1)``."""
     zp = const_value(m[parts["zp_codes"]]) if parts["zp_codes"] in m else \
@@ -162,9 +188,12 @@ def _zero_points(m, parts, n: int, blocks: int, bits: int) -> np.ndarray | None:
 
 def _emit(bb: relax.BlockBuilder, a: relax.Expr, shape: WeightOnlyShape, isa: str,
           codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
-          bias: np.ndarray | None) -> relax.Expr:
+          bias: np.ndarray | None, residual: relax.Expr | None = None,
+          gate: relax.Expr | None = None) -> relax.Expr:
     """``call_tir`` of the kernel on A (any leading dims), padded to the plan's rows, depth
-    and columns where needed and cut back after."""
+    and columns where needed and cut back after; ``residual`` added and ``silu(gate)``
+    multiplied (each A's leading dims x N) by the kernel's stores."""
+    shape = replace(shape, residual=residual is not None, gate=gate is not None)
     p = plan(shape, isa)
     packed, tile_scales, tile_zps = pack_weights(shape, p, codes, scales, zero_points)
     gv = bb.add_func(as_relax_kernel(weight_only_schedule(shape, isa).mod["main"]),
@@ -176,6 +205,12 @@ def _emit(bb: relax.BlockBuilder, a: relax.Expr, shape: WeightOnlyShape, isa: st
     args = [a2, relax.const(packed), relax.const(tile_scales)]
     args += [relax.const(tile_zps)] if tile_zps is not None else []
     args += [relax.const(np.pad(bias, (0, p.cols - shape.n)))] if bias is not None else []
+    for tensor in (residual, gate):  # the kernel's argument order
+        if tensor is not None:
+            t2 = relax.op.reshape(tensor, (shape.m, shape.n))
+            if (p.rows, p.cols) != (shape.m, shape.n):
+                t2 = relax.op.nn.pad(t2, [0, p.rows - shape.m, 0, p.cols - shape.n])
+            args.append(t2)
     y = relax.call_tir(gv, args, relax.TensorType((p.rows, p.cols), "float32"))
     if (p.rows, p.cols) != (shape.m, shape.n):
         y = relax.op.strided_slice(y, axes=[0, 1], begin=[0, 0], end=[shape.m, shape.n])
@@ -184,38 +219,48 @@ def _emit(bb: relax.BlockBuilder, a: relax.Expr, shape: WeightOnlyShape, isa: st
 
 def rewrite_weight_only(func: relax.Function, bb: relax.BlockBuilder, isa: str,
                         report: LoweringReport, int8_dot: bool = False) -> relax.Function:
-    """Replace each imported weight-only matmul of ``func`` (bias fused) by the kernel.
+    """Replace each imported weight-only matmul of ``func`` (bias and residual fused) by the kernel.
     ``int8_dot``: the target has ``vpdpbusd``, so a matmul whose A is quantized to int8
     (accuracy level 4) runs on it; elsewhere such a matmul takes the unquantized A to the
     fp32 kernel (more accurate than the level asks)."""
-    with_bias, plain, parts = _pattern()
+    roots, parts = _pattern()
     declined: dict[int, str] = {}  # once per matmul, however many roots tried it
 
     def rewrite(orig: relax.Expr, m) -> relax.Expr:
         try:
+            residual = _same_shape(m, parts["residual"], orig)
+            gate = _same_shape(m, parts["gate"], orig)
+            if (residual is None and parts["residual"] in m) or \
+                    (gate is None and parts["gate"] in m):
+                return orig  # an add or product the kernel cannot take (a broadcast, a
+                # bias): the roots without it match the product under it
             shape, codes, scales, zero_points, bias = _read(m, parts)
             a = m[parts["a"]]
             source = _int8_source(m, parts, shape.block)
+            emit = functools.partial(_emit, bb, codes=codes, scales=scales,
+                                     zero_points=zero_points, bias=bias, residual=residual,
+                                     gate=gate)
             if source is not None and int8_dot:
                 try:
                     int8 = replace(shape, int8_activations=True)
-                    out = _emit(bb, source, int8, isa, codes, scales, zero_points, bias)
+                    out = emit(source, int8, isa)
                     shape = int8
                 except TPPError:  # no int8 kernel for this ISA or block: fp32
-                    out = _emit(bb, source, shape, isa, codes, scales, zero_points, bias)
+                    out = emit(source, shape, isa)
             else:
-                out = _emit(bb, a if source is None else source, shape, isa, codes,
-                            scales, zero_points, bias)
+                out = emit(a if source is None else source, shape, isa)
         except (_Declined, TPPError) as why:
             declined[tvm_ffi.structural_hash(m[parts["mm"]])] = str(why)
             return orig
-        suffix = "_bias" if bias is not None else ""
+        suffix = ("_bias" if bias is not None else "") + \
+            ("_residual" if residual is not None else "") + \
+            ("_gate" if gate is not None else "")
         precision = "int8" if shape.int8_activations else "float32"
         report.kernels[KernelRow(f"tpp.matmul_int{shape.bits}_weights{suffix}", FAMILY,
                                  precision)] += 1
         return out
 
-    for root in (with_bias, plain):
+    for root in roots:
         func = rewrite_call(root, rewrite, func)
     for why in declined.values():
         report.rewrites[f"{DECLINED} ({why})"] += 1

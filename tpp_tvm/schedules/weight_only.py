@@ -1,4 +1,4 @@
-"""Weight-only quantized matmul: ``Y = A @ dequantize(W)ᵀ (+ bias)`` with W kept in 4 or 8
+"""Weight-only quantized matmul: ``Y = A @ dequantize(W)ᵀ (+ bias) (+ R)`` with W kept in 4 or 8
 bits, unpacked in registers (ONNX Runtime's ``MatMulNBits``; llama.cpp's Q4/Q8 formats).
 
 The math, per output column ``n`` and block ``b`` of ``block`` consecutive k::
@@ -72,7 +72,10 @@ PREFETCH_BYTES = 8192
 class WeightOnlyShape:
     """A weight-only matmul: ``m`` rows of A, ``k`` reduced, ``n`` outputs; ``bits`` per
     code, ``block`` codes per scale (and zero point); ``zero_points``: per-block zero points
-    given (else ``2**(bits-1)``); ``bias``: a per-column bias added."""
+    given (else ``2**(bits-1)``); ``bias``: a per-column bias added; ``residual``: an (m,
+    n) tensor added after it (a transformer's residual stream), in the same order as the
+    unfused ``(A W + bias) + R``; ``gate``: the result multiplied by ``silu(G)`` of an (m,
+    n) tensor G (SwiGLU: the up projection times the activated gate projection)."""
 
     m: int
     k: int
@@ -82,6 +85,8 @@ class WeightOnlyShape:
     zero_points: bool = False
     bias: bool = False
     int8_activations: bool = False
+    residual: bool = False
+    gate: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
@@ -210,7 +215,8 @@ def _dot_layout(shape: WeightOnlyShape, p: WeightOnlyPlan, codes: np.ndarray) ->
 
 def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.Schedule:
     """The kernel: A (rows, depth) fp32, packed codes, scales (tiles, blocks, nt) fp32
-    [, zero points (tiles, blocks, nt) uint8][, bias (cols,) fp32] -> Y (rows, cols) fp32,
+    [, zero points (tiles, blocks, nt) uint8][, bias (cols,) fp32][, residual (rows, cols)
+    fp32][, gate (rows, cols) fp32] -> Y (rows, cols) fp32,
     shapes of :func:`plan` and :func:`pack_weights` (A zero-padded by the caller).
 
     With ``int8_activations`` (ONNX Runtime's accuracy level 4), each row's blocks of A are
@@ -233,17 +239,40 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
         zps = (T.arg("zero_points", T.Buffer((p.tiles, sh.blocks, p.nt), "uint8"))
                if sh.zero_points else None)
         bias = T.arg("bias", T.Buffer((p.cols,), "float32")) if sh.bias else None
+        residual = T.arg("residual", T.Buffer((p.rows, p.cols), "float32")) \
+            if sh.residual else None
+        gate = T.arg("gate", T.Buffer((p.rows, p.cols), "float32")) if sh.gate else None
         y = T.arg("y", T.Buffer((p.rows, p.cols), "float32"))
+        out = _Output(y, bias, residual, gate)
 
         if sh.panel:
-            _panel_tiles(sh, p, a, codes, scales, zps, bias, y)
+            _panel_tiles(sh, p, a, codes, scales, zps, out)
         else:
-            _chunk_tiles(sh, p, a, codes, scales, zps, bias, y)
+            _chunk_tiles(sh, p, a, codes, scales, zps, out)
     return s_tir.Schedule(builder.get())
 
 
-def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, bias, y
-                 ) -> None:
+class _Output:
+    """Y and the epilogue of its stores: the bias, the residual and the SwiGLU gate, each
+    where given, in the graph's order."""
+
+    def __init__(self, y, bias, residual, gate) -> None:
+        self.y, self.bias, self.residual, self.gate = y, bias, residual, gate
+
+    def store(self, value: tirx.PrimExpr, row: tirx.PrimExpr, col: tirx.Ramp) -> None:
+        if self.bias is not None:
+            value = value + self.bias[col]
+        if self.residual is not None:
+            value = value + self.residual[row, col]
+        if self.gate is not None:  # silu(g) = g / (1 + exp(-g)), as TVM's sigmoid
+            g = self.gate[row, col]
+            one = _bcast(tirx.const(1.0, "float32"), col.lanes)
+            value = g / (one + tirx.exp(-g)) * value
+        T.buffer_store(self.y, value, [row, col])
+
+
+def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps,
+                 out: _Output) -> None:
     """Few rows: per tile and chunk of rows, each block's dot products on the codes as
     they are (fp32 FMAs on widened codes, or vpdpbusd), scaled per block into the totals."""
     lanes, vec = p.lanes, f"float32x{p.lanes}"
@@ -283,11 +312,8 @@ def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
                     T.buffer_store(acc, acc[u] + scale * value, [u])
         for r in range(p.mr):
             for c in range(p.vectors):
-                col = tirx.Ramp(tile * p.nt + c * lanes, 1, lanes)
-                out = acc[r * p.vectors + c]
-                if bias is not None:
-                    out = out + bias[col]
-                T.buffer_store(y, out, [row0 + r, col])
+                out.store(acc[r * p.vectors + c], row0 + r,
+                          tirx.Ramp(tile * p.nt + c * lanes, 1, lanes))
 
 
 def _zero_point(sh: WeightOnlyShape, zps, tile, b, lane, lanes: int) -> tirx.PrimExpr:
@@ -298,8 +324,8 @@ def _zero_point(sh: WeightOnlyShape, zps, tile, b, lane, lanes: int) -> tirx.Pri
     return tirx.Cast(f"float32x{lanes}", tirx.Cast(f"int32x{lanes}", zps[tile, b, lane]))
 
 
-def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, bias, y
-                 ) -> None:
+def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps,
+                 out: _Output) -> None:
     """Many rows (prefill, fp32): per tile and band of up to :data:`PANEL_BAND` rows, each
     block's codes are dequantized once, ``(q - z) * s``, into an fp32 panel (block x nt);
     every chunk of the band's rows multiplies it as a GEMM microkernel would (A broadcast,
@@ -339,10 +365,8 @@ def _panel_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps, 
                     T.buffer_store(totals, acc[u], [first * p.vectors + u])
         with T.serial(0, band) as r:
             for c in range(p.vectors):
-                col = tirx.Ramp(tile * p.nt + c * lanes, 1, lanes)
-                out = totals[r * p.vectors + c]
-                T.buffer_store(y, out + bias[col] if bias is not None else out,
-                               [rb * band + r, col])
+                out.store(totals[r * p.vectors + c], rb * band + r,
+                          tirx.Ramp(tile * p.nt + c * lanes, 1, lanes))
 
 
 def _fp32_halves(sh: WeightOnlyShape, codes, tile, b, j, lane, lanes: int) -> tuple:
