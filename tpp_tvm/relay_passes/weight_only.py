@@ -6,15 +6,14 @@ scales)`` (sliced to K), the codes unpacked from bytes by ``repeat``, ``right_sh
 ``bitwise_and`` for 4 bits. This pass runs before constant folding (which would expand W to
 fp32 constants), recognises that form with its constants, checks them (the shifts, mask,
 zero points and shapes are exactly the import's), and emits ``call_tir`` of
-``schedules/weight_only.py``'s kernel on the same bytes re-tiled (:func:`pack_weights`),
-the bias, a residual tensor added after it (a transformer's skip connection) or a SwiGLU
-gate (the product times ``silu`` of the gate projection) fused into its stores. Where A is
-quantized to int8 per block first (accuracy level 4) and the
-target has ``vpdpbusd``, the kernel takes the unquantized A and quantizes it itself, for
-int8 dot products; without them, the fp32 kernel takes the unquantized A. A form it
-declines (a zero point that is not a code, a scalable ISA, a non-constant operand) stays as
-it was: folded to fp32 weights, it runs on the fp32 GEMM TPP, and the report lists it among
-the rewrites with the reason.
+``schedules/weight_only.py``'s kernel on the same bytes re-tiled (:func:`pack_weights`), the
+bias, a residual tensor added after it (a transformer's skip connection) or a SwiGLU gate
+(the product times ``silu`` of the gate projection) fused into its stores. Where A is
+quantized to int8 per block first (accuracy level 4) and the target has ``vpdpbusd``, the
+kernel takes the unquantized A and quantizes it itself, for int8 dot products; without them,
+the fp32 kernel takes the unquantized A. A form it declines (a zero point that is not a
+code, a scalable ISA, a non-constant operand) stays as it was: folded to fp32 weights, it
+runs on the fp32 GEMM TPP, and the report lists it among the rewrites with the reason.
 """
 
 from __future__ import annotations
@@ -219,7 +218,8 @@ def _emit(bb: relax.BlockBuilder, a: relax.Expr, shape: WeightOnlyShape, isa: st
 
 def rewrite_weight_only(func: relax.Function, bb: relax.BlockBuilder, isa: str,
                         report: LoweringReport, int8_dot: bool = False) -> relax.Function:
-    """Replace each imported weight-only matmul of ``func`` (bias and residual fused) by the kernel.
+    """Replace each imported weight-only matmul of ``func`` by the kernel, its bias, residual
+    or SwiGLU gate fused.
     ``int8_dot``: the target has ``vpdpbusd``, so a matmul whose A is quantized to int8
     (accuracy level 4) runs on it; elsewhere such a matmul takes the unquantized A to the
     fp32 kernel (more accurate than the level asks)."""
