@@ -13,7 +13,8 @@ batch, new tokens and past):
 
 Each run: a ``--prompt``-token prompt, then ``--new`` greedy tokens. tpp_tvm runs a
 ``DecoderSession`` (cache in capacity buckets, builds compiled ahead by ``prepare``: the
-compile seconds are reported, not timed); ONNX Runtime (CPU EP, IOBinding: the cache stays
+compile seconds are reported, not timed; ``tpp_tvm_int8kv``: the same with its KV cache
+held as int8 rows, ``cache_dtype="int8"``); ONNX Runtime (CPU EP, IOBinding: the cache stays
 in its buffers between steps) and OpenVINO (``INFERENCE_PRECISION_HINT`` f32, the cache made
 stateful) run the export itself with the cache growing by one each step, as their own
 generation loops do (:class:`PeerLoop`; OpenVINO stateless too, the faster on small
@@ -278,6 +279,10 @@ class PeerLoop:
         return now, prefill
 
 
+#: tpp_tvm's rows: a ``DecoderSession`` holding its KV cache in this dtype.
+TPP_SESSIONS = {"tpp_tvm": "float32", "tpp_tvm_int8kv": "int8"}
+
+
 def run_model(name: str, prompt_len: int, new: int, rounds: int, threads: int,
               impls: list[str]) -> list[dict]:
     return run_export(name, export(name), prompt_len, new, rounds, threads, impls)
@@ -291,18 +296,18 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
     prompt = np.random.default_rng(0).integers(0, 1000, (1, prompt_len)).astype(np.int64)
     loops = {}
     compile_s = None
-    if "tpp_tvm" in impls:
+    for impl in (i for i in impls if i in TPP_SESSIONS):
         t0 = time.perf_counter()
-        session = DecoderSession(str(path))
+        session = DecoderSession(str(path), cache_dtype=TPP_SESSIONS[impl])
         session.prepare(prompt_len, prompt_len + new)
         compile_s = time.perf_counter() - t0
 
-        def tpp(prompt=prompt):
+        def tpp(prompt=prompt, session=session):
             g = session.generate(prompt, new)
             return g.tokens, g.prefill_seconds, g.step_seconds
-        loops["tpp_tvm"] = tpp
+        loops[impl] = tpp
     for impl in impls:
-        if impl != "tpp_tvm":
+        if impl not in TPP_SESSIONS:
             loops[impl] = lambda p=PeerLoop(impl, path, threads): p.generate(prompt, new)
     best: dict[str, dict] = {}
     tokens = {}
@@ -335,7 +340,7 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
         row["tokens"] = tokens[impl].tolist()
         if "tpp_tvm" in tokens:
             row["tokens_match_tpp"] = bool((tokens[impl] == tokens["tpp_tvm"]).all())
-        if impl == "tpp_tvm":
+        if impl in TPP_SESSIONS:
             row["compile_s"] = compile_s
     return list(best.values())
 
@@ -406,7 +411,8 @@ def _resident(row: dict) -> str:
 
 #: What ``--memory`` measures, and the module each runtime is imported as.
 MEMORY_TITLE = "Weight-only quantized LLM: resident memory per runtime"
-_RUNTIME_MODULES = {"tpp_tvm": "tpp_tvm.decoding", "onnxruntime": "onnxruntime",
+_RUNTIME_MODULES = {"tpp_tvm": "tpp_tvm.decoding", "tpp_tvm_int8kv": "tpp_tvm.decoding",
+                    "onnxruntime": "onnxruntime",
                     "openvino": "openvino", "openvino_llm": "openvino"}
 
 
@@ -416,17 +422,17 @@ def measure_memory(name: str, impl: str, prompt_len: int, new: int) -> dict:
     prompt = np.random.default_rng(0).integers(0, 1000, (1, prompt_len)).astype(np.int64)
     before = resident_mb()
     importlib.import_module(_RUNTIME_MODULES[impl])
-    if impl == "tpp_tvm":
+    if impl in TPP_SESSIONS:
         # Each build hands back the compiler's code pages (including those the import
         # touched): the import is counted as it stays, not charged to the model.
         from tpp_tvm.profiling import release_compiler_pages
 
         release_compiler_pages()
     imported = resident_mb()
-    if impl == "tpp_tvm":
+    if impl in TPP_SESSIONS:
         from tpp_tvm.decoding import DecoderSession
 
-        session = DecoderSession(str(path))
+        session = DecoderSession(str(path), cache_dtype=TPP_SESSIONS[impl])
         session.prepare(prompt_len, prompt_len + new)
         loaded = resident_mb()
         session.generate(prompt, new)

@@ -118,6 +118,42 @@ def test_decoding_step_skips_masked_key_blocks_exactly(fill):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [
+    # a decoding step skipping masked key blocks: V read a key block at a time
+    AttentionShape(bh=6, seq_q=4, seq=256, dim=64, heads=2, scale=0.125, mask=True,
+                   zero_masked_rows=True, keys_as_rows=True, kv_int8=True),
+    # no mask: V dequantized whole per query block; values narrower than keys
+    AttentionShape(bh=3, seq_q=2, seq=64, dim=32, heads=3, scale=0.25, mask=False,
+                   keys_as_rows=True, kv_int8=True, dim_v=16),
+])
+def test_int8_keys_and_values_match_numpy(shape):
+    """K and V as int8 rows with a scale each (an int8 KV cache) give what their
+    dequantized fp32 values give."""
+    rng = np.random.default_rng(3)
+    kv = shape.bh // shape.group
+    q, _, _, mask = _inputs(shape, 3)
+    k = rng.integers(-127, 128, (kv, shape.seq, shape.dim), dtype=np.int8)
+    v = rng.integers(-127, 128, (kv, shape.seq, shape.value_dim), dtype=np.int8)
+    k_scale, v_scale = (rng.random((kv, shape.seq), dtype="float32") / 50 for _ in "kv")
+    if shape.mask:
+        mask[0, :, 100:] = np.finfo(np.float32).min  # whole key blocks skipped
+    sch = attention_schedule(shape, checks.VECTOR_ISA)
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    out = np.zeros((shape.bh, shape.seq_q, shape.value_dim), "float32")
+    args = [tvm.runtime.tensor(x) for x in (q, k, k_scale, *([mask] if shape.mask else []),
+                                            v, v_scale, out)]
+    lib(*args)
+    kt = (k * k_scale[..., None]).transpose(0, 2, 1)
+    want = _reference(q, kt, mask, v * v_scale[..., None], shape)
+    np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_int8_keys_and_values_need_keys_as_rows():
+    with pytest.raises(UnsupportedShapeError, match="keys_as_rows"):
+        AttentionShape(bh=2, seq_q=2, seq=32, dim=32, heads=2, scale=1.0, mask=False,
+                       kv_int8=True)
+
+
 def test_attention_tiles_are_tpps():
     shape = AttentionShape(bh=2, seq_q=16, seq=64, dim=32, heads=2, scale=0.5, mask=True)
     trace = str(attention_schedule(shape, checks.VECTOR_ISA).trace)

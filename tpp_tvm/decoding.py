@@ -45,7 +45,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from .errors import ModelLoadError, UnsupportedShapeError
+from .errors import ModelLoadError, UnsupportedDTypeError, UnsupportedShapeError
+from .int8_cache import quantized_rows, scale_input, with_int8_cache
 
 #: Slots of the KV-cache buckets (the past length one decode build serves).
 DECODE_BUCKETS = tuple(2**k - 1 for k in range(5, 15))
@@ -259,11 +260,13 @@ def _loaded(path: str | Path, layout: CacheLayout, last_logits_only: bool
     return (with_last_logits_only(model, layout) or model) if last_logits_only else model
 
 
-def _rewritten(source: Any, layout: CacheLayout) -> onnx.ModelProto:
-    """The model ``source()`` gives, its cache written in place."""
+def _rewritten(source: Any, layout: CacheLayout, int8: bool = False) -> onnx.ModelProto:
+    """The model ``source()`` gives, its cache written in place (as int8 rows if asked)."""
+    from .int8_cache import with_int8_cache
+
     model = with_cache_written_in_place(source(), layout)
     assert model is not None, "the rewrite applied to this model before"
-    return model
+    return with_int8_cache(model, layout.past) if int8 else model
 
 
 def bucket_for(length: int, buckets: Sequence[int], what: str) -> int:
@@ -311,6 +314,10 @@ class DecoderSession:
     in place, or the export itself where that rewrite does not apply or ``write_in_place``
     is False (``writes_in_place`` says which).
 
+    ``cache_dtype="int8"`` holds the cache as int8 rows with a scale each
+    (:mod:`tpp_tvm.int8_cache`: 0.27x the bytes at head size 64); prompts still attend in
+    fp32, their rows quantized as they enter the cache. It needs the cache written in place.
+
     A session is one batch's KV cache: calls from several Python threads serialize (each
     step sees the cache the previous one left); a session per thread generates concurrently.
     """
@@ -319,7 +326,8 @@ class DecoderSession:
                  precision: str = "float32", tune_logs: Any = None,
                  decode_buckets: Sequence[int] = DECODE_BUCKETS,
                  prompt_buckets: Sequence[int] = PROMPT_BUCKETS,
-                 max_cached: int = 8, write_in_place: bool = True) -> None:
+                 max_cached: int = 8, write_in_place: bool = True,
+                 cache_dtype: str = "float32") -> None:
         from .compiled import compile_onnx
         from .dynamic import DynamicModel
         from .frontend import load_model
@@ -336,6 +344,17 @@ class DecoderSession:
         self.prompt_buckets = tuple(sorted(prompt_buckets))
         in_place = with_cache_written_in_place(proto, self.layout) if write_in_place else None
         self.writes_in_place = in_place is not None
+        if cache_dtype not in ("float32", "int8"):
+            raise UnsupportedDTypeError(f"cache_dtype {cache_dtype!r}: 'float32' or 'int8'")
+        if cache_dtype == "int8" and in_place is None:
+            raise ModelLoadError(
+                "an int8 KV cache needs the cache written in place: the export's cache "
+                "outputs are not Concat(past, new) of its inputs" if write_in_place else
+                "an int8 KV cache needs write_in_place=True")
+        #: How the steps hold the cache: "float32", or "int8" rows with a scale each.
+        self.cache_dtype = cache_dtype
+        if cache_dtype == "int8":
+            in_place = with_int8_cache(in_place, self.layout.past)
         #: The constants every build of the session shares: the prompt and step builds
         #: hold each weight once (packed alike for any row count, they are alike).
         self.constants = SharedConstants()
@@ -349,7 +368,8 @@ class DecoderSession:
         if not isinstance(self.model, DynamicModel):
             raise ModelLoadError("the export's past length is static: a KV-cache decoder "
                                  "needs it dynamic (dynamic_axes on the past inputs)")
-        steps = functools.partial(_rewritten, prompts or (lambda: proto), self.layout)
+        steps = functools.partial(_rewritten, prompts or (lambda: proto), self.layout,
+                                  cache_dtype == "int8")
         self.step_model = compile_onnx(in_place, reload=steps, **options) \
             if in_place is not None else self.model
         self._outputs = [v.name for v in proto.graph.output]
@@ -364,7 +384,7 @@ class DecoderSession:
         self._cache: list[Any] = []  # TVM tensors: the bucket's cache
         self._valid = np.zeros((0, 0), bool)  # (batch, slots): real tokens, not padding
         self._used = 0  # slots written; the next step writes slot _used
-        self._buffers: dict[tuple[int, int], list[Any]] = {}
+        self._buffers: dict[tuple[int, int, str], list[Any]] = {}
 
     @property
     def lengths(self) -> np.ndarray:
@@ -378,16 +398,28 @@ class DecoderSession:
         shape[0] = batch
         return tuple(shape)
 
-    def _buffers_for(self, batch: int, slots: int) -> list[Any]:
-        """The cache tensors of one bucket, allocated (zeroed: unused slots are masked, and
-        must hold no NaN) once and reused."""
+    @property
+    def _cache_inputs(self) -> list[str]:
+        """The step model's cache inputs, in the order of the session's cache tensors: the
+        caches, then (int8) their scales."""
+        past = list(self.layout.past)
+        return past + [scale_input(n) for n in past] if self.cache_dtype == "int8" else past
+
+    def _buffers_for(self, batch: int, slots: int, dtype: str | None = None) -> list[Any]:
+        """The cache tensors of one bucket (:attr:`_cache_inputs`; ``dtype``: fp32 caches
+        only, as prompts read them), allocated (zeroed: unused slots are masked, and must
+        hold no NaN) once and reused."""
         import tvm
 
-        key = (batch, slots)
+        dtype = dtype or self.cache_dtype
+        key = (batch, slots, dtype)
         if key not in self._buffers:
-            self._buffers[key] = [tvm.runtime.tensor(np.zeros(self._cache_shape(batch, slots, i),
-                                                              self.layout.cache_dtype))
-                                  for i in range(len(self.layout.past))]
+            shapes = [self._cache_shape(batch, slots, i) for i in range(len(self.layout.past))]
+            cache = self.layout.cache_dtype if dtype == "float32" else dtype
+            self._buffers[key] = [tvm.runtime.tensor(np.zeros(s, cache)) for s in shapes]
+            if dtype == "int8":
+                self._buffers[key] += [tvm.runtime.tensor(np.zeros((*s[:-1], 1), np.float32))
+                                       for s in shapes]
         return self._buffers[key]
 
     def _capacity(self, tokens: int) -> int:
@@ -403,12 +435,19 @@ class DecoderSession:
 
     def _move(self, sources: list[Any], first: int, valid: np.ndarray, slots: int) -> None:
         """Make the ``slots``-slot bucket the cache: its first slots get ``sources``' slots
-        from ``first`` on (``valid`` says which hold tokens), the rest are masked."""
+        from ``first`` on (``valid`` says which hold tokens), the rest are masked. Sources
+        in fp32 (a prompt's) go into an int8 cache quantized."""
         used = valid.shape[1]
         dest = self._buffers_for(valid.shape[0], slots)
-        for src, dst in zip(sources, dest):
-            np.from_dlpack(dst)[self._slots(0, used)] = \
-                np.from_dlpack(src)[self._slots(first, first + used)]
+        src_slots, dst_slots = self._slots(first, first + used), self._slots(0, used)
+        if len(sources) < len(dest):  # a prompt's fp32 rows into the int8 cache
+            n = len(sources)
+            for src, dst, scale in zip(sources, dest[:n], dest[n:]):
+                q, s = quantized_rows(np.from_dlpack(src)[src_slots])
+                np.from_dlpack(dst)[dst_slots], np.from_dlpack(scale)[dst_slots] = q, s
+        else:
+            for src, dst in zip(sources, dest):
+                np.from_dlpack(dst)[dst_slots] = np.from_dlpack(src)[src_slots]
         self._cache = dest
         self._valid = np.concatenate([valid, np.zeros((valid.shape[0], slots - used), bool)], 1)
         self._used = used
@@ -429,6 +468,9 @@ class DecoderSession:
         model = self.step_model if step else self.model
         if in_place:
             arrays[CACHE_WRITE_INDEX] = shaped(batch)
+        if step and self.cache_dtype == "int8":
+            arrays |= {scale_input(n): shaped(*self._cache_shape(batch, slots, i)[:-1], 1)
+                       for i, n in enumerate(lay.past)}
         return model.specialization(model.size_of(arrays))
 
     def _run(self, tokens: np.ndarray, mask: np.ndarray, past: list[Any],
@@ -443,7 +485,7 @@ class DecoderSession:
                  lay.mask: mask.astype(lay.mask_dtype)} | (extra or {})
         compiled = self._build(*tokens.shape, past[0].shape[lay.axis], step=extra is not None)
         feed = {name: tvm.runtime.tensor(value) for name, value in small.items()}
-        feed |= dict(zip(lay.past, past))
+        feed |= dict(zip(self._cache_inputs if extra is not None else lay.past, past))
         out = dict(zip(self._outputs, compiled.run_tensors([feed[i.name]
                                                             for i in compiled.inputs])))
         return np.from_dlpack(out[lay.logits])[:, -1].copy(), [out[n] for n in lay.present]
@@ -463,7 +505,7 @@ class DecoderSession:
             tokens[b, width - len(r):] = r
             valid[b, width - len(r):] = True
         # One masked past slot: a zero-length past would be a zero-size tensor.
-        empty = self._buffers_for(len(rows), 1)
+        empty = self._buffers_for(len(rows), 1, "float32")
         mask = np.concatenate([np.zeros((len(rows), 1), bool), valid], 1)
         logits, present = self._run(tokens, mask, empty)
         first = width - max(len(r) for r in rows)  # pad columns no prompt reaches

@@ -38,7 +38,9 @@ class AttentionShape:
     attention: K and V have ``bh // group`` rows, read in place, never repeated);
     ``keys_as_rows``: K comes as (bh/g, seq, dim) rows, not Kᵀ, and each key block is
     transposed in L1 where the scores take it (for one query block a head, a decoding step:
-    a Kᵀ copy of the whole cache would be written and read back for one use)."""
+    a Kᵀ copy of the whole cache would be written and read back for one use);
+    ``kv_int8`` (with ``keys_as_rows``): K and V come as int8 with one fp32 scale per key
+    row ((bh/g, seq) each: an int8 KV cache), dequantized a key block at a time in L1."""
 
     bh: int
     seq_q: int
@@ -52,6 +54,12 @@ class AttentionShape:
     mask_per_query: bool = False
     dim_v: int | None = None
     keys_as_rows: bool = False
+    kv_int8: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_int8 and not self.keys_as_rows:
+            raise UnsupportedShapeError("attention on an int8 K and V reads K as rows "
+                                        "(keys_as_rows): a decoding step's kernel")
 
     @property
     def value_dim(self) -> int:
@@ -118,18 +126,34 @@ def _col_block(cols: int, lanes: int = 16) -> int:
     return cols
 
 
-def _operands(sh: AttentionShape) -> tuple[te.Tensor, te.Tensor, te.Tensor, te.Tensor]:
-    """Q, the K input, Kᵀ as the scores read it (the input itself, or with
-    ``keys_as_rows`` the transposing stage the schedule runs per key block) and V."""
+def _operands(sh: AttentionShape) -> tuple[te.Tensor, list[te.Tensor], te.Tensor,
+                                           list[te.Tensor], te.Tensor]:
+    """Q; the K inputs and Kᵀ as the scores read it (the input itself, or with
+    ``keys_as_rows`` the transposing stage the schedule runs per key block); the V inputs
+    and V as the output's product reads it. With ``kv_int8`` K and V are int8 with a scale
+    per key, read through dequantizing stages (``k_rows_block``, ``v_block``)."""
     kv_rows = sh.bh // sh.group
     Q = te.placeholder((sh.bh, sh.seq_q, sh.dim), "float32", name="q")
-    V = te.placeholder((kv_rows, sh.seq, sh.value_dim), "float32", name="v")
     if not sh.keys_as_rows:
         KT = te.placeholder((kv_rows, sh.dim, sh.seq), "float32", name="k_t")
-        return Q, KT, KT, V
-    K = te.placeholder((kv_rows, sh.seq, sh.dim), "float32", name="k")
-    return Q, K, te.compute((kv_rows, sh.dim, sh.seq), lambda b, r, j: K[b, j, r],
-                            name="k_t_block"), V
+        V = te.placeholder((kv_rows, sh.seq, sh.value_dim), "float32", name="v")
+        return Q, [KT], KT, [V], V
+    dtype = "int8" if sh.kv_int8 else "float32"
+    K = te.placeholder((kv_rows, sh.seq, sh.dim), dtype, name="k")
+    V = te.placeholder((kv_rows, sh.seq, sh.value_dim), dtype, name="v")
+    k_inputs, v_inputs, k_rows, v_read = [K], [V], K, V
+    if sh.kv_int8:
+        def dequantized(x: te.Tensor, name: str) -> tuple[te.Tensor, te.Tensor]:
+            scale = te.placeholder((kv_rows, sh.seq), "float32", name=f"{x.name}_scale")
+            return scale, te.compute(x.shape, lambda b, j, c: x[b, j, c].astype("float32")
+                                     * scale[b, j], name=name)
+        k_scale, k_rows = dequantized(K, "k_rows_block")
+        v_scale, v_read = dequantized(V, "v_block")
+        k_inputs.append(k_scale)
+        v_inputs.append(v_scale)
+    KT = te.compute((kv_rows, sh.dim, sh.seq), lambda b, r, j: k_rows[b, j, r],
+                    name="k_t_block")
+    return Q, k_inputs, KT, v_inputs, v_read
 
 
 def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
@@ -139,8 +163,8 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
     seq/32, dim/2, 32, 2), ``v_packed`` (bh/g, dim_v/32, seq/2, 32, 2): the tile GEMMs' B
     layout). The softmax between the products is fp32 either way."""
     g = sh.group
-    Q, K, KT, V = _operands(sh)
-    inputs = [Q, K]
+    Q, k_inputs, KT, v_inputs, V = _operands(sh)
+    inputs = [Q, *k_inputs]
     nb, bf16 = TILE_BLOCK, "bfloat16"
 
     def tile_product(a: te.Tensor, b_packed: te.Tensor, k: int, name: str) -> te.Tensor:
@@ -182,7 +206,7 @@ def _attention_te(sh: AttentionShape, tiles: bool) -> tirx.PrimFunc:
                        + M[b // sh.heads, i if sh.mask_per_query else 0, j], name="logits")
     else:
         z = te.compute(scores.shape, lambda b, i, j: scores[b, i, j] * scale, name="logits")
-    inputs.append(V)
+    inputs += v_inputs
     k1 = te.reduce_axis((0, sh.seq), "k1")
     k2 = te.reduce_axis((0, sh.seq), "k2")
     mx = te.compute((sh.bh, sh.seq_q), lambda b, i: te.max(z[b, i, k1], axis=k1), name="row_max")
@@ -239,8 +263,8 @@ def _query_blocks(sch: s_tir.Schedule, mr: int) -> tuple:
 
 def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     """The fused attention kernel: inputs Q (bh, sq, d), Kᵀ (bh/group, d, s) (K (bh/group,
-    s, d) with ``keys_as_rows``), [mask (bh/heads, sq or 1, s)], V (bh/group, s, dv); output
-    (bh, sq, dv)."""
+    s, d) with ``keys_as_rows``; with ``kv_int8`` int8, then its scales (bh/group, s)),
+    [mask (bh/heads, sq or 1, s)], V (bh/group, s, dv) [its scales]; output (bh, sq, dv)."""
     sh = shape
     unit = vector_unit(isa)
     lanes = unit.static_lanes("float32")
@@ -269,6 +293,8 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     if sh.keys_as_rows:  # the key block transposed in L1 for the scores' GEMM
         kb = sch.get_sblock("k_t_block")
         sch.compute_at(kb, sjo)
+        if sh.kv_int8:  # the key block's rows dequantized first, in L1
+            _dequantize_at(sch, "k_rows_block", sjo)
         kr = sch.get_loops(kb)[-2]
         if not try_tensorize(sch, kr, TPPSpec("transpose", m=nr, n=sh.dim), isa,
                              "attention key block"):
@@ -283,12 +309,16 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     co, ci = sch.split(c, [None, nd])
     if not skips:
         sch.reorder(co, ii, ci, kvl)
+        if sh.kv_int8:  # V dequantized whole per query block
+            _dequantize_at(sch, "v_block", block_loop)
         if not try_tensorize(sch, ii, TPPSpec("gemm", m=mr, n=nd, k=sh.seq, beta=0), isa,
                              "attention output"):
             raise RuntimeError("attention output tile did not tensorize")  # a bug
         return sch
     kvo, kvi = sch.split(kvl, [None, nr])
     sch.reorder(co, kvo, ii, ci, kvi)
+    if sh.kv_int8:  # a key block of V dequantized where the product reads it
+        _dequantize_at(sch, "v_block", kvo)
     init = sch.decompose_reduction(sch.get_sblock("attention"), kvo)
     if not try_tensorize(sch, sch.get_loops(init)[-2], TPPSpec("zero", m=mr, n=nd), isa,
                          "attention output init"):
@@ -300,6 +330,14 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     return sch
 
 
+def _dequantize_at(sch: s_tir.Schedule, stage: str, loop) -> None:
+    """Compute the dequantizing ``stage`` (int8 rows times their scales) under ``loop``,
+    the rows it needs there, vectorized along a row."""
+    block = sch.get_sblock(stage)
+    sch.compute_at(block, loop)
+    sch.vectorize(sch.get_loops(block)[-1])
+
+
 def _skip_masked_key_blocks(sch: s_tir.Schedule, block_loop, score_loop, output_loop,
                             sh: AttentionShape, mr: int, nr: int) -> None:
     """Make a decoding kernel skip the key blocks its mask masks whole (every value at or
@@ -309,7 +347,7 @@ def _skip_masked_key_blocks(sch: s_tir.Schedule, block_loop, score_loop, output_
     read. A step in a 1024-slot cache bucket holding 576 tokens reads 56% of K and V. The
     result is the same bit for bit."""
     func = sch.mod["main"]
-    mask = func.params[2]  # (q, k, mask, v, out)
+    mask = next(p for p in func.params if p.name == "mask")
     row_max = next(b for b in _allocated(func) if b.name == "row_max")
     scores = next(b for b in _allocated(func) if b.name == "scores")
     blocks = sh.seq_q // mr

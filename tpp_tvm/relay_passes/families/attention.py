@@ -27,21 +27,21 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
     head size is whole 32s and there are 16 queries or more; elsewhere it stays fp32.
     Queries and keys may differ in number, and V's head size (the output's) from Q's and
     K's (LeViT's subsampling attention: 49 queries over 196 keys, values 4x wider)."""
-    q, kt, v = matched["q"], matched["k_t"], matched["v"]
+    q, kt = matched["q"], matched["k_t"]
     qs, ks = dims(q), dims(kt)
-    dv = dims(v)[-1]
+    dv = dims(matched["v"])[-1]
     tile_rows = (tile_query_rows(qs[-2], qs[-1], dv)
                  if precision != "float32" and runs_on_tiles(isa, precision) else None)
     tiles = tile_rows is not None
     bh = int(np.prod(qs[:-2]))
     group = 1
     k = None  # K as rows (shared heads), where the kernel transposes its key blocks itself
+    k_key, v_key = ("k_grouped", "v_grouped") if "k_grouped" in matched else ("k_rows", "v")
+    int8 = f"{k_key}_int8" in matched  # K and V: an int8 cache's rows times their scales
     if "k_grouped" in matched:  # shared K/V heads read in place, not repeated
-        k = matched["k_grouped"]
-        group = qs[1] // dims(k)[1]
-        v = matched["v_grouped"]
-    elif "k_rows" in matched:  # Kᵀ is K transposed (a decoding step's few queries)
-        k = matched["k_rows"]
+        group = qs[1] // dims(matched[k_key + ("_int8" if int8 else "")])[1]
+    if k_key in matched:
+        k = matched[k_key] if not int8 else None
     c = float(matched["scale"].value.numpy().reshape(()))
     scale = c if matched.scale_multiplies else 1.0 / c
     if group > 1 and not tiles and _folds_group(matched, qs, query_block_rows(isa)):
@@ -54,7 +54,18 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
     rows = tile_rows or padded_query_rows(qs[-2], query_block_rows(isa))
     # One query block a head (a decoding step) reads K once: its key blocks are transposed
     # in L1 by the kernel, not copied whole into Kᵀ first.
-    keys_as_rows = k is not None and not tiles and rows <= query_block_rows(isa)
+    keys_as_rows = k_key in matched and not tiles and rows <= query_block_rows(isa)
+    kv_int8 = int8 and keys_as_rows  # else dequantized here, for the fp32 kernel
+    scales = []
+    if kv_int8:
+        k, v = matched[k_key + "_int8"], matched[v_key + "_int8"]
+        scales = [bb.emit(relax.op.reshape(matched[key + "_scale"], (bh // group, ks[-1])))
+                  for key in (k_key, v_key)]
+    elif int8:
+        k, v = (bb.emit(relax.op.multiply(relax.op.astype(matched[key + "_int8"], "float32"),
+                                          matched[key + "_scale"])) for key in (k_key, v_key))
+    else:
+        v = matched[v_key] if "k_grouped" in matched else matched["v"]
     if k is not None and not keys_as_rows:
         rank = len(dims(k))
         kt = bb.emit(relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2]))
@@ -72,11 +83,13 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
             else [0, 0, 0, 0, 0, keys - ks[-1]]
         kt3 = bb.emit(relax.op.nn.pad(kt3, key_axis))
         v3 = bb.emit(relax.op.nn.pad(v3, [0, 0, 0, keys - ks[-1], 0, 0]))
+        scales = [bb.emit(relax.op.nn.pad(s, [0, 0, 0, keys - ks[-1]])) for s in scales]
     mask3, heads, per_query = _mask_rows(bb, matched, qs, ks[-1], keys, rows, bh)
-    args = [q3, kt3, *([mask3] if mask3 is not None else []), v3]
+    args = [q3, kt3, *scales[:1], *([mask3] if mask3 is not None else []), v3, *scales[1:]]
     shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, mask3 is not None,
                            zero_masked_rows="nan_guard" in matched, group=group,
-                           mask_per_query=per_query, dim_v=dv, keys_as_rows=keys_as_rows)
+                           mask_per_query=per_query, dim_v=dv, keys_as_rows=keys_as_rows,
+                           kv_int8=kv_int8)
     sch = attention_tile_schedule(shape, threads) if tiles else attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, dv), "float32")))

@@ -46,6 +46,16 @@ def _rows_check(a: dict, qs: tuple[int, ...]) -> bool:
             and qs[-2] <= ROWS_K_MAX_QUERIES)
 
 
+def _dequantized_check(a: dict, key: str) -> bool:
+    """The operand annotated ``key`` is int8 rows times one static fp32 scale per row
+    (``key_int8`` (..., rows, d), ``key_scale`` (..., rows, 1)): an int8 KV cache read."""
+    x, scale = a[key + "_int8"], a[key + "_scale"]
+    if x.ty.dtype != "int8" or not static_f32(scale) or not hasattr(x.ty.shape, "values"):
+        return False
+    xs = [int(d) for d in x.ty.shape.values]
+    return [int(d) for d in scale.ty.shape.values] == [*xs[:-1], 1]
+
+
 def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     """Q·Kᵀ·scale (+mask) → softmax(last axis) → ·V with static fp32 shapes; a mask is
     (batch or 1, heads or 1, queries or 1, keys), as padding, causal and ALiBi masks are."""
@@ -67,6 +77,8 @@ def _attention_check(ctx: relax.transform.PatternCheckContext) -> bool:
     if "k_grouped" in a and not _grouped_check(a, qs, ks[-1]):
         return False
     if "k_rows" in a and not _rows_check(a, qs):
+        return False
+    if any(key.endswith("_int8") and not _dequantized_check(a, key[:-5]) for key in a):
         return False
     softmax = a["softmax"]
     if int(softmax.attrs.axis) % len(qs) != len(qs) - 1:
@@ -103,12 +115,24 @@ def mask_rows_broadcast(mask_lead: tuple[int, ...], lead: tuple[int, ...]) -> bo
     return all(d == 1 for d in mask_lead[p:])
 
 
-def _repeated_heads(ann: dict, key: str) -> DFPattern:
+def _operand(ann: dict, key: str, int8: bool) -> DFPattern:
+    """A K or V operand annotated ``key``: any tensor, or (``int8``) int8 rows dequantized
+    by a scale per row, ``astype(x, f32) * scale`` (``key_int8``, ``key_scale``)."""
+    if not int8:
+        ann[key] = wildcard()
+        return ann[key]
+    ann[key + "_int8"], ann[key + "_scale"] = wildcard(), wildcard()
+    ann[key] = is_op("relax.multiply")(is_op("relax.astype")(ann[key + "_int8"]),
+                                       ann[key + "_scale"])
+    return ann[key]
+
+
+def _repeated_heads(ann: dict, key: str, int8: bool) -> DFPattern:
     """transformers' ``repeat_kv`` of a (batch, kv heads, seq, dim) tensor annotated ``key``:
     ``reshape(broadcast_to(expand_dims(x, 2), (b, kvh, group, s, d)), (b, kvh*group, s, d))``."""
-    x = wildcard()
+    x = _operand(ann, key, int8)
     expand = is_op("relax.expand_dims")(x)
-    ann[key], ann[key + "_expand"] = x, expand
+    ann[key + "_expand"] = expand
     return is_op("relax.reshape")(is_op("relax.broadcast_to")(expand, wildcard()), wildcard())
 
 
@@ -118,23 +142,26 @@ def attention_patterns() -> list[TPPPattern]:
     export guards fully masked rows so), annotated ``nan_guard``; and optionally with K and V
     heads repeated for grouped-query attention (annotated ``k_grouped``/``v_grouped``: the
     kernel reads the shared heads in place); for a decoding step's few queries, optionally
-    with Kᵀ the transpose of K (annotated ``k_rows``: the kernel reads K's rows)."""
+    with Kᵀ the transpose of K (annotated ``k_rows``: the kernel reads K's rows). In those
+    two forms K and V may be an int8 KV cache's rows times their scales (tried first: the
+    kernel then reads the int8 cache itself)."""
     out = []
-    forms = [(grouped, guarded) for grouped in ("grouped", "rows", "") for guarded in
-             (True, False)]
-    for form, guarded in forms:
+    forms = [(form, guarded, int8) for int8 in (True, False)
+             for form in ("grouped", "rows", "") for guarded in (True, False)
+             if form or not int8]
+    for form, guarded, int8 in forms:
         for scale_op in ("relax.divide", "relax.multiply"):
             for with_mask in (True, False):
                 q, c = wildcard(), is_const()
                 ann = {}
                 if form == "grouped":
-                    kt = is_op("relax.permute_dims")(_repeated_heads(ann, "k_grouped"))
-                    v = _repeated_heads(ann, "v_grouped")
+                    kt = is_op("relax.permute_dims")(_repeated_heads(ann, "k_grouped", int8))
+                    v = _repeated_heads(ann, "v_grouped", int8)
                     ann["k_permute"] = kt
                 elif form == "rows":
-                    ann["k_rows"] = wildcard()
-                    kt = ann["k_permute"] = is_op("relax.permute_dims")(ann["k_rows"])
-                    v = wildcard()
+                    kt = ann["k_permute"] = is_op("relax.permute_dims")(
+                        _operand(ann, "k_rows", int8))
+                    v = _operand(ann, "v", int8)
                 else:
                     kt, v = wildcard(), wildcard()
                 scores = is_op("relax.matmul")(q, kt)
@@ -155,6 +182,7 @@ def attention_patterns() -> list[TPPPattern]:
                 name += "" if scale_op == "relax.divide" else "_mulscale"
                 name += ("_nanguard" if guarded else "") + {"grouped": "_gqa",
                                                             "rows": "_krows"}.get(form, "")
+                name += "_int8kv" if int8 else ""
                 out.append(TPPPattern(name, o, ann,
                                       _attention_check, "attention",
                                       scale_multiplies=scale_op == "relax.multiply"))
