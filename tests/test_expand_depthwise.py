@@ -63,8 +63,14 @@ def _depthwise(e, wd, shape: ConvShape):
     (ConvShape(1, 7, 7, 64, 64, 3, 3, 1, (1, 1, 1, 1)), 40),       # 4-vector blocks
     (ConvShape(1, 3, 4, 32, 32, 5, 5, 1, (2, 2, 2, 2)), 8),        # window taller than the image
 ])
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("acts", [("relu6", "relu6"), ("silu", "silu"), ("silu", None)])
+# The thread split and the epilogue are independent: each thread count and each pair of
+# activations is checked on every shape, not every combination (``-m slow``: all nine).
+@pytest.mark.parametrize("threads,acts", [
+    (1, ("relu6", "relu6")), (2, ("silu", "silu")), (3, ("silu", None)),
+    *(pytest.param(t, a, marks=pytest.mark.slow) for t, a in [
+        (1, ("silu", "silu")), (1, ("silu", None)), (2, ("relu6", "relu6")),
+        (2, ("silu", None)), (3, ("relu6", "relu6")), (3, ("silu", "silu"))]),
+])
 def test_fused_kernel_matches_numpy(shape: ConvShape, cin: int, threads: int, acts) -> None:
     expand_act, act = acts
     rng = np.random.default_rng(shape.h * shape.c + cin)

@@ -233,6 +233,11 @@ def test_registered_lists_every_op_for_avx512_and_sve() -> None:
     assert registered(isa="avx512", dtype="float32")
     assert registered(isa="sve") == [n for n in names if ".sve." in n]
     assert all(".bf16." in name for name in registered(dtype="bfloat16"))
+    # what `tpp-tvm info` lists without building them
+    from tpp_tvm.intrinsics.registry import catalogue_names
+
+    assert set(catalogue_names()) <= set(names)
+    assert catalogue_names("sve") == [n for n in catalogue_names() if ".sve." in n]
 
 
 def test_intrinsic_is_registered_once_and_reused() -> None:

@@ -134,6 +134,7 @@ def test_tiny_model_tuned_from_the_cli_and_applied_in_a_build(tmp_path, capsys):
             assert c["model_tuned_alone_ms"] < c["model_hand_ms"]
 
 
+@pytest.mark.slow  # 20 s: two RPC servers measuring; the local runner covers the rest
 def test_rpc_tracker_and_two_servers_on_loopback(tmp_path):
     pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado")
     from tvm import rpc

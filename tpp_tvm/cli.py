@@ -57,15 +57,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     print(f"tiles:   {core_table(isa_of(tgt)).summary()}")
     try:
-        from tpp_tvm.intrinsics import registered
+        from tpp_tvm.intrinsics.registry import catalogue_names
 
-        # Registration imports the per-ISA templates lazily: a broken one is reported here
-        # rather than hiding what was detected above.
-        names = [str(name) for name in registered()]
+        # The per-ISA templates are imported lazily: a broken one is reported here rather
+        # than hiding what was detected above.
+        names = catalogue_names()
     except ImportError as exc:
         print(f"TPPs:    not available ({exc})")
         return 0
-    print(f"TPPs:    {len(names)} registered")
+    print(f"TPPs:    {len(names)} in the catalogue (built on first use)")
     for name in names:
         print(f"  {name}")
     return 0
