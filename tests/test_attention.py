@@ -118,6 +118,35 @@ def test_decoding_step_skips_masked_key_blocks_exactly(fill):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("fill", ["finfo_min", "-inf"])
+def test_causal_prompt_skips_masked_key_blocks_exactly(fill):
+    """A prompt's causal mask (per query, an input) masks whole key blocks for the early
+    query blocks: the kernel skips them and gives the unskipped result, with left padding
+    and rows that see no key at all (padding queries)."""
+    seq = 128
+    shape = AttentionShape(bh=4, seq_q=seq, seq=seq, dim=64, heads=2, scale=0.125, mask=True,
+                           zero_masked_rows=True, mask_per_query=True,
+                           skip_masked_blocks=True)
+    sch = attention_schedule(shape, checks.VECTOR_ISA)
+    assert "llvm.vector.reduce.fmax" in sch.mod.script()
+    q, kt, v, _ = _inputs(shape, 11)
+    masked = np.float32(np.finfo(np.float32).min if fill == "finfo_min" else -np.inf)
+    causal = np.triu(np.ones((seq, seq), bool), 1)
+    mask = np.where(causal, masked, np.float32(0))[None].repeat(2, 0)
+    mask[1, :, :40] = masked  # a left-padded sequence: its first 40 keys ...
+    mask[1, :40] = masked      # ... and its padding queries see nothing
+    lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
+    out = np.zeros((4, seq, 64), "float32")
+    args = [tvm.runtime.tensor(x) for x in (q, kt, mask, v, out)]
+    lib(*args)
+    got, want = args[-1].numpy(), _reference(q, kt, mask, v, shape)
+    np.testing.assert_allclose(got[:2], want[:2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[2:, 40:], want[2:, 40:], rtol=1e-5, atol=1e-5)
+    dead = v[2:].mean(1, keepdims=True) if fill == "finfo_min" else 0.0
+    np.testing.assert_allclose(got[2:, :40], np.broadcast_to(dead, got[2:, :40].shape),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [
     # a decoding step skipping masked key blocks: V read a key block at a time
     AttentionShape(bh=6, seq_q=4, seq=256, dim=64, heads=2, scale=0.125, mask=True,

@@ -4,6 +4,7 @@ flattened (batch · head) dimension (``schedules/attention.py``)."""
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from ...schedules.attention import (
@@ -89,7 +90,8 @@ def lower_attention(bb: relax.BlockBuilder, matched: Match, name: str,
     shape = AttentionShape(bh, rows, keys, qs[-1], heads, scale, mask3 is not None,
                            zero_masked_rows="nan_guard" in matched, group=group,
                            mask_per_query=per_query, dim_v=dv, keys_as_rows=keys_as_rows,
-                           kv_int8=kv_int8)
+                           kv_int8=kv_int8, skip_masked_blocks=per_query and not isinstance(
+                               matched["mask"], tvm.ir.Constant))
     sch = attention_tile_schedule(shape, threads) if tiles else attention_schedule(shape, isa)
     gv = bb.add_func(as_relax_kernel(sch.mod["main"]), kernel_name(name))
     out = bb.emit(relax.call_tir(gv, args, relax.TensorType((bh, rows, dv), "float32")))
