@@ -233,3 +233,46 @@ def test_model_builder_int4_llama_runs_like_onnxruntime(tmp_path) -> None:
     report = compiled.specialization(compiled.size_of(feeds)).report_data["lowered"]
     assert any(name.startswith("tpp.matmul_int4_weights") for name in report), report
     assert any(name.startswith("tpp.attention") for name in report), report
+
+
+@pytest.mark.requires_torch
+def test_decoder_session_generates_from_a_model_builder_file(tmp_path) -> None:
+    """`DecoderSession` drives the builder's file (no position_ids: GroupQueryAttention
+    places each sequence's rows after its own length): a ragged batch, right-padded, through
+    a cache bucket change; every step's logits are ONNX Runtime's on each prompt alone, the
+    cache growing unpadded, fed the session's own tokens."""
+    import onnxruntime as ort
+
+    from tpp_tvm.decoding import DecoderSession
+
+    path = _builder_llama(tmp_path)
+    session = DecoderSession(path, decode_buckets=(15, 31), prompt_buckets=(8, 16))
+    assert session.layout.right_padded and session.layout.positions is None
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
+    steps = [session.prefill(prompts)]
+    tokens = [steps[0].argmax(-1)]
+    for _ in range(10):  # 7 + 10 tokens: past the 15-slot bucket
+        steps.append(session.decode(tokens[-1]))
+        tokens.append(steps[-1].argmax(-1))
+    assert list(session.lengths) == [7 + 10, 3 + 10]
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for b, prompt in enumerate(prompts):
+        ids = np.array([prompt])
+        past = {f"past_key_values.{i}.{kind}": np.zeros((1, 2, 0, 32), np.float32)
+                for i in range(2) for kind in ("key", "value")}
+        for i, got in enumerate(s[b] for s in steps):
+            total = len(prompt) + i
+            out = reference.run(None, {"input_ids": ids,
+                                       "attention_mask": np.ones((1, total), np.int64)} | past)
+            want = out[0][0, -1]
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * float(np.abs(want).max()),
+                                       err_msg=f"sequence {b}, step {i}")
+            past = {o.name.replace("present", "past_key_values"): value
+                    for o, value in zip(reference.get_outputs()[1:], out[1:])}
+            ids = np.array([[tokens[i][b]]])
+    assert "sequences right-padded" in session.report()
+    # the head size, a symbol in the builder's cache inputs, came from its genai_config.json
+    from tpp_tvm.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"\['kv_cache_dim'\] are symbolic.*cache_dims="):
+        DecoderSession(onnx.load(path))

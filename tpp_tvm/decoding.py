@@ -27,8 +27,11 @@ last position only (:func:`with_last_logits_only`): the next token needs no othe
 and the head is the model's widest product.
 
 Requires ``attention_mask`` and ``position_ids`` inputs (positions must not be derived from
-the padded past length). Decode buckets are ``2^k - 1`` slots so the keys of a step (past +
-the new token) are a power of two: the attention kernels' key blocks need no padding.
+the padded past length), or a model whose GroupQueryAttention places each sequence's rows
+itself (ONNX Runtime GenAI's model builder: no ``position_ids``; the session then
+right-pads, each sequence filling the cache's first slots to its own length). Decode
+buckets are ``2^k - 1`` slots so the keys of a step (past + the new token) are a power of
+two: the attention kernels' key blocks need no padding.
 """
 
 from __future__ import annotations
@@ -58,11 +61,14 @@ CACHE_WRITE_INDEX = "cache_write_index"
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """Which inputs and outputs of the export carry what; ``axis``: the past-length axis."""
+    """Which inputs and outputs of the export carry what; ``axis``: the past-length axis;
+    ``right_padded``: the model places each sequence's new rows after its own past length,
+    read off the mask (ONNX Runtime's GroupQueryAttention, which takes no positions):
+    sequences then fill the first slots of the cache, each to its own length."""
 
     tokens: str
     mask: str
-    positions: str
+    positions: str | None
     past: tuple[str, ...]
     present: tuple[str, ...]
     logits: str
@@ -70,12 +76,14 @@ class CacheLayout:
     cache_shapes: tuple[tuple[int | str, ...], ...]
     cache_dtype: str
     mask_dtype: str
+    right_padded: bool = False
 
 
 def cache_layout(model: onnx.ModelProto) -> CacheLayout:
     """Read the cache layout off the export's names: ``input_ids``, ``attention_mask``,
-    ``position_ids``, inputs with ``past`` in their name and the outputs named like them
-    with ``present``; errors name what is missing."""
+    ``position_ids`` (none where GroupQueryAttention places the rows: ONNX Runtime GenAI's
+    model builder's files), inputs with ``past`` in their name and the outputs named like
+    them with ``present``; errors name what is missing."""
     from .dynamic import input_patterns
 
     patterns = input_patterns(model)
@@ -83,7 +91,10 @@ def cache_layout(model: onnx.ModelProto) -> CacheLayout:
         raise ModelLoadError("the model's inputs are not all tensors of known rank")
     inputs = {p.name: p for p in patterns}
     outputs = [v.name for v in model.graph.output]
-    need = {"tokens": "input_ids", "mask": "attention_mask", "positions": "position_ids"}
+    right_padded = "position_ids" not in inputs and any(
+        node.op_type == "GroupQueryAttention" for node in model.graph.node)
+    need = {"tokens": "input_ids", "mask": "attention_mask"} | (
+        {} if right_padded else {"positions": "position_ids"})
     missing = [n for n in need.values() if n not in inputs]
     if missing:
         raise ModelLoadError(
@@ -107,15 +118,23 @@ def cache_layout(model: onnx.ModelProto) -> CacheLayout:
         raise ModelLoadError(f"no logits output among {outputs}")
     token_dims = set(inputs["input_ids"].dims)
     shapes = tuple(inputs[n].dims for n in past)
-    axes = {tuple(i for i, d in enumerate(s) if i and isinstance(d, str) and d not in token_dims)
-            for s in shapes}  # axis 0 is the batch
+
+    def past_axes(dims: tuple) -> tuple[int, ...]:
+        """The dynamic axes besides the batch (axis 0); of several (the model builder's
+        head size is a symbol too), the one named as a sequence's."""
+        axes = tuple(i for i, d in enumerate(dims) if i and isinstance(d, str)
+                     and d not in token_dims)
+        named = tuple(i for i in axes if "past" in dims[i].lower() or "seq" in dims[i].lower())
+        return named if len(axes) > 1 and len(named) == 1 else axes
+
+    axes = {past_axes(s) for s in shapes}
     if len(axes) != 1 or len(next(iter(axes))) != 1:
         raise ModelLoadError(
             f"cache inputs must have one dynamic past-length axis besides the batch; their "
             f"dims are {dict(zip(past, shapes))}")
-    return CacheLayout("input_ids", "attention_mask", "position_ids", tuple(past),
-                       tuple(present), logits, next(iter(axes))[0], shapes,
-                       inputs[past[0]].dtype, inputs["attention_mask"].dtype)
+    return CacheLayout("input_ids", "attention_mask", None if right_padded else "position_ids",
+                       tuple(past), tuple(present), logits, next(iter(axes))[0], shapes,
+                       inputs[past[0]].dtype, inputs["attention_mask"].dtype, right_padded)
 
 
 def with_cache_written_in_place(model: onnx.ModelProto, layout: CacheLayout
@@ -269,6 +288,30 @@ def _rewritten(source: Any, layout: CacheLayout, int8: bool = False) -> onnx.Mod
     return with_int8_cache(model, layout.past) if int8 else model
 
 
+def _cache_dims(layout: CacheLayout, source: Any, given: dict[str, int]) -> dict[str, int]:
+    """Sizes of the cache's symbolic dims other than the batch and the past: ``given``, else
+    the head size in the ``genai_config.json`` ONNX Runtime GenAI's model builder writes
+    beside its model (its ``kv_cache_dim``); an error names what is missing."""
+    free = {d for dims in layout.cache_shapes for i, d in enumerate(dims)
+            if i and i != layout.axis and isinstance(d, str)}
+    missing = sorted(free - set(given))
+    if missing and isinstance(source, (str, Path)):
+        config = Path(source).with_name("genai_config.json")
+        if config.exists() and len(missing) == 1:
+            import json
+
+            head = json.loads(config.read_text()).get("model", {}).get("decoder", {}) \
+                .get("head_size")
+            if isinstance(head, int):
+                given = {**given, missing[0]: head}
+                missing = []
+    if missing:
+        raise ModelLoadError(
+            f"the cache inputs' dims {missing} are symbolic: give their sizes, "
+            f"DecoderSession(..., cache_dims={{{missing[0]!r}: <size>}})")
+    return {d: int(given[d]) for d in free}
+
+
 def bucket_for(length: int, buckets: Sequence[int], what: str) -> int:
     """The smallest bucket holding ``length``; an error beyond the largest."""
     for b in sorted(buckets):
@@ -318,6 +361,10 @@ class DecoderSession:
     (:mod:`tpp_tvm.int8_cache`: 0.27x the bytes at head size 64); prompts still attend in
     fp32, their rows quantized as they enter the cache. It needs the cache written in place.
 
+    ``cache_dims`` gives sizes to symbolic cache dims other than the batch and the past
+    (the model builder's ``kv_cache_dim``, the head size: read from the ``genai_config.json``
+    beside its file when not given).
+
     A session is one batch's KV cache: calls from several Python threads serialize (each
     step sees the cache the previous one left); a session per thread generates concurrently.
     """
@@ -327,7 +374,8 @@ class DecoderSession:
                  decode_buckets: Sequence[int] = DECODE_BUCKETS,
                  prompt_buckets: Sequence[int] = PROMPT_BUCKETS,
                  max_cached: int = 8, write_in_place: bool = True,
-                 cache_dtype: str = "float32") -> None:
+                 cache_dtype: str = "float32", cache_dims: dict[str, int] | None = None
+                 ) -> None:
         from .compiled import compile_onnx
         from .dynamic import DynamicModel
         from .frontend import load_model
@@ -335,7 +383,9 @@ class DecoderSession:
 
         proto = load_model(model)
         self.layout = cache_layout(proto)
-        sliced = with_last_logits_only(proto, self.layout)
+        self._cache_dims = _cache_dims(self.layout, model, cache_dims or {})
+        # Right-padded prompts end at different positions: their logits are picked per row.
+        sliced = None if self.layout.right_padded else with_last_logits_only(proto, self.layout)
         #: Whether the builds compute the last position's logits only (a prompt's others
         #: are never read; see :func:`with_last_logits_only`).
         self.last_logits_only = sliced is not None
@@ -393,10 +443,8 @@ class DecoderSession:
 
     def _cache_shape(self, batch: int, slots: int, i: int) -> tuple[int, ...]:
         dims = list(self.layout.cache_shapes[i])
-        dims[self.layout.axis] = slots
-        shape = [batch if isinstance(d, str) else d for d in dims]
-        shape[0] = batch
-        return tuple(shape)
+        dims[0], dims[self.layout.axis] = batch, slots
+        return tuple(self._cache_dims[d] if isinstance(d, str) else d for d in dims)
 
     @property
     def _cache_inputs(self) -> list[str]:
@@ -461,8 +509,10 @@ class DecoderSession:
             return np.broadcast_to(np.uint8(0), shape)
 
         in_place = step and self.writes_in_place  # the new slot is one of the cache's
-        arrays = {lay.tokens: shaped(batch, seq), lay.positions: shaped(batch, seq),
+        arrays = {lay.tokens: shaped(batch, seq),
                   lay.mask: shaped(batch, slots if in_place else slots + seq)}
+        if lay.positions:
+            arrays[lay.positions] = shaped(batch, seq)
         arrays |= {n: shaped(*self._cache_shape(batch, slots, i))
                    for i, n in enumerate(lay.past)}
         model = self.step_model if step else self.model
@@ -474,21 +524,27 @@ class DecoderSession:
         return model.specialization(model.size_of(arrays))
 
     def _run(self, tokens: np.ndarray, mask: np.ndarray, past: list[Any],
-             extra: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, list[Any]]:
+             extra: dict[str, np.ndarray] | None = None, last: np.ndarray | None = None
+             ) -> tuple[np.ndarray, list[Any]]:
         """One call: ``tokens`` (batch, new) after ``past`` under ``mask`` (past slots then
-        the new tokens); returns the last logits and the cache outputs."""
+        the new tokens); returns the logits at each row's ``last`` position (default: the
+        last) and the cache outputs."""
         import tvm
 
         lay = self.layout
-        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -tokens.shape[1]:]
-        small = {lay.tokens: tokens.astype(np.int64), lay.positions: positions.astype(np.int64),
-                 lay.mask: mask.astype(lay.mask_dtype)} | (extra or {})
+        small = {lay.tokens: tokens.astype(np.int64), lay.mask: mask.astype(lay.mask_dtype)}
+        if lay.positions:
+            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -tokens.shape[1]:]
+            small[lay.positions] = positions.astype(np.int64)
+        small |= extra or {}
         compiled = self._build(*tokens.shape, past[0].shape[lay.axis], step=extra is not None)
         feed = {name: tvm.runtime.tensor(value) for name, value in small.items()}
         feed |= dict(zip(self._cache_inputs if extra is not None else lay.past, past))
         out = dict(zip(self._outputs, compiled.run_tensors([feed[i.name]
                                                             for i in compiled.inputs])))
-        return np.from_dlpack(out[lay.logits])[:, -1].copy(), [out[n] for n in lay.present]
+        logits = np.from_dlpack(out[lay.logits])
+        rows = logits[:, -1] if last is None else logits[np.arange(len(last)), last]
+        return rows.copy(), [out[n] for n in lay.present]
 
     # ------------------------------------------------------------------ steps
 
@@ -499,6 +555,8 @@ class DecoderSession:
         if not rows or min(len(r) for r in rows) == 0:
             raise UnsupportedShapeError("prefill needs at least one token per prompt")
         width = bucket_for(max(len(r) for r in rows), self.prompt_buckets, "a prompt")
+        if self.layout.right_padded:
+            return self._prefill_right_padded(rows, width)
         tokens = np.zeros((len(rows), width), np.int64)
         valid = np.zeros((len(rows), width), bool)
         for b, r in enumerate(rows):
@@ -513,6 +571,47 @@ class DecoderSession:
         self._move(present, 1 + first, valid[:, first:], self._capacity(used))
         return logits
 
+    def _prefill_right_padded(self, rows: list[np.ndarray], width: int) -> np.ndarray:
+        """Prompts for a model that places rows itself (GroupQueryAttention): each row's
+        tokens first, padding after. Every row runs as ``width`` tokens from position 0
+        (a past of one masked slot, the mask counting ``width`` tokens: GroupQueryAttention's
+        past length 0): the causal mask keeps a prompt's tokens from seeing the padding
+        after them, so each row's logits at its last token are the unpadded prompt's, and
+        the padding's cache rows lie beyond the row's length, where its steps overwrite
+        them."""
+        batch = len(rows)
+        tokens = np.zeros((batch, width), np.int64)
+        lengths = np.array([len(r) for r in rows])
+        for b, r in enumerate(rows):
+            tokens[b, :len(r)] = r
+        mask = np.concatenate([np.zeros((batch, 1), bool), np.ones((batch, width), bool)], 1)
+        logits, present = self._run(tokens, mask, self._buffers_for(batch, 1, "float32"),
+                                    last=lengths - 1)
+        used = int(lengths.max())
+        valid = np.arange(used)[None] < lengths[:, None]
+        self._move(present, 0, valid, self._capacity(used))
+        return logits
+
+    def _decode_right_padded(self, step: np.ndarray) -> np.ndarray:
+        """One step for a model that places rows itself: the mask counts each row's tokens
+        and the new one (GroupQueryAttention's ``seqlens_k``), the model writes the new
+        row at the row's length in its outputs, copied back into the cache there."""
+        batch, slots = self._valid.shape
+        lengths = self.lengths
+        if lengths.max() == slots:  # a row is full: the next bucket
+            self._move(self._cache, 0, self._valid, self._capacity(slots))
+            slots = self._valid.shape[1]
+        mask = np.arange(slots + 1)[None] <= lengths[:, None]
+        logits, present = self._run(step, mask, self._cache, {})
+        axis = self.layout.axis
+        for src, dst in zip(present, self._cache):
+            src, dst = np.from_dlpack(src), np.from_dlpack(dst)
+            for b, n in enumerate(lengths):
+                at = (b,) + (slice(None),) * (axis - 1) + (n,)
+                dst[at] = src[at]
+        self._valid[np.arange(batch), lengths] = True
+        return logits
+
     @_serialized
     def decode(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
         """Append one token per sequence; returns (batch, vocab) next-token logits."""
@@ -523,6 +622,8 @@ class DecoderSession:
         if step.shape[0] != batch:
             raise UnsupportedShapeError(f"decode() got {step.shape[0]} tokens for a batch of "
                                         f"{batch} sequences")
+        if self.layout.right_padded:
+            return self._decode_right_padded(step)
         if self._used == slots:  # full: the next bucket
             self._move(self._cache, 0, self._valid, self._capacity(slots))
             slots = self._valid.shape[1]
@@ -574,6 +675,8 @@ class DecoderSession:
         written = "written in place" if self.writes_in_place else \
             "copied from the export's concatenated outputs"
         logits = ", last position's logits only" if self.last_logits_only else ""
+        logits += ", sequences right-padded (the model places rows)" \
+            if lay.right_padded else ""
         lines = [f"KV-cache decoder: {len(lay.past)} cache tensors (past axis {lay.axis}, "
                  f"{written}{logits}), decode buckets {self.decode_buckets[:6]}..., prompt buckets "
                  f"{self.prompt_buckets[:6]}...", "Prompts:", self.model.report()]
