@@ -194,6 +194,15 @@ def test_int8_cache_decodes_like_the_fp32_cache(session, int8_session) -> None:
     assert "tpp.attention_mask_mulscale_nanguard_gqa_int8kv: 2" in int8_session.report()
 
 
+def test_cli_generates_with_an_int8_cache(llama, int8_session, capsys) -> None:
+    from tpp_tvm import cli
+
+    assert cli.main(["generate", llama[1], "--prompt", "4,3,2,1", "--new", "3",
+                     "--kv-cache", "int8"]) == 0
+    want = int8_session.generate([[4, 3, 2, 1]], max_new_tokens=3).tokens[0]
+    assert "tokens: " + ",".join(str(int(t)) for t in want) in capsys.readouterr().out
+
+
 def test_int8_cache_needs_the_cache_written_in_place(llama) -> None:
     from tpp_tvm.errors import UnsupportedDTypeError
 
