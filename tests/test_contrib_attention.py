@@ -168,6 +168,12 @@ def test_group_query_attention_decode_step_stays_on_the_attention_kernel() -> No
     assert any(name.startswith("tpp.attention") for name in lowered), lowered
 
 
+@pytest.fixture(scope="module")
+def builder_llama(tmp_path_factory) -> str:
+    """The builder's file, made once for the module (the builder runs for ~10 s)."""
+    return _builder_llama(tmp_path_factory.mktemp("builder"))
+
+
 def _builder_llama(tmp_path) -> str:
     """ONNX Runtime GenAI's model builder's int4 CPU export of a 2-layer Llama (GQA 8/2,
     random weights, a word-level tokenizer): its MatMulNBits, GroupQueryAttention with
@@ -201,7 +207,7 @@ def _builder_llama(tmp_path) -> str:
 
 
 @pytest.mark.requires_torch
-def test_model_builder_int4_llama_runs_like_onnxruntime(tmp_path) -> None:
+def test_model_builder_int4_llama_runs_like_onnxruntime(builder_llama) -> None:
     """The builder's file as it is: a prompt after one cached token, then decode steps at
     batch 1 and 2, weights on the int4 kernels, attention on the fused kernel. The builder
     sets accuracy level 4 (activations quantized to int8 per block, as ONNX Runtime's MLAS
@@ -212,7 +218,7 @@ def test_model_builder_int4_llama_runs_like_onnxruntime(tmp_path) -> None:
 
     import tpp_tvm
 
-    path = _builder_llama(tmp_path)
+    path = builder_llama
     model = onnx.load(path)
     ops = {node.op_type for node in model.graph.node}
     assert {"GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization"} <= ops
@@ -236,7 +242,7 @@ def test_model_builder_int4_llama_runs_like_onnxruntime(tmp_path) -> None:
 
 
 @pytest.mark.requires_torch
-def test_decoder_session_generates_from_a_model_builder_file(tmp_path) -> None:
+def test_decoder_session_generates_from_a_model_builder_file(builder_llama) -> None:
     """`DecoderSession` drives the builder's file (no position_ids: GroupQueryAttention
     places each sequence's rows after its own length): a ragged batch, right-padded, through
     a cache bucket change; every step's logits are ONNX Runtime's on each prompt alone, the
@@ -245,7 +251,7 @@ def test_decoder_session_generates_from_a_model_builder_file(tmp_path) -> None:
 
     from tpp_tvm.decoding import DecoderSession
 
-    path = _builder_llama(tmp_path)
+    path = builder_llama
     session = DecoderSession(path, decode_buckets=(15, 31), prompt_buckets=(8, 16))
     assert session.layout.right_padded and session.layout.positions is None
     prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]

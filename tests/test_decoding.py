@@ -194,11 +194,22 @@ def test_int8_cache_decodes_like_the_fp32_cache(session, int8_session) -> None:
     assert "tpp.attention_mask_mulscale_nanguard_gqa_int8kv: 2" in int8_session.report()
 
 
-def test_cli_generates_with_an_int8_cache(llama, int8_session, capsys) -> None:
-    from tpp_tvm import cli
+def test_cli_passes_the_kv_cache_dtype(llama, int8_session, monkeypatch, capsys) -> None:
+    """``--kv-cache int8`` makes the int8 session (the session's int8 path is tested
+    above: here only what the flag reaches, without a second compile)."""
+    from tpp_tvm import cli, decoding
 
+    made = []
+
+    def session(*args, **kwargs):
+        made.append(kwargs)
+        return int8_session
+
+    monkeypatch.setattr(decoding, "DecoderSession", session)
+    monkeypatch.setattr(int8_session, "prepare", lambda *a, **k: None)
     assert cli.main(["generate", llama[1], "--prompt", "4,3,2,1", "--new", "3",
                      "--kv-cache", "int8"]) == 0
+    assert made[0]["cache_dtype"] == "int8"
     want = int8_session.generate([[4, 3, 2, 1]], max_new_tokens=3).tokens[0]
     assert "tokens: " + ",".join(str(int(t)) for t in want) in capsys.readouterr().out
 

@@ -281,8 +281,6 @@ def _loaded(path: str | Path, layout: CacheLayout, last_logits_only: bool
 
 def _rewritten(source: Any, layout: CacheLayout, int8: bool = False) -> onnx.ModelProto:
     """The model ``source()`` gives, its cache written in place (as int8 rows if asked)."""
-    from .int8_cache import with_int8_cache
-
     model = with_cache_written_in_place(source(), layout)
     assert model is not None, "the rewrite applied to this model before"
     return with_int8_cache(model, layout.past) if int8 else model
