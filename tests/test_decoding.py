@@ -61,6 +61,19 @@ def _ort_logits(path: str, prompt: list[int], tokens: list[int]) -> list[np.ndar
     return out
 
 
+def _greedy(session: DecoderSession, prompts: list[list[int]], steps: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The logits of a new batch's prompts and ``steps`` greedy steps (steps + 1, batch,
+    vocab), and the tokens chosen (batch, steps + 1)."""
+    session.reset()
+    logits = [session.prefill(prompts)]
+    tokens = [logits[0].argmax(-1)]
+    for _ in range(steps):
+        logits.append(session.decode(tokens[-1]))
+        tokens.append(logits[-1].argmax(-1))
+    return np.stack(logits), np.stack(tokens, 1)
+
+
 @pytest.fixture(scope="module")
 def copying_session(llama) -> DecoderSession:
     """The cache copied back from the export's own outputs, not written in place."""
@@ -78,13 +91,7 @@ def test_cache_buckets_give_the_unpadded_models_logits(llama, session, copying_s
     session = session if in_place else copying_session
     assert session.writes_in_place is in_place
     prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
-    session.reset()
-    steps = [session.prefill(prompts)]
-    tokens = [steps[0].argmax(-1)]
-    for _ in range(11):
-        steps.append(session.decode(tokens[-1]))
-        tokens.append(steps[-1].argmax(-1))
-    tokens = np.stack(tokens, 1)
+    steps, tokens = _greedy(session, prompts, 11)
     assert list(session.lengths) == [7 + 11, 3 + 11]
     for b, prompt in enumerate(prompts):
         want = _ort_logits(path, prompt, list(tokens[b, :-1]))
@@ -178,14 +185,8 @@ def test_int8_cache_decodes_like_the_fp32_cache(session, int8_session) -> None:
     prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
     runs = []
     for s in (session, int8_session):
-        s.reset()
-        logits = [s.prefill(prompts)]
-        tokens = [logits[0].argmax(-1)]
-        for _ in range(11):
-            logits.append(s.decode(tokens[-1]))
-            tokens.append(logits[-1].argmax(-1))
-        runs.append((np.stack(logits), np.stack(tokens, 1),
-                     sum(t.numpy().nbytes for t in s._cache)))
+        logits, tokens = _greedy(s, prompts, 11)
+        runs.append((logits, tokens, sum(t.numpy().nbytes for t in s._cache)))
     (want, want_tokens, fp32_bytes), (got, tokens, int8_bytes) = runs
     np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max())
     np.testing.assert_array_equal(tokens, want_tokens)
