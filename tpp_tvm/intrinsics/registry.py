@@ -139,12 +139,19 @@ def catalogue_names(isa: str | None = None) -> list[str]:
     """Names of the catalogue's intrinsics on ``isa`` (default: every ISA with a whole
     catalogue), without building them (building all takes ~40 ms each: TVMScript parsing).
     Imports each ISA's implementation module, so a broken one raises here."""
-    names = []
+    return sorted(spec.name(spec_isa) for spec, spec_isa in _catalogue_specs(isa))
+
+
+def _catalogue_specs(isa: str | None = None) -> list[tuple[TPPSpec, str]]:
+    """(spec, ISA) of every catalogue intrinsic on ``isa`` (default: every ISA with a whole
+    catalogue; another ISA has none), importing each ISA's implementation module."""
+    out = []
     for cat_isa in _CATALOGUE_ISAS if isa is None else (isa,):
-        _isa_module(cat_isa)
-        names += [spec.name(cat_isa) for spec in catalogue() + low_precision_catalogue()
-                  if implements(spec, cat_isa)]
-    return sorted(names)
+        if cat_isa in _CATALOGUE_ISAS:
+            _isa_module(cat_isa)
+            out += [(spec, cat_isa) for spec in catalogue() + low_precision_catalogue()
+                    if implements(spec, cat_isa)]
+    return out
 
 
 def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
@@ -152,11 +159,8 @@ def registered(isa: str | None = None, dtype: str | None = None) -> list[str]:
 
     ``dtype`` may be given long (``float32``) or short (``f32``).
     """
-    for cat_isa in _CATALOGUE_ISAS if isa is None else (isa,):
-        if cat_isa in _CATALOGUE_ISAS:
-            for spec in catalogue() + low_precision_catalogue():
-                if implements(spec, cat_isa):
-                    intrinsic(spec, cat_isa)
+    for spec, spec_isa in _catalogue_specs(isa):
+        intrinsic(spec, spec_isa)
     short = DTYPE_SHORT.get(dtype, dtype) if dtype else None
     out = []
     for name, (spec, spec_isa) in _names.items():
