@@ -24,6 +24,7 @@ from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.relay_passes.exprs import bindings
 from tpp_tvm.relay_passes.pipeline import tpp_kernel_passes
 from tpp_tvm.relay_passes.report import LoweringReport
+from tpp_tvm.schedules.gemm_plan import CORE_TABLES
 from tpp_tvm.schedules.weight_only import (
     WeightOnlyShape,
     dequantize_reference,
@@ -412,6 +413,22 @@ def test_int8_kernel_uses_vpdpbusd():
                           tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
     assert "vpdpbusd" in asm
 
+
+
+@pytest.mark.requires_avx512_vnni
+def test_prefetch_distance_follows_the_core_family():
+    """The codes are prefetched into L2 ahead of their loads only where the core family's
+    table asks for it (Intel's 8 KiB; none on Zen, whose own prefetcher streams faster)."""
+    shape = WeightOnlyShape(1, 256, 128, 4, 32, int8_activations=True)
+
+    def asm(prefetch_bytes):
+        return compile_kernels(weight_only_schedule(shape, "avx512", prefetch_bytes).mod,
+                               tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
+
+    assert "prefetcht1" in asm(8192)
+    assert "prefetch" not in asm(0)
+    assert CORE_TABLES["intel"].stream_prefetch_bytes == 8192
+    assert CORE_TABLES["zen"].stream_prefetch_bytes == 0
 
 def test_shape_checks():
     with pytest.raises(UnsupportedShapeError, match="3-bit"):

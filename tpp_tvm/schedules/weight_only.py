@@ -46,6 +46,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import UnsupportedShapeError
 from ..intrinsics.prefetch import LINE, prefetch_l2
 from ..intrinsics.registry import vector_isa
+from .gemm_plan import core_table
 
 #: Bit widths the kernel unpacks.
 BITS = (4, 8)
@@ -61,11 +62,6 @@ ACC_REGISTERS = 24
 #: int32 lanes of the int8 kernel's dot product (``vpdpbusd`` on 512 bits: 64 u8 x s8).
 DOT_LANES = 16
 DOT = "llvm.x86.avx512.vpdpbusd.512"
-#: How far ahead of its loads a tile prefetches its codes (into L2), in bytes. One core
-#: streaming 12 layers of 4096 x 4096 int4 weights (101 MB) from memory, Xeon with AMX:
-#: 18.5 -> 11.3 ms (fp32 path) and 10.4 -> 8.1 ms (int8 path) with 8 KiB; 1 and 4 KiB
-#: gained less, 16 KiB no more.
-PREFETCH_BYTES = 8192
 
 
 @dataclass(frozen=True)
@@ -213,7 +209,8 @@ def _dot_layout(shape: WeightOnlyShape, p: WeightOnlyPlan, codes: np.ndarray) ->
         p.tiles, blocks, shape.groups, p.nt * 4)
 
 
-def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.Schedule:
+def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512",
+                         prefetch_bytes: int | None = None) -> s_tir.Schedule:
     """The kernel: A (rows, depth) fp32, packed codes, scales (tiles, blocks, nt) fp32
     [, zero points (tiles, blocks, nt) uint8][, bias (cols,) fp32][, residual (rows, cols)
     fp32][, gate (rows, cols) fp32] -> Y (rows, cols) fp32,
@@ -221,8 +218,13 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
 
     With ``int8_activations`` (ONNX Runtime's accuracy level 4), each row's blocks of A are
     first quantized to int8 (scale ``max|a| / 127``, nearest even) and the codes multiply
-    them on ``vpdpbusd`` (64 u8 x s8 products a step) into int32, scaled per block."""
+    them on ``vpdpbusd`` (64 u8 x s8 products a step) into int32, scaled per block.
+
+    ``prefetch_bytes``: how far ahead of its loads a tile prefetches its codes into L2 (0:
+    not at all); by default the host cores' :attr:`~.gemm_plan.CoreTable.stream_prefetch_bytes`."""
     sh, p = shape, plan(shape, isa)
+    if prefetch_bytes is None:
+        prefetch_bytes = core_table(isa).stream_prefetch_bytes
     if sh.int8_activations:
         code_shape = (p.tiles, sh.blocks, sh.groups, p.nt * 4)
     elif sh.bits == 4:
@@ -248,7 +250,7 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512") -> s_tir.S
         if sh.panel:
             _panel_tiles(sh, p, a, codes, scales, zps, out)
         else:
-            _chunk_tiles(sh, p, a, codes, scales, zps, out)
+            _chunk_tiles(sh, p, a, codes, scales, zps, out, prefetch_bytes)
     return s_tir.Schedule(builder.get())
 
 
@@ -272,7 +274,7 @@ class _Output:
 
 
 def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps,
-                 out: _Output) -> None:
+                 out: _Output, prefetch_bytes: int) -> None:
     """Few rows: per tile and chunk of rows, each block's dot products on the codes as
     they are (fp32 FMAs on widened codes, or vpdpbusd), scaled per block into the totals."""
     lanes, vec = p.lanes, f"float32x{p.lanes}"
@@ -283,14 +285,14 @@ def _chunk_tiles(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps,
         a_scale = T.alloc_buffer((p.rows, sh.blocks), "float32")
         a_words = T.alloc_buffer((p.rows, p.depth // 4), "int32")
         _quantize_rows(sh, p, a, sums, a_scale, a_words)
-        block_dots = _DotBlock(sh, p, codes, a_words)
+        block_dots = _DotBlock(sh, p, codes, a_words, prefetch_bytes)
     else:
         a_scale = None
         with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
             T.buffer_store(sums, tirx.const(0.0, "float32"), [i, b])
             with T.serial(0, sh.block) as kk:
                 T.buffer_store(sums, sums[i, b] + a[i, b * sh.block + kk], [i, b])
-        block_dots = _FmaBlock(sh, p, codes, a)
+        block_dots = _FmaBlock(sh, p, codes, a, prefetch_bytes)
 
     with T.parallel(0, p.tiles) as tile, T.serial(0, p.rows // p.mr) as chunk:
         row0 = chunk * p.mr
@@ -387,8 +389,10 @@ class _FmaBlock:
     """One block's dot products in fp32: codes split from their bytes, widened to fp32
     lanes, FMAs against A's broadcast values; even and odd k in separate accumulators."""
 
-    def __init__(self, sh: WeightOnlyShape, p: WeightOnlyPlan, codes, a) -> None:
+    def __init__(self, sh: WeightOnlyShape, p: WeightOnlyPlan, codes, a,
+                 prefetch_bytes: int) -> None:
         self.sh, self.p, self.codes, self.a = sh, p, codes, a
+        self.prefetch_bytes = prefetch_bytes
 
     def emit(self, tile, row0, b):
         """Emit the block's loop; returns ``dot(r, c)``, the fp32 vector of row ``r``,
@@ -403,8 +407,8 @@ class _FmaBlock:
             for c in range(p.vectors):
                 lane = tirx.Ramp(c * lanes, 1, lanes)
                 step = lanes * sh.bits // 4  # bytes of codes per vector and pair
-                if (c * step) % LINE == 0:  # one prefetch a cache line
-                    ahead = c * lanes + PREFETCH_BYTES
+                if self.prefetch_bytes and (c * step) % LINE == 0:  # one a cache line
+                    ahead = c * lanes + self.prefetch_bytes
                     T.evaluate(prefetch_l2(tirx.address_of(
                         codes[tile, b, j, ahead] if sh.bits == 4 else
                         codes[tile, b, j, 0, ahead])).value)
@@ -421,8 +425,10 @@ class _DotBlock:
     """One block's dot products on ``vpdpbusd``: 64 code bytes (16 columns x 4 k) against
     4 int8 codes of A broadcast, into int32 lanes; 4-bit codes as two quads a byte."""
 
-    def __init__(self, sh: WeightOnlyShape, p: WeightOnlyPlan, codes, a_words) -> None:
+    def __init__(self, sh: WeightOnlyShape, p: WeightOnlyPlan, codes, a_words,
+                 prefetch_bytes: int) -> None:
         self.sh, self.p, self.codes, self.a_words = sh, p, codes, a_words
+        self.prefetch_bytes = prefetch_bytes
 
     def emit(self, tile, row0, b):
         sh, p = self.sh, self.p
@@ -434,8 +440,9 @@ class _DotBlock:
         with T.serial(0, sh.groups) as g:
             word0 = (b * sh.block) // 4 + quads * g
             for c in range(p.vectors):
-                T.evaluate(prefetch_l2(tirx.address_of(
-                    self.codes[tile, b, g, c * wide + PREFETCH_BYTES])).value)
+                if self.prefetch_bytes:
+                    T.evaluate(prefetch_l2(tirx.address_of(
+                        self.codes[tile, b, g, c * wide + self.prefetch_bytes])).value)
                 v = self.codes[tile, b, g, tirx.Ramp(c * wide, 1, wide)]
                 if sh.bits == 4:
                     halves = (v & _bcast(tirx.const(15, "uint8"), wide),
