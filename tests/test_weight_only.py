@@ -414,7 +414,6 @@ def test_int8_kernel_uses_vpdpbusd():
     assert "vpdpbusd" in asm
 
 
-
 @pytest.mark.requires_avx512_vnni
 def test_prefetch_distance_follows_the_core_family():
     """The codes are prefetched into L2 ahead of their loads only where the core family's
@@ -429,6 +428,7 @@ def test_prefetch_distance_follows_the_core_family():
     assert "prefetch" not in asm(0)
     assert CORE_TABLES["intel"].stream_prefetch_bytes == 8192
     assert CORE_TABLES["zen"].stream_prefetch_bytes == 0
+
 
 def test_shape_checks():
     with pytest.raises(UnsupportedShapeError, match="3-bit"):

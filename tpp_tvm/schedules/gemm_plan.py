@@ -161,10 +161,10 @@ class CoreTable:
     """How far ahead a kernel that streams its operand from memory once (a decoding step's
     weight-only matrix-vector products) prefetches it into L2; 0: not at all. One core
     streaming 4-bit weights: on the AMX Xeon 8 KiB ahead took 12 layers of 4096 x 4096 from
-    18.5 to 11.3 ms; on Zen 4 every distance tried (1-16 KiB, into L1, L2 or
-    non-temporal) was slower than none, which streams a 0.45B Llama's 215 MB at 20.7 GB/s
-    against 17.0 with 8 KiB (the core's own stream prefetcher keeps ahead; the extra
-    instructions only take miss buffers)."""
+    18.5 to 11.3 ms (fp32 activations) and 10.4 to 8.1 ms (int8), 1 and 4 KiB gaining less,
+    16 KiB no more; on Zen 4 every distance tried (1-16 KiB, into L1, L2 or non-temporal)
+    was slower than none, which streams a 0.45B Llama's 215 MB at 20.7 GB/s against 17.0
+    with 8 KiB (the core's own stream prefetcher keeps ahead)."""
 
     def tiles(self, dtype: str = "float32") -> dict[tuple[int, int], float]:
         """The register tiles a ``dtype`` GEMM chooses from, with their efficiencies."""
