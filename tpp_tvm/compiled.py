@@ -268,10 +268,13 @@ class CompiledModel:
         tensors = self._convert(args, dict(kwargs), self._staged_inputs())
         return [r.numpy() for r in self.run_tensors(tensors)]
 
-    def run_tensors(self, tensors: list[tvm.runtime.Tensor]) -> list[tvm.runtime.Tensor]:
+    def run_tensors(self, tensors: list[tvm.runtime.Tensor], output: int | None = None
+                    ) -> list[tvm.runtime.Tensor] | tvm.runtime.Tensor:
         """Run on TVM tensors in :attr:`inputs` order and return TVM tensors: no conversion
         and no copies, for callers that keep data on TVM tensors between calls (a decoder's
-        KV cache, :mod:`tpp_tvm.decoding`). Shapes and dtypes are checked by TVM only."""
+        KV cache, :mod:`tpp_tvm.decoding`). Shapes and dtypes are checked by TVM only.
+        ``output``: return that output only (a decoder's logits beside 40 cache outputs:
+        listing them all cost 30 us a step)."""
         fn = self._main()
         try:
             result = fn(*tensors)
@@ -280,7 +283,9 @@ class CompiledModel:
                                  f"{describe_tvm_error(exc)}") from exc
         if self._tiles_emulated:
             amx_emulator.check("the compiled model")
-        return [result] if isinstance(result, tvm.runtime.Tensor) else list(result)
+        if isinstance(result, tvm.runtime.Tensor):
+            result = [result]
+        return result[output] if output is not None else list(result)
 
     def benchmark(self, *args, repeat: int = 10, **kwargs) -> float:
         """Median seconds per call with inputs already converted."""
