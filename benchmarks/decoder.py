@@ -22,7 +22,8 @@ models). Each runtime runs in a process of its own; the
 fastest of its rounds is kept; peers flush denormals as tpp_tvm does. Weight GB/s: the
 bytes of the weights a decode step reads (embedding tables only gathered from excluded)
 over the mean step time, against ``peak.py``'s read stream on as many threads (measured
-before every round, the best kept)::
+before every round, the best kept); with the cache: the weights and the KV cache a step
+reads (every cached token's keys and values), which grows with the context::
 
     python benchmarks/decoder.py                         # both models, 1 thread
     python benchmarks/decoder.py --models gpt2 --rounds 2 --new 32
@@ -141,6 +142,27 @@ def weight_bytes(path: Path) -> int:
     return sum(int(np.prod(t.dims)) * np.dtype(
         onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
         for t in model.graph.initializer if uses.get(t.name, set()) != {("Gather", 0)})
+
+
+def cache_bytes_per_token(path: Path, cache_dtype: str = "float32") -> int:
+    """Bytes of the KV cache one token holds, which every later step reads: each past
+    input's row (heads x head size) in the export's dtype, or int8 with an fp32 scale per
+    row (``cache_dtype="int8"``)."""
+    import onnx
+
+    from tpp_tvm.decoding import cache_layout
+
+    layout = cache_layout(onnx.load(str(path), load_external_data=False))
+    total = 0
+    for dims in layout.cache_shapes:
+        row = [d for i, d in enumerate(dims) if i not in (0, layout.axis)]
+        if not all(isinstance(d, int) for d in row):
+            raise ValueError(f"a symbolic cache dim in {dims}")
+        if cache_dtype == "int8":
+            total += int(np.prod(row[:-1])) * (row[-1] + 4)
+        else:
+            total += int(np.prod(row)) * np.dtype(layout.cache_dtype).itemsize
+    return total
 
 
 class PeerLoop:
@@ -337,6 +359,12 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
         row["bandwidth_gb_s"] = bandwidth
         row["weight_gb_s"] = nbytes / (row["step_ms"] * 1e-3) / 1e9
         row["weight_mb"] = nbytes / 1e6
+        # The cache a step reads: the past of each step (prompt + 1 .. prompt + new - 1
+        # tokens) and its own row, on average prompt + new / 2 tokens.
+        cache = cache_bytes_per_token(path, TPP_SESSIONS.get(impl, "float32")) * \
+            (prompt_len + new / 2)
+        row["cache_mb"] = cache / 1e6
+        row["stream_gb_s"] = (nbytes + cache) / (row["step_ms"] * 1e-3) / 1e9
         row["tokens"] = tokens[impl].tolist()
         if "tpp_tvm" in tokens:
             row["tokens_match_tpp"] = bool((tokens[impl] == tokens["tpp_tvm"]).all())
@@ -379,11 +407,15 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
              f"`peak.py --stream read` on {threads} thread(s), measured before every round "
              "(the best kept). Resident MB: the runtime's whole process after its rounds "
              "(Python, the runtime, its model, buffers), beside the file's initializers.",
+             "- Cache MB: the KV cache a step reads besides the weights (every cached token's "
+             "keys and values, prompt + new / 2 tokens on average; int8 rows with their "
+             "scales for `tpp_tvm_int8kv`); \"with cache\": weights and cache over the step "
+             "time, of the same bandwidth.",
              "",
              "| model | threads | runtime | prefill ms | step ms | tokens/s | tpp_tvm "
-             "speed-up | weight GB/s | bandwidth GB/s | of bandwidth | same tokens as "
-             "tpp_tvm | compile s | resident MB (file weights) |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "speed-up | weight GB/s | bandwidth GB/s | of bandwidth | cache MB | with cache "
+             "| same tokens as tpp_tvm | compile s | resident MB (file weights) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     runs = dict.fromkeys((r["model"], r["prompt"], r.get("threads", threads)) for r in rows)
     for model, prompt, run_threads in runs:
         mine = [r for r in rows if (r["model"], r["prompt"], r.get("threads", threads))
@@ -397,10 +429,17 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
                 f"{run_threads} | {r['impl']} "
                 f"| {r['prefill_ms']:.1f} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
                 f"{speedup} | {r['weight_gb_s']:.1f} | {r['bandwidth_gb_s']:.1f} | "
-                f"{r['weight_gb_s'] / r['bandwidth_gb_s']:.0%} | "
+                f"{r['weight_gb_s'] / r['bandwidth_gb_s']:.0%} | {_with_cache(r)} | "
                 f"{r.get('tokens_match_tpp', '-')} | {compiled} | "
                 f"{_resident(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _with_cache(row: dict) -> str:
+    """The cache MB and the stream with it, of the bandwidth (rows of older runs: -)."""
+    if "cache_mb" not in row:
+        return "- | -"
+    return f"{row['cache_mb']:.1f} | {row['stream_gb_s'] / row['bandwidth_gb_s']:.0%}"
 
 
 def _resident(row: dict) -> str:
