@@ -7,7 +7,7 @@ symmetric, ``scale = max|row| / 127`` as llama.cpp's and vLLM's int8 caches do â
 a quarter of the bytes plus 4 bytes a row (at head size 64: 0.27x).
 
 :func:`with_int8_cache` rewrites a step model whose cache is written in place
-(:func:`~tpp_tvm.decoding.with_cache_written_in_place`): each cache input becomes int8 with
+(:func:`~tpp_tvm.cache_layout.with_cache_written_in_place`): each cache input becomes int8 with
 a ``<name>.scale`` input (batch, heads, slots, 1) beside it; the step's new row is
 quantized (ONNX ``Abs``/``ReduceMax``/``Round``/``Clip``) and written into both; what read
 the cache reads it dequantized (``Cast(int8) * scale``), which the attention kernel takes
