@@ -403,10 +403,13 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
              "ORT (IOBinding, the cache kept in its buffers) and OpenVINO f32 (the cache "
              "made stateful): the export itself, cache growing; denormals flushed by all.",
              f"- Weight GB/s: bytes of the weights a decode step reads (initializers, less "
-             "embedding tables only gathered from) / step time; \"of bandwidth\" divides it by "
-             f"`peak.py --stream read` on {threads} thread(s), measured before every round "
-             "(the best kept). Resident MB: the runtime's whole process after its rounds "
-             "(Python, the runtime, its model, buffers), beside the file's initializers.",
+             "embedding tables only gathered from) / step time; bandwidth GB/s: "
+             f"`peak.py --stream read` on {threads} thread(s), measured by each runtime's "
+             "process before every round (the best kept); \"of bandwidth\" divides by the "
+             "highest of the run's at that thread count (a process that measured a slow "
+             "moment would flatter its row). Resident MB: the runtime's whole process after "
+             "its rounds (Python, the runtime, its model, buffers), beside the file's "
+             "initializers.",
              "- Cache MB: the KV cache a step reads besides the weights (every cached token's "
              "keys and values, prompt + new / 2 tokens on average; int8 rows with their "
              "scales for `tpp_tvm_int8kv`); \"with cache\": weights and cache over the step "
@@ -417,6 +420,10 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
              "| same tokens as tpp_tvm | compile s | resident MB (file weights) |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     runs = dict.fromkeys((r["model"], r["prompt"], r.get("threads", threads)) for r in rows)
+    peak: dict = {}  # the run's highest read stream per thread count
+    for r in rows:
+        at = r.get("threads", threads)
+        peak[at] = max(peak.get(at, 0.0), r["bandwidth_gb_s"])
     for model, prompt, run_threads in runs:
         mine = [r for r in rows if (r["model"], r["prompt"], r.get("threads", threads))
                 == (model, prompt, run_threads)]
@@ -429,17 +436,18 @@ def render(rows: list[dict], threads: str, command: str, date: str, load: str,
                 f"{run_threads} | {r['impl']} "
                 f"| {r['prefill_ms']:.1f} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
                 f"{speedup} | {r['weight_gb_s']:.1f} | {r['bandwidth_gb_s']:.1f} | "
-                f"{r['weight_gb_s'] / r['bandwidth_gb_s']:.0%} | {_with_cache(r)} | "
+                f"{r['weight_gb_s'] / peak[run_threads]:.0%} | "
+                f"{_with_cache(r, peak[run_threads])} | "
                 f"{r.get('tokens_match_tpp', '-')} | {compiled} | "
                 f"{_resident(r)} |")
     return "\n".join(lines) + "\n"
 
 
-def _with_cache(row: dict) -> str:
-    """The cache MB and the stream with it, of the bandwidth (rows of older runs: -)."""
+def _with_cache(row: dict, bandwidth: float) -> str:
+    """The cache MB and the stream with it, of ``bandwidth`` (rows of older runs: -)."""
     if "cache_mb" not in row:
         return "- | -"
-    return f"{row['cache_mb']:.1f} | {row['stream_gb_s'] / row['bandwidth_gb_s']:.0%}"
+    return f"{row['cache_mb']:.1f} | {row['stream_gb_s'] / bandwidth:.0%}"
 
 
 def _resident(row: dict) -> str:
