@@ -115,6 +115,20 @@ def test_cache_buckets_give_the_unpadded_models_logits(llama, session, copying_s
     assert "tpp.attention_mask_mulscale_nanguard_gqa: 2" in report
 
 
+def test_steps_run_on_a_build_bound_once_per_bucket(session, monkeypatch) -> None:
+    """A step does not look its build up or convert its inputs anew (that was 10% of a
+    0.45B model's step): the build is bound once per cache bucket, again after a reset."""
+    lookups = []
+    build = session._build
+    monkeypatch.setattr(session, "_build", lambda *a, **k: lookups.append(a) or build(*a, **k))
+    steps, _ = _greedy(session, [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]], 11)
+    # the prompt, then the 16- and 32-slot buckets (the 11 steps cross from one to the other)
+    assert [a[:3] for a in lookups] == [(2, 8, 1), (2, 1, 16), (2, 1, 32)]
+    again, _ = _greedy(session, [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]], 11)
+    assert len(lookups) == 6
+    np.testing.assert_array_equal(steps, again)
+
+
 def test_generate_and_prepare(session) -> None:
     session.prepare(prompt_length=4, max_length=20, batch=2)  # compiled above: nothing new
     assert len(session.model.compiled_sizes) + len(session.step_model.compiled_sizes) == 3

@@ -142,7 +142,7 @@ class _BoundStep:
     """One cache bucket's step build with its inputs bound once: the bucket's cache tensors
     and staged tensors for the small inputs (tokens, mask, positions, write slot), which a
     step overwrites in place. Looking the build up, converting the small inputs and listing
-    the outputs cost 0.4-1.3 ms of Python a step on a 2-vCPU Zen 4 (0.45B int4 Llama, an
+    the outputs cost 1.1-1.3 ms of Python a step on a 2-vCPU Zen 4 (0.45B int4 Llama, an
     11 ms step), so a step bound once costs the VM call and a few writes."""
 
     def __init__(self, compiled: Any, cache: list[Any], cache_inputs: list[str],
