@@ -8,7 +8,7 @@ import pytest
 import tvm
 
 from tpp_tvm.errors import UnsupportedShapeError
-from tpp_tvm.schedules.attention import AttentionShape, attention_schedule
+from tpp_tvm.schedules.attention import AttentionShape, attention_schedule, copies_key_rows
 from tpp_tvm.target import target
 
 
@@ -71,12 +71,18 @@ def test_attention_matches_numpy(shape):
                    zero_masked_rows=True, keys_as_rows=True),
     AttentionShape(bh=3, seq_q=2, seq=32, dim=32, heads=3, scale=0.25, mask=False,
                    keys_as_rows=True),
+    # a decoding step's cache (1024 slots x 64 a head): key blocks copied into L1 first
+    AttentionShape(bh=2, seq_q=5, seq=1024, dim=64, heads=2, scale=0.125, mask=True,
+                   zero_masked_rows=True, keys_as_rows=True),
 ])
 def test_keys_read_as_rows_match_numpy(shape):
     """K given as rows, its key blocks transposed in the kernel (transpose TPPs), gives
-    what Kᵀ gives."""
+    what Kᵀ gives; a K as large as a decoding step's cache is copied a key block at a time
+    into L1 before the transpose, a smaller one is not."""
     sch = attention_schedule(shape, checks.VECTOR_ISA)
     assert "tpp.transpose" in str(sch.trace)
+    assert ("k_rows_block" in sch.mod.script()) == (shape.seq == 1024) \
+        == copies_key_rows(shape)
     lib = tvm.compile(sch.mod, target=target(num_cores=1)).jit()
     q, kt, v, mask = _inputs(shape, shape.seq)
     k = np.ascontiguousarray(kt.transpose(0, 2, 1))

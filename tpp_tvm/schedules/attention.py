@@ -121,6 +121,23 @@ def padded_keys(keys: int) -> int:
 MASKED = -1e30
 
 
+#: Bytes of one head's fp32 K from which a kernel reading K as rows first copies each key
+#: block's rows into L1 in memory order, then transposes them there: so large a K is a
+#: decoding step's cache, read from memory (the weights evict it between steps), where the
+#: transpose's strided reads stalled on each line (1024 slots x 64, 576 live keys, 4 heads,
+#: cold: 150 -> 130 us a call, Zen 4, 1 thread). A smaller K was just computed and is in
+#: cache, where the copy is only more work (CaiT's class attention, 224 keys x 48: 8.3 ->
+#: 9.8 us).
+COPY_KEYS_BYTES = 256 * 1024
+
+
+def copies_key_rows(sh: AttentionShape) -> bool:
+    """Whether the kernel copies K's key blocks into L1 before transposing them (fp32 K
+    read as rows, at least :data:`COPY_KEYS_BYTES` a head; int8 K is always dequantized
+    there)."""
+    return sh.keys_as_rows and not sh.kv_int8 and sh.seq * sh.dim * 4 >= COPY_KEYS_BYTES
+
+
 def _col_block(cols: int, lanes: int = 16) -> int:
     """Column block of both GEMMs: 2 vectors when they divide, else one, else the whole
     width."""
@@ -155,7 +172,7 @@ def _operands(sh: AttentionShape) -> tuple[te.Tensor, list[te.Tensor], te.Tensor
         v_scale, v_read = dequantized(V, "v_block")
         k_inputs.append(k_scale)
         v_inputs.append(v_scale)
-    else:  # copied a key block at a time (see attention_schedule)
+    elif copies_key_rows(sh):  # copied a key block at a time (see attention_schedule)
         k_rows = te.compute(K.shape, lambda b, j, c: K[b, j, c], name="k_rows_block")
     KT = te.compute((kv_rows, sh.dim, sh.seq), lambda b, r, j: k_rows[b, j, r],
                     name="k_t_block")
@@ -302,11 +319,8 @@ def attention_schedule(shape: AttentionShape, isa: str) -> s_tir.Schedule:
     if sh.keys_as_rows:  # the key block transposed in L1 for the scores' GEMM
         kb = sch.get_sblock("k_t_block")
         sch.compute_at(kb, sjo)
-        # The key block's rows first copied (int8: dequantized) into L1 in memory order,
-        # then transposed there: the transpose's strided reads of a cold cache (a step's
-        # K, evicted by the weights) stalled on each line. 1024-slot bucket, 576 live
-        # keys, 4 heads, cold: 150 -> 130 us a call (Zen 4, 1 thread); warm 59 -> 65 us.
-        _dequantize_at(sch, "k_rows_block", sjo)
+        if sh.kv_int8 or copies_key_rows(sh):  # the rows dequantized or copied into L1
+            _dequantize_at(sch, "k_rows_block", sjo)
         kr = sch.get_loops(kb)[-2]
         if not try_tensorize(sch, kr, TPPSpec("transpose", m=nr, n=sh.dim), isa,
                              "attention key block"):
