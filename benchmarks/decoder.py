@@ -144,24 +144,22 @@ def weight_bytes(path: Path) -> int:
         for t in model.graph.initializer if uses.get(t.name, set()) != {("Gather", 0)})
 
 
-def cache_bytes_per_token(path: Path, cache_dtype: str = "float32") -> int:
-    """Bytes of the KV cache one token holds, which every later step reads: each past
-    input's row (heads x head size) in the export's dtype, or int8 with an fp32 scale per
-    row (``cache_dtype="int8"``)."""
+def cache_bytes_per_token(path: Path) -> dict[str, int]:
+    """Bytes of the KV cache one token holds, which every later step reads, by how the cache
+    is held: ``"float32"``, each past input's row (heads x head size) in the export's
+    dtype; ``"int8"``, int8 rows with an fp32 scale each."""
     import onnx
 
-    from tpp_tvm.decoding import cache_layout
+    from tpp_tvm.cache_layout import cache_layout
 
     layout = cache_layout(onnx.load(str(path), load_external_data=False))
-    total = 0
+    total = {"float32": 0, "int8": 0}
     for dims in layout.cache_shapes:
         row = [d for i, d in enumerate(dims) if i not in (0, layout.axis)]
         if not all(isinstance(d, int) for d in row):
             raise ValueError(f"a symbolic cache dim in {dims}")
-        if cache_dtype == "int8":
-            total += int(np.prod(row[:-1])) * (row[-1] + 4)
-        else:
-            total += int(np.prod(row)) * np.dtype(layout.cache_dtype).itemsize
+        total["float32"] += int(np.prod(row)) * np.dtype(layout.cache_dtype).itemsize
+        total["int8"] += int(np.prod(row[:-1])) * (row[-1] + 4)
     return total
 
 
@@ -352,6 +350,7 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
                   file=sys.stderr, flush=True)
     resident = resident_mb()  # one runtime per process (run_apart): the model's runtime
     nbytes = weight_bytes(path)
+    per_token = cache_bytes_per_token(path)
     for impl, row in best.items():
         row["resident_mb"] = resident
         row["initializer_mb"] = initializer_bytes(path) / 1e6
@@ -361,8 +360,7 @@ def run_export(name: str, path: Path, prompt_len: int, new: int, rounds: int, th
         row["weight_mb"] = nbytes / 1e6
         # The cache a step reads: the past of each step (prompt + 1 .. prompt + new - 1
         # tokens) and its own row, on average prompt + new / 2 tokens.
-        cache = cache_bytes_per_token(path, TPP_SESSIONS.get(impl, "float32")) * \
-            (prompt_len + new / 2)
+        cache = per_token[TPP_SESSIONS.get(impl, "float32")] * (prompt_len + new / 2)
         row["cache_mb"] = cache / 1e6
         row["stream_gb_s"] = (nbytes + cache) / (row["step_ms"] * 1e-3) / 1e9
         row["tokens"] = tokens[impl].tolist()
