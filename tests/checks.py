@@ -37,12 +37,13 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def assert_runs_like_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
-                                 rtol: float, atol: float) -> CompiledModel:
-    """Compile ``model`` onto TPPs for one core, run it on ``feeds`` and check every output
-    against ONNX Runtime's (same shape, within ``rtol``/``atol``); returns the compiled model
-    for its report."""
+                                 rtol: float, atol: float,
+                                 target: tvm.target.Target | None = None) -> CompiledModel:
+    """Compile ``model`` onto TPPs for ``target`` (default: the host's, one core), run it on
+    ``feeds`` and check every output against ONNX Runtime's (same shape, within
+    ``rtol``/``atol``); returns the compiled model for its report."""
     want = run_onnxruntime(model, feeds)
-    compiled = tpp_tvm.compile_onnx(model, target=tpp_tvm.target(num_cores=1))
+    compiled = tpp_tvm.compile_onnx(model, target=target or tpp_tvm.target(num_cores=1))
     got = compiled(**feeds)
     assert len(got) == len(want), (len(got), len(want))
     for g, w in zip(got, want, strict=True):

@@ -62,6 +62,9 @@ def test_tile_products_match_numpy() -> None:
     b8 = rng.integers(-128, 128, (64, 16)).astype(np.int8)
     np.testing.assert_array_equal(_tile_product("tdpbusd", a8, _vnni(b8, 4)),
                                   a8.astype(np.int64) @ b8.astype(np.int64))
+    s8 = rng.integers(-128, 128, (16, 64)).astype(np.int8)  # both signed (tdpbssd)
+    np.testing.assert_array_equal(_tile_product("tdpbssd", s8, _vnni(b8, 4)),
+                                  s8.astype(np.int64) @ b8.astype(np.int64))
 
 
 def test_faults_are_reported_as_amx_would_raise_them() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import tpp_harness as h
 
 from tpp_tvm.decoding import DecoderSession, bucket_for, cache_layout
 from tpp_tvm.errors import ModelLoadError, UnsupportedShapeError
@@ -337,6 +338,37 @@ def test_prompts_compute_the_last_positions_logits_only(llama, session) -> None:
     softmax.graph.node.append(onnx.helper.make_node("Softmax", ["raw_logits"],
                                                     [layout.logits], axis=-1))
     assert with_last_logits_only(softmax, layout) is None
+
+
+def test_level4_prompts_run_on_tiles_like_onnxruntime(tmp_path, monkeypatch) -> None:
+    """An int4 export at accuracy level 4 on an AMX target (real tiles on an AMX host, else
+    the tile model): the prompt's weight-only matmuls (16 rows) run on the tile kernel, the
+    step's on vpdpbusd, both sharing one packed copy of the weights; the logits are ONNX
+    Runtime's on the same file, which quantizes A to int8 the same way."""
+    from tpp_tvm.cache_export import export_causal_lm_with_cache
+    from tpp_tvm.relay_passes import shared_constants
+
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
+    path = str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
+                                           tmp_path / "int4.onnx", weights="int4",
+                                           accuracy_level=4))
+    monkeypatch.setattr(shared_constants, "MIN_SHARED_BYTES", 0)  # a tiny model's weights
+    session = DecoderSession(path, target=h.tile_target(1), decode_buckets=(31,),
+                             prompt_buckets=(16,))
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    first = session.prefill([prompt])
+    pooled = session.constants.nbytes
+    second = session.decode(first.argmax(-1))
+    assert pooled > 0 and session.constants.nbytes - pooled < pooled / 10
+    want = _ort_logits(path, prompt, [int(first.argmax(-1)[0])])
+    for got, ref in zip([first[0], second[0]], want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3)
+    report = session.report()
+    assert "tpp.matmul_int4_weights_tiles [int8]" in report, report
+    assert "tpp.matmul_int4_weights [int8]" in report, report
 
 
 def test_int4_greedy_tokens_equal_onnxruntime_for_64_steps(tmp_path) -> None:

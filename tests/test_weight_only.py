@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import pytest
+import tpp_harness as h
 import tvm
 from checks import VECTOR_ISA, assert_runs_like_onnxruntime, plain_llvm
 from onnx import TensorProto, helper, numpy_helper
@@ -20,6 +22,7 @@ import tpp_tvm
 from tpp_tvm.errors import UnsupportedOperatorError, UnsupportedShapeError
 from tpp_tvm.frontend import from_onnx
 from tpp_tvm.frontend.weight_only import unpack_zero_points
+from tpp_tvm.intrinsics import amx_emulator
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
 from tpp_tvm.relay_passes.exprs import bindings
 from tpp_tvm.relay_passes.pipeline import tpp_kernel_passes
@@ -30,8 +33,10 @@ from tpp_tvm.schedules.weight_only import (
     dequantize_reference,
     pack_weights,
     plan,
+    tile_k_bytes,
     weight_only_schedule,
 )
+from tpp_tvm.target import tiles_emulated
 from tpp_tvm.tir_pipeline import compile_kernels
 
 requires_ort = pytest.mark.requires_onnxruntime
@@ -363,7 +368,49 @@ def test_kernel_against_numpy(m, k, n, bits, block, zp, bias, int8):
                             residual=residual, gate=gated)
     if int8 and VECTOR_ISA != "avx512":
         pytest.skip(f"int8 activations run on AVX-512 lanes; this host's ISA is {VECTOR_ISA}")
-    p = plan(shape, VECTOR_ISA)
+    assert not plan(shape, VECTOR_ISA).on_tiles
+    _check_kernel(shape, VECTOR_ISA, tpp_tvm.target(num_cores=1))
+
+
+# m, k, n, bits, block, zero points, bias: 1, 2 and 4 column tiles; blocks of one tile step
+# (16, 24, 32, 64 bytes of K) and of two (128); rows padded to whole tiles; K not whole blocks.
+TILE_KERNELS = [
+    (40, 256, 64, 4, 32, True, True),
+    (33, 200, 48, 8, 64, True, False),
+    (16, 96, 80, 4, 16, False, False),
+    (70, 384, 128, 8, 128, False, True),
+    (20, 72, 32, 4, 24, True, False),
+]
+
+
+@pytest.mark.parametrize("m, k, n, bits, block, zp, bias", TILE_KERNELS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tile_kernel_against_numpy(m, k, n, bits, block, zp, bias, threads):
+    """Int8 activations on an AMX target with 16 rows or more: the tile kernel
+    (``tdpbssd`` per block; real tiles on an AMX host, else the software tile model),
+    against the same numpy reference as the vector kernels; one and two threads (tasks
+    that load the tile configuration each)."""
+    residual, gated = m % 2 == 1, m in (16, 33)
+    shape = WeightOnlyShape(m, k, n, bits, block, zp, bias, int8_activations=True,
+                            residual=residual, gate=gated)
+    p = plan(shape, "amx")
+    assert p.on_tiles and p.rows % 16 == 0 and p.nt == plan(replace(shape, m=1), "amx").nt
+    tgt = h.tile_target(threads)
+    products = amx_emulator.products() if tiles_emulated(tgt) else None
+    _check_kernel(shape, "amx", tgt)
+    if products is not None:  # every block, 16 rows and column tile: one product a step
+        steps = block // tile_k_bytes(block)
+        assert amx_emulator.products() - products == \
+            shape.blocks * steps * (p.rows // 16) * (p.cols // 16)
+
+
+def _check_kernel(shape: WeightOnlyShape, isa: str, tgt: tvm.target.Target) -> None:
+    """Run the kernel of ``shape`` built for ``isa`` on ``tgt`` on random codes, scales, zero
+    points, A (an all-zero block in row 0), bias, residual and gate; compare with numpy."""
+    m, k, n, bits, block = shape.m, shape.k, shape.n, shape.bits, shape.block
+    zp, bias, int8 = shape.zero_points, shape.bias, shape.int8_activations
+    residual, gated = shape.residual, shape.gate
+    p = plan(shape, isa)
     rng = np.random.default_rng(m * k + n)
     codes = rng.integers(0, 256, (n, shape.blocks, block * bits // 8), dtype=np.uint8)
     scales = rng.standard_normal((n, shape.blocks)).astype(np.float32)
@@ -385,9 +432,10 @@ def test_kernel_against_numpy(m, k, n, bits, block, zp, bias, int8):
     args += [np.pad(x, ((0, p.rows - m), (0, p.cols - n)))
              for x, given in ((r, residual), (g, gated)) if given]
     out = tvm.runtime.tensor(np.zeros((p.rows, p.cols), np.float32))
-    lib = compile_kernels(weight_only_schedule(shape, VECTOR_ISA).mod,
-                          tpp_tvm.target(num_cores=1)).jit()
+    lib = compile_kernels(weight_only_schedule(shape, isa).mod, tgt).jit()
     lib["main"](*[tvm.runtime.tensor(x) for x in args], out)
+    if tiles_emulated(tgt):
+        amx_emulator.check(f"the weight-only tile kernel {shape}")
     np.testing.assert_allclose(out.numpy()[:m, :n], want, rtol=1e-4,
                                atol=1e-4 * float(np.abs(want).max()))
 
@@ -412,6 +460,46 @@ def test_int8_kernel_uses_vpdpbusd():
     asm = compile_kernels(weight_only_schedule(shape, "avx512").mod,
                           tpp_tvm.target(num_cores=1)).jit().inspect_source("asm")
     assert "vpdpbusd" in asm
+
+
+def test_tile_kernel_assembly():
+    """Compiled for an AMX CPU (``mcpu=sapphirerapids``, on any host): the tile
+    configuration loaded and released once per task, ``tdpbssd`` on the tiles (one per
+    column tile and row chunk; the chunk loop unrolled), no ``vpdpbusd`` left, the int32
+    tiles scaled on zmm registers; a decoding step on the same target stays on vpdpbusd."""
+    shape = WeightOnlyShape(64, 1024, 1024, 4, 32, int8_activations=True)
+    tgt = tpp_tvm.target("amx", num_cores=2)
+    asm = compile_kernels(weight_only_schedule(shape, "amx").mod, tgt).jit().inspect_source(
+        "asm")
+
+    def count(mnemonic):
+        return len(re.findall(rf"^\s*{mnemonic}\b", asm, re.M))
+
+    assert count("ldtilecfg") == 1 and count("tilerelease") == 1
+    assert count("tdpbssd") >= 4 and count("tdpbssd") % 4 == 0
+    assert count("tilestored") == count("tdpbssd") and count("vpdpbusd") == 0
+    assert re.search(r"tdpbssd\s+%tmm\d, %tmm\d, %tmm\d", asm)
+    assert re.search(r"vcvtdq2ps\s+[^\n]*%zmm", asm)
+    step = WeightOnlyShape(1, 1024, 1024, 4, 32, int8_activations=True)
+    assert not plan(step, "amx").on_tiles and not plan(replace(shape, m=15), "amx").on_tiles
+    step_asm = compile_kernels(weight_only_schedule(step, "amx").mod, tgt).jit()\
+        .inspect_source("asm")
+    assert "vpdpbusd" in step_asm and "tdpbssd" not in step_asm
+
+
+@requires_ort
+@pytest.mark.parametrize("bits, block, zp", [(4, 32, None), (8, 64, "packed")])
+def test_accuracy_level_4_prompts_run_on_tiles_like_onnxruntime(bits, block, zp):
+    """A level-4 MatMulNBits of a 40-token prompt on an AMX target runs on the tile kernel
+    (real tiles on an AMX host, else the tile model) and gives ONNX Runtime's results."""
+    model, feeds = nbits_model([1, 40, 256], 96, bits=bits, block=block, zero_points=zp,
+                               extra_attrs={"accuracy_level": 4})
+    tgt = h.tile_target(1)
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4, target=tgt)
+    assert f"tpp.matmul_int{bits}_weights_tiles [int8]: 1" in compiled.report(), \
+        compiled.report()
+    if tiles_emulated(tgt):
+        amx_emulator.check("a level-4 prompt on tiles")
 
 
 @pytest.mark.requires_avx512_vnni

@@ -3,7 +3,7 @@
  * (llvm.x86.<name>) and follows the instruction's pseudocode in Intel's SDM: tile state is
  * per thread, ldtilecfg zeroes every tile, loads zero the bytes past a tile's columns and
  * rows, tdpbf16ps reads bf16 with denormals as zero and accumulates each pair of products
- * in order, tdpbusd sums four u8 x s8 products into int32 (wrapping).
+ * in order, tdpbusd and tdpbssd sum four u8 x s8 or s8 x s8 products into int32 (wrapping).
  *
  * Where the hardware raises #UD (no configuration, a tile outside the configuration, tile
  * shapes that do not chain), the model records the first such fault with the offending
@@ -138,24 +138,35 @@ void tpp_amx_emu_tdpbf16ps(int8_t c, int8_t a, int8_t b) {
     }
 }
 
-void tpp_amx_emu_tdpbusd(int8_t c, int8_t a, int8_t b) {
-    if (!chained(c, a, b, "tdpbusd")) return;
+/* tdpb[su][su]d: four 8-bit products per int32 lane, A's bytes unsigned or signed as the
+ * instruction's first letter after "tdpb" says, B's as its second. */
+static void int8_product(int8_t c, int8_t a, int8_t b, int a_signed, int b_signed,
+                         const char *what) {
+    if (!chained(c, a, b, what)) return;
     int n = state.colsb[c] / 4, k = state.colsb[a] / 4;
     for (int m = 0; m < state.rows[c]; m++) {
         uint32_t acc[MAX_COLSB / 4];
         memcpy(acc, state.data[c][m], 4 * n);
         const uint8_t *ar = state.data[a][m];
         for (int g = 0; g < k; g++) {
-            const int8_t *br = (const int8_t *)state.data[b][g];
+            const uint8_t *br = state.data[b][g];
             for (int j = 0; j < n; j++) {
                 int32_t dot = 0;
-                for (int i = 0; i < 4; i++) dot += (int32_t)ar[4 * g + i] * br[4 * j + i];
+                for (int i = 0; i < 4; i++) {
+                    int32_t x = a_signed ? (int8_t)ar[4 * g + i] : ar[4 * g + i];
+                    int32_t y = b_signed ? (int8_t)br[4 * j + i] : br[4 * j + i];
+                    dot += x * y;
+                }
                 acc[j] += (uint32_t)dot;
             }
         }
         memcpy(state.data[c][m], acc, 4 * n);
     }
 }
+
+void tpp_amx_emu_tdpbusd(int8_t c, int8_t a, int8_t b) { int8_product(c, a, b, 0, 1, "tdpbusd"); }
+
+void tpp_amx_emu_tdpbssd(int8_t c, int8_t a, int8_t b) { int8_product(c, a, b, 1, 1, "tdpbssd"); }
 
 /* fp32 -> bf16, rounded to nearest even (NaN stays a quiet NaN), as vcvtneps2bf16: the
  * routine LLVM calls for a conversion to bfloat on CPUs without AVX512_BF16 (the AMX kernels

@@ -36,7 +36,7 @@ from ..native import NativeBuildError, load_library
 
 #: The tile instructions the model implements, as LLVM names them (``llvm.x86.<name>``).
 TILE_INSTRUCTIONS: tuple[str, ...] = ("ldtilecfg", "tilerelease", "tilezero", "tileloadd64",
-                                      "tilestored64", "tdpbf16ps", "tdpbusd")
+                                      "tilestored64", "tdpbf16ps", "tdpbusd", "tdpbssd")
 #: Prefix of the model's functions (``tpp_amx_emu_<name>``).
 SYMBOL_PREFIX = "tpp_amx_emu_"
 _SOURCE = Path(__file__).with_name("amx_emulator.c")
@@ -147,7 +147,7 @@ def reset() -> None:
 
 
 def products() -> int:
-    """Tile products (``tdpbf16ps``/``tdpbusd``) run since the last :func:`reset`."""
+    """Tile products (``tdpbf16ps``, ``tdpbusd``, ``tdpbssd``) run since the last :func:`reset`."""
     return int(library().tpp_amx_emu_products())
 
 

@@ -331,13 +331,19 @@ def amx_tile_config(m: int, n: int) -> tuple[str, list[tuple[int, int]]]:
     (16 VNNI groups x 64 bytes)."""
     mt, nt = m // AMX_ROWS, n // 16
     tiles = [(AMX_ROWS, 64)] * (mt * nt) + [(AMX_ROWS, 64)] * mt + [(AMX_GROUPS, 64)] * nt
+    return tile_config_bytes(tiles), tiles
+
+
+def tile_config_bytes(tiles: list[tuple[int, int]]) -> str:
+    """The 64-byte palette-1 ``ldtilecfg`` operand (an LLVM ``[64 x i8]`` constant) declaring
+    tiles 0.. with the given (rows, bytes per row)."""
     cfg = [0] * 64
     cfg[0] = 1  # palette 1
     for t, (rows, colsb) in enumerate(tiles):
         cfg[16 + 2 * t] = colsb & 0xFF
         cfg[17 + 2 * t] = colsb >> 8
         cfg[48 + t] = rows
-    return "[" + ", ".join(f"i8 {b}" for b in cfg) + "]", tiles
+    return "[" + ", ".join(f"i8 {b}" for b in cfg) + "]"
 
 
 #: MXCSR bits FTZ (flush results that would be denormal to zero, bit 15) and DAZ (read
@@ -389,7 +395,10 @@ def amx_configure(m: int, n: int) -> tuple[IRFunction, IRFunction]:
     ``void tpp_amx_release()`` (``tilerelease``), for kernels that configure the tiles once
     and then call :func:`amx_brgemm` microkernels built with ``configure=False``."""
     cfg, _ = amx_tile_config(m, n)
-    name = f"tpp_amx_cfg_m{m}n{n}"
+    return _configure(f"tpp_amx_cfg_m{m}n{n}", cfg)
+
+
+def _configure(name: str, cfg: str) -> tuple[IRFunction, IRFunction]:
     load = "\n".join([f"@{name}.cfg = linkonce_odr constant [64 x i8] {cfg}, align 64",
                       f"define linkonce_odr void @{name}() #ATTRS {{",
                       f"  call void @llvm.x86.ldtilecfg(ptr @{name}.cfg)", "  ret void", "}"])
@@ -555,6 +564,56 @@ def amx_brgemm(a_dtype: str, b_dtype: str, m: int, n: int, kgroups: int, batch: 
     declares = ("declare void @llvm.x86.ldtilecfg(ptr)",
                 "declare void @llvm.x86.tilerelease()", *declares)
     return IRFunction(wrapper, "\n".join(body), declares, AMX_FEATURES)
+
+
+#: Bytes of one C tile (16 rows of 16 int32) as :func:`amx_block_dots` stores it.
+TILE_BYTES = AMX_ROWS * 64
+
+
+def amx_block_dots(columns: int, k_bytes: int, steps: int
+                   ) -> tuple[IRFunction, IRFunction, IRFunction]:
+    """Tile products of one quantization block for kernels that scale each block's int32
+    dot products themselves (weight-only matmuls with int8 activations): s8 x s8
+    (``tdpbssd``), so neither operand needs re-centering to unsigned.
+
+    ``void <name>(ptr a, i64 lda, ptr b, ptr c)`` zeroes ``columns`` C tiles (16 rows x 16
+    int32 each); per step ``s < steps`` loads the A tile (16 rows of ``k_bytes`` s8 from
+    ``a + s k_bytes``, rows ``lda`` bytes apart) and, for each column tile ``j``, its B tile
+    (``k_bytes / 4`` VNNI rows of 64 bytes from ``b + (j steps + s) 16 k_bytes``: one
+    column tile's block rows are contiguous) into one of two B tiles in turn, and multiplies;
+    then stores C tile ``j`` at ``c + TILE_BYTES j`` (rows 64 bytes apart).
+    Returns the configuration (``ldtilecfg`` of these shapes, once per task), the release
+    and the product function."""
+    if not 1 <= columns <= 4 or k_bytes % 4 or not 4 <= k_bytes <= 64 or steps < 1:
+        raise UnsupportedDTypeError(
+            f"AMX block dots: {columns} column tiles of K {k_bytes} x {steps}; 1-4 column "
+            "tiles, K a multiple of 4 bytes up to 64")
+    a_tile, b_tiles = columns, (columns + 1, columns + 2 if columns > 1 else columns + 1)
+    tiles = [(AMX_ROWS, 64)] * columns + [(AMX_ROWS, k_bytes)] \
+        + [(k_bytes // 4, 64)] * len(set(b_tiles))
+    configure, release = _configure(f"tpp_amx_cfg_blocks_c{columns}k{k_bytes}",
+                                    tile_config_bytes(tiles))
+    name = f"tpp_amx_block_dots_c{columns}k{k_bytes}s{steps}"
+    body = [f"define linkonce_odr void @{name}(ptr %a, i64 %lda, ptr %b, ptr %c) #ATTRS {{",
+            "entry:", *(f"  call void @llvm.x86.tilezero(i8 {j})" for j in range(columns))]
+    for s in range(steps):
+        body += [f"  %pa{s} = getelementptr i8, ptr %a, i64 {s * k_bytes}",
+                 f"  call void @llvm.x86.tileloadd64(i8 {a_tile}, ptr %pa{s}, i64 %lda)"]
+        for j in range(columns):
+            b_tile = b_tiles[(s * columns + j) % 2]
+            body += [f"  %pb{s}_{j} = getelementptr i8, ptr %b, i64 "
+                     f"{(j * steps + s) * 16 * k_bytes}",
+                     f"  call void @llvm.x86.tileloadd64(i8 {b_tile}, ptr %pb{s}_{j}, i64 64)",
+                     f"  call void @llvm.x86.tdpbssd(i8 {j}, i8 {a_tile}, i8 {b_tile})"]
+    for j in range(columns):
+        body += [f"  %pc{j} = getelementptr i8, ptr %c, i64 {j * TILE_BYTES}",
+                 f"  call void @llvm.x86.tilestored64(i8 {j}, ptr %pc{j}, i64 64)"]
+    declares = ("declare void @llvm.x86.tilezero(i8 immarg)",
+                "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
+                "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
+                "declare void @llvm.x86.tdpbssd(i8 immarg, i8 immarg, i8 immarg)")
+    dots = IRFunction(name, "\n".join([*body, "  ret void", "}"]), declares, AMX_FEATURES)
+    return configure, release, dots
 
 
 @functools.cache

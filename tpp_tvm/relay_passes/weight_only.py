@@ -254,7 +254,8 @@ def rewrite_weight_only(func: relax.Function, bb: relax.BlockBuilder, isa: str,
             return orig
         suffix = ("_bias" if bias is not None else "") + \
             ("_residual" if residual is not None else "") + \
-            ("_gate" if gate is not None else "")
+            ("_gate" if gate is not None else "") + \
+            ("_tiles" if plan(shape, isa).on_tiles else "")
         precision = "int8" if shape.int8_activations else "float32"
         report.kernels[KernelRow(f"tpp.matmul_int{shape.bits}_weights{suffix}", FAMILY,
                                  precision)] += 1

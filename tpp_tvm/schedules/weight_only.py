@@ -30,8 +30,14 @@ Decode (a few rows) is one chunk: the weights stream once. Prefill (more than
 :data:`PANEL_ROWS` rows) in fp32 dequantizes each tile's block once into an fp32 panel that
 every chunk of a band of rows multiplies, a GEMM microkernel on exact weights (4096 x 4096,
 128 rows, one core: 31 ms against 39 ms re-widening per chunk; about 55% of the FMA peak).
-The int8 path runs prefill chunk by chunk (its dot products need no widening). AMX tiles
-for prefill are the next step.
+The int8 path runs prefill chunk by chunk (its dot products need no widening), or, on an AMX
+target, on the tiles: per tile of columns and band of rows, each block's codes are unpacked
+once into s8 B tiles (4-bit codes 0..15 as they are, 8-bit ones re-centred by 128, which
+moves the zero point by 128), and ``tdpbssd`` multiplies them with 16 rows of A's int8 codes
+at a time (:func:`~tpp_tvm.intrinsics.llvm_ir.amx_block_dots`); the int32 tile is scaled
+per block on the vector unit as in the chunked kernel. The tile product does 8192 multiply-
+adds where ``vpdpbusd`` does 64; the per-block scaling, the same for both, is then most of
+the work at blocks of 32.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..errors import UnsupportedShapeError
+from ..intrinsics.llvm_ir import AMX_ROWS, TILE_BYTES, amx_block_dots, module_text
 from ..intrinsics.prefetch import LINE, prefetch_l2
 from ..intrinsics.registry import vector_isa
 from .gemm_plan import core_table
@@ -62,6 +69,8 @@ ACC_REGISTERS = 24
 #: int32 lanes of the int8 kernel's dot product (``vpdpbusd`` on 512 bits: 64 u8 x s8).
 DOT_LANES = 16
 DOT = "llvm.x86.avx512.vpdpbusd.512"
+#: Rows of A a band of the tile kernel keeps the fp32 totals of (band x tile columns, in L1).
+TILE_BAND = 64
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,7 @@ class WeightOnlyPlan:
     rows: int
     depth: int
     cols: int
+    on_tiles: bool = False
 
     @property
     def tiles(self) -> int:
@@ -163,9 +173,15 @@ def plan(shape: WeightOnlyShape, isa: str = "avx512") -> WeightOnlyPlan:
     fits = [v for v in (4, 2, 1) if per_vector * v <= ACC_REGISTERS]
     vectors = next((v for v in fits if shape.n % (v * lanes) == 0), fits[-1])
     mr = max(1, min(shape.m, MAX_ROWS, ACC_REGISTERS // (per_vector * vectors)))
+    # Int8 activations on an AMX target: whole tiles of 16 rows once a prompt fills one
+    # (same packed codes: the tile kernel unpacks them itself).
+    on_tiles = isa == "amx" and shape.int8_activations and shape.m >= AMX_ROWS
+    if on_tiles:
+        mr = AMX_ROWS
     nt = vectors * lanes
     return WeightOnlyPlan(mr=mr, nt=nt, lanes=lanes, rows=-(-shape.m // mr) * mr,
-                          depth=shape.blocks * shape.block, cols=-(-shape.n // nt) * nt)
+                          depth=shape.blocks * shape.block, cols=-(-shape.n // nt) * nt,
+                          on_tiles=on_tiles)
 
 
 def pack_weights(shape: WeightOnlyShape, p: WeightOnlyPlan, codes: np.ndarray,
@@ -247,7 +263,9 @@ def weight_only_schedule(shape: WeightOnlyShape, isa: str = "avx512",
         y = T.arg("y", T.Buffer((p.rows, p.cols), "float32"))
         out = _Output(y, bias, residual, gate)
 
-        if sh.panel:
+        if p.on_tiles:
+            _amx_bands(sh, p, a, codes, scales, zps, out)
+        elif sh.panel:
             _panel_tiles(sh, p, a, codes, scales, zps, out)
         else:
             _chunk_tiles(sh, p, a, codes, scales, zps, out, prefetch_bytes)
@@ -461,13 +479,15 @@ class _DotBlock:
         return lambda r, c: tirx.Cast(vec, part[r * p.vectors + c])
 
 
-def _quantize_rows(sh: WeightOnlyShape, p: WeightOnlyPlan, a, sums, a_scale, a_words
-                   ) -> None:
+def _quantize_rows(sh: WeightOnlyShape, p: WeightOnlyPlan, a, sums, a_scale, a_words,
+                   parallel: bool = False) -> None:
     """A's blocks as int8 codes (4 to an int32 word, k ascending from the low byte), their
-    scales and the sums of their codes."""
-    top = T.alloc_buffer((1,), "float32", scope="local")
-    total = T.alloc_buffer((1,), "int32", scope="local")
-    with T.serial(0, p.rows) as i, T.serial(0, sh.blocks) as b:
+    scales and the sums of their codes; ``parallel``: rows spread over the threads (a
+    prompt's rows, before the tile kernel's own parallel loop)."""
+    rows = T.parallel(0, p.rows) if parallel else T.serial(0, p.rows)
+    with rows as i, T.serial(0, sh.blocks) as b:
+        top = T.alloc_buffer((1,), "float32", scope="local")
+        total = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(top, tirx.const(0.0, "float32"), [0])
         with T.serial(0, sh.block) as kk:
             T.buffer_store(top, tirx.max(top[0], tirx.abs(a[i, b * sh.block + kk])), [0])
@@ -487,6 +507,91 @@ def _quantize_rows(sh: WeightOnlyShape, p: WeightOnlyPlan, a, sums, a_scale, a_w
             T.buffer_store(a_words, word, [i, (b * sh.block) // 4 + w])
             T.buffer_store(total, total[0] + qs[0] + qs[1] + qs[2] + qs[3], [0])
         T.buffer_store(sums, tirx.Cast("float32", total[0]), [i, b])
+
+
+def tile_k_bytes(block: int) -> int:
+    """Bytes of K one tile product of a block takes: the largest multiple of 4 up to 64 that
+    divides the block (blocks are multiples of 8: 32 -> 32, 48 -> 48, 128 -> 64 twice)."""
+    return max(d for d in range(4, 65, 4) if block % d == 0)
+
+
+def _amx_bands(sh: WeightOnlyShape, p: WeightOnlyPlan, a, codes, scales, zps,
+               out: _Output) -> None:
+    """Int8 activations on AMX tiles: A's blocks quantized (rows in parallel); then per tile
+    of columns and band of rows (parallel tasks), per block: the tile's codes unpacked into
+    s8 B tiles, and for each 16 rows the tile products (:func:`amx_block_dots`: one C tile
+    per 16 columns) scaled into the band's fp32 totals,
+    ``s_a * (s_w * dot - s_w * (z - shift) * sum(A codes))``, ``shift`` the 128 an 8-bit
+    code was moved by. The tile configuration is loaded once per task."""
+    lanes, vec = p.lanes, f"float32x{p.lanes}"
+    columns, k_bytes = p.vectors, tile_k_bytes(sh.block)
+    quads = sh.block // 4  # B rows of a block per column tile
+    configure, release, dots = amx_block_dots(columns, k_bytes, sh.block // k_bytes)
+    sums = T.alloc_buffer((p.rows, sh.blocks), "float32")
+    a_scale = T.alloc_buffer((p.rows, sh.blocks), "float32")
+    a_words = T.alloc_buffer((p.rows, p.depth // 4), "int32")
+    _quantize_rows(sh, p, a, sums, a_scale, a_words, parallel=True)
+    band = next(r for r in range(min(TILE_BAND, p.rows), 0, -AMX_ROWS) if p.rows % r == 0)
+    bands = p.rows // band
+    shift = 0.0 if sh.bits == 4 else 128.0
+    with T.parallel(0, p.tiles * bands) as task:
+        tile, rb = task // bands, task % bands
+        b_rows = T.alloc_buffer((columns * quads * 64,), "uint8")
+        c_tiles = T.alloc_buffer((columns * TILE_BYTES // 4,), "int32")
+        per_block = T.alloc_buffer((2 * columns,), vec, scope="local")
+        totals = T.alloc_buffer((band * columns,), vec, scope="local")
+        with T.serial(0, band * columns) as u:
+            T.buffer_store(totals, _bcast(tirx.const(0.0, "float32"), lanes), [u])
+        with T.attr(0, "pragma_import_llvm", module_text(configure, release, dots)):
+            T.evaluate(T.call_extern("void", configure.name))
+            with T.serial(0, sh.blocks) as b:
+                _unpack_tile_block(sh, codes, b_rows, tile, b, columns, quads)
+                for c in range(columns):
+                    lane = tirx.Ramp(c * lanes, 1, lanes)
+                    s = scales[tile, b, lane]
+                    z = _zero_point(sh, zps, tile, b, lane, lanes) - _bcast(
+                        tirx.const(shift, "float32"), lanes)
+                    T.buffer_store(per_block, s, [2 * c])
+                    T.buffer_store(per_block, s * z, [2 * c + 1])
+                with T.serial(0, band // AMX_ROWS) as chunk:
+                    row0 = rb * band + chunk * AMX_ROWS
+                    T.evaluate(T.call_extern(
+                        "void", dots.name, tirx.address_of(a_words[row0, b * sh.block // 4]),
+                        tirx.const(p.depth, "int64"), tirx.address_of(b_rows[0]),
+                        tirx.address_of(c_tiles[0])))
+                    with T.serial(0, AMX_ROWS) as r:
+                        row = row0 + r
+                        for c in range(columns):
+                            dot = tirx.Cast(vec, c_tiles[tirx.Ramp(
+                                c * (TILE_BYTES // 4) + r * lanes, 1, lanes)])
+                            value = per_block[2 * c] * dot - per_block[2 * c + 1] * _bcast(
+                                sums[row, b], lanes)
+                            u = (chunk * AMX_ROWS + r) * columns + c
+                            T.buffer_store(totals, totals[u] + _bcast(a_scale[row, b], lanes)
+                                           * value, [u])
+            T.evaluate(T.call_extern("void", release.name))
+        with T.serial(0, band) as r:
+            for c in range(columns):
+                out.store(totals[r * columns + c], rb * band + r,
+                          tirx.Ramp(tile * p.nt + c * lanes, 1, lanes))
+
+
+def _unpack_tile_block(sh: WeightOnlyShape, codes, b_rows, tile, b, columns: int,
+                       quads: int) -> None:
+    """Block ``b``'s codes of a tile as s8 B tiles: per column tile, ``quads`` VNNI rows
+    of 64 bytes (16 columns x 4 k); a 4-bit group's low nibbles are quad ``2g``, its high
+    ones ``2g + 1``; an 8-bit code is moved to s8 by flipping its top bit (``q - 128``)."""
+    wide = DOT_LANES * 4
+    with T.serial(0, sh.groups) as g:
+        for c in range(columns):
+            v = codes[tile, b, g, tirx.Ramp(c * wide, 1, wide)]
+            if sh.bits == 4:
+                rows = [(2 * g, v & _bcast(tirx.const(15, "uint8"), wide)),
+                        (2 * g + 1, v >> _bcast(tirx.const(4, "uint8"), wide))]
+            else:
+                rows = [(g, v ^ _bcast(tirx.const(128, "uint8"), wide))]
+            for q, value in rows:
+                T.buffer_store(b_rows, value, [tirx.Ramp((c * quads + q) * wide, 1, wide)])
 
 
 def dequantize_reference(shape: WeightOnlyShape, codes: np.ndarray, scales: np.ndarray,
