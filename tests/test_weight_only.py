@@ -404,9 +404,11 @@ def test_tile_kernel_against_numpy(m, k, n, bits, block, zp, bias, threads):
             shape.blocks * steps * (p.rows // 16) * (p.cols // 16)
 
 
-def _check_kernel(shape: WeightOnlyShape, isa: str, tgt: tvm.target.Target) -> None:
-    """Run the kernel of ``shape`` built for ``isa`` on ``tgt`` on random codes, scales, zero
-    points, A (an all-zero block in row 0), bias, residual and gate; compare with numpy."""
+def _check_kernel(shape: WeightOnlyShape, isa: str, tgt: tvm.target.Target,
+                  mod: tvm.IRModule | None = None) -> None:
+    """Run the kernel of ``shape`` built for ``isa`` (or ``mod``, a form of it) on ``tgt`` on
+    random codes, scales, zero points, A (an all-zero block in row 0), bias, residual and
+    gate; compare with numpy."""
     m, k, n, bits, block = shape.m, shape.k, shape.n, shape.bits, shape.block
     zp, bias, int8 = shape.zero_points, shape.bias, shape.int8_activations
     residual, gated = shape.residual, shape.gate
@@ -432,7 +434,7 @@ def _check_kernel(shape: WeightOnlyShape, isa: str, tgt: tvm.target.Target) -> N
     args += [np.pad(x, ((0, p.rows - m), (0, p.cols - n)))
              for x, given in ((r, residual), (g, gated)) if given]
     out = tvm.runtime.tensor(np.zeros((p.rows, p.cols), np.float32))
-    lib = compile_kernels(weight_only_schedule(shape, isa).mod, tgt).jit()
+    lib = compile_kernels(mod or weight_only_schedule(shape, isa).mod, tgt).jit()
     lib["main"](*[tvm.runtime.tensor(x) for x in args], out)
     if tiles_emulated(tgt):
         amx_emulator.check(f"the weight-only tile kernel {shape}")
@@ -500,6 +502,27 @@ def test_accuracy_level_4_prompts_run_on_tiles_like_onnxruntime(bits, block, zp)
         compiled.report()
     if tiles_emulated(tgt):
         amx_emulator.check("a level-4 prompt on tiles")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int8_kernel_has_an_any_cpu_form(bits):
+    """The decoding step's vpdpbusd in generic form (what an emulated AMX target compiles it
+    to on a host without AVX512_VNNI) computes what the instruction does: against numpy,
+    on the host's vector unit."""
+    import tvm_ffi
+
+    from tpp_tvm.intrinsics import vector_math
+
+    shape = WeightOnlyShape(3, 96, 48, bits, 32, True, True, int8_activations=True)
+
+    def generic(call):
+        form = vector_math.generic_form(call)
+        return call if form is None else form
+
+    func = weight_only_schedule(shape, "avx512").mod["main"]
+    func = func.with_body(tvm_ffi.structural_map(func.body, [(tvm.ir.Call, generic)]))
+    assert "vpdpbusd" not in func.script()
+    _check_kernel(shape, "avx512", tpp_tvm.target(num_cores=1), tvm.IRModule({"main": func}))
 
 
 @pytest.mark.requires_avx512_vnni

@@ -362,11 +362,16 @@ _SCALEF = "llvm.x86.avx512.mask.scalef.ps.512"
 _RCP14 = "llvm.x86.avx512.rcp14.ps.512"
 
 
+#: AVX512_VNNI's u8 x s8 dot product as the weight-only kernels call it from TIR.
+VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"
+
+
 def generic_form(call: tirx.Call) -> Expr | None:
     """The any-CPU form of an AVX-512 instruction :func:`avx512_forms` put in ``call``
-    (``vrcp14ps``: a division; ``vscalefps``: two exponent-field factors), None for other
-    calls: kernels built with AVX-512 forms then compile for a host without AVX-512 (the
-    AMX kernels beside emulated tiles on an AVX2 CPU)."""
+    (``vrcp14ps``: a division; ``vscalefps``: two exponent-field factors) or a kernel called
+    directly (``vpdpbusd``: widened products summed four to a lane), None for other calls:
+    kernels built with AVX-512 forms then compile for a host without AVX-512 (the AMX
+    kernels beside emulated tiles on an AVX2 CPU)."""
     if call.op.name != "tirx.call_llvm_pure_intrin":
         return None
     intrinsic = int(call.args[0].value)
@@ -374,7 +379,22 @@ def generic_form(call: tirx.Call) -> Expr | None:
         return const(call.args[1], 1.0) / call.args[1]
     if intrinsic == intrinsic_id(_SCALEF):
         return _times_pow2(call.args[1], call.args[2])
+    if intrinsic == intrinsic_id(VPDPBUSD):
+        return _dot_u8_s8(*call.args[1:4])
     return None
+
+
+def _dot_u8_s8(acc: Expr, a: Expr, b: Expr) -> Expr:
+    """``vpdpbusd``: ``acc`` plus, per int32 lane, the four products of ``a``'s bytes read
+    unsigned and ``b``'s read signed (int8 vectors of 4 x acc's lanes)."""
+    lanes = tvm.DataType(dtype_of(acc)).lanes
+    total = acc
+    for t in range(4):
+        picks = [tirx.const(4 * i + t, "int32") for i in range(lanes)]
+        a_t = tirx.reinterpret(f"uint8x{lanes}", tirx.Shuffle([a], picks))
+        b_t = tirx.Shuffle([b], picks)
+        total = total + tirx.Cast(f"int32x{lanes}", a_t) * tirx.Cast(f"int32x{lanes}", b_t)
+    return total
 
 
 def exp(x: Expr) -> Expr:

@@ -53,6 +53,7 @@ from ..errors import UnsupportedShapeError
 from ..intrinsics.llvm_ir import AMX_ROWS, TILE_BYTES, amx_block_dots, module_text
 from ..intrinsics.prefetch import LINE, prefetch_l2
 from ..intrinsics.registry import vector_isa
+from ..intrinsics.vector_math import VPDPBUSD
 from .gemm_plan import core_table
 
 #: Bit widths the kernel unpacks.
@@ -68,7 +69,7 @@ PANEL_BAND = 32
 ACC_REGISTERS = 24
 #: int32 lanes of the int8 kernel's dot product (``vpdpbusd`` on 512 bits: 64 u8 x s8).
 DOT_LANES = 16
-DOT = "llvm.x86.avx512.vpdpbusd.512"
+DOT = VPDPBUSD
 #: Rows of A a band of the tile kernel keeps the fp32 totals of (band x tile columns, in L1).
 TILE_BAND = 64
 
