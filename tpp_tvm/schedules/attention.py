@@ -390,7 +390,10 @@ def _skip_masked_key_blocks(sch: s_tir.Schedule, block_loop, score_loop, output_
             row_keys = mask[b // sh.heads, row + r if sh.mask_per_query else 0,
                             tirx.Ramp(j * nr, 1, nr)]
             keys = row_keys if keys is None else tirx.max(keys, row_keys)
-        return tirx.call_llvm_pure_intrin("float32", "llvm.vector.reduce.fmax", keys) > masked
+        # any key above the mark: a compare and a mask test (a max reduction must keep NaN
+        # order, which LLVM lowers to a serial chain of 32 scalar maxes: ~8 us a call)
+        above = keys > tirx.Broadcast(masked, nr)
+        return tirx.call_llvm_pure_intrin("bool", "llvm.vector.reduce.or", above)
 
     def some_row_all_masked() -> tirx.PrimExpr:
         out = None
