@@ -239,9 +239,10 @@ def test_int8_cache_needs_the_cache_written_in_place(llama) -> None:
         DecoderSession(llama[1], cache_dtype="float16")
 
 
-def _int4_llama(tmp_path, seed: int, layers: int, positions: int) -> str:
+def _int4_llama(tmp_path, seed: int, layers: int, positions: int,
+                accuracy_level: int = 0) -> str:
     """A tiny Llama-style model with random weights, exported with its cache and its MatMul
-    weights quantized to int4 (MatMulNBits, accuracy level 0)."""
+    weights quantized to int4 (MatMulNBits, accuracy level 0 unless given)."""
     from tpp_tvm.cache_export import export_causal_lm_with_cache
 
     torch.manual_seed(seed)
@@ -250,7 +251,22 @@ def _int4_llama(tmp_path, seed: int, layers: int, positions: int) -> str:
         num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
         max_position_embeddings=positions)
     return str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
-                                           tmp_path / "int4.onnx", weights="int4"))
+                                           tmp_path / "int4.onnx", weights="int4",
+                                           accuracy_level=accuracy_level))
+
+
+def _prefill_and_step_like_onnxruntime(session: DecoderSession, path: str,
+                                       prompt: list[int], tol: float) -> None:
+    """The session's prompt logits and its first step's match ONNX Runtime's on the same
+    file, and the step build packs the weights as the prompt build did: it holds no copy of
+    its own (a few small constants of its own shape only)."""
+    first = session.prefill([prompt])
+    pooled = session.constants.nbytes
+    second = session.decode(first.argmax(-1))
+    assert pooled > 0 and session.constants.nbytes - pooled < pooled / 10
+    want = _ort_logits(path, prompt, [int(first.argmax(-1)[0])])
+    for got, ref in zip([first[0], second[0]], want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
 
 
 def test_int4_export_generates_like_onnxruntime(tmp_path, monkeypatch) -> None:
@@ -266,16 +282,7 @@ def test_int4_export_generates_like_onnxruntime(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(shared_constants, "MIN_SHARED_BYTES", 0)  # a tiny model's weights
     session = DecoderSession(path, decode_buckets=(15,), prompt_buckets=(8,))
-    prompt = [3, 1, 4, 1, 5]
-    first = session.prefill([prompt])
-    pooled = session.constants.nbytes
-    second = session.decode(first.argmax(-1))
-    # The step build packs the weights as the prompt build did: it holds no copy of its own
-    # (a few small constants of its own shape only).
-    assert pooled > 0 and session.constants.nbytes - pooled < pooled / 10
-    want = _ort_logits(path, prompt, [int(first.argmax(-1)[0])])
-    for got, ref in zip([first[0], second[0]], want, strict=True):
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    _prefill_and_step_like_onnxruntime(session, path, [3, 1, 4, 1, 5], 1e-4)
     assert "tpp.matmul_int4_weights" in session.report(), session.report()
     with pytest.raises(ValueError, match="int4"):
         export_causal_lm_with_cache(None, tmp_path / "x.onnx", weights="int2")
@@ -345,27 +352,14 @@ def test_level4_prompts_run_on_tiles_like_onnxruntime(tmp_path, monkeypatch) -> 
     the tile model): the prompt's weight-only matmuls (16 rows) run on the tile kernel, the
     step's on vpdpbusd, both sharing one packed copy of the weights; the logits are ONNX
     Runtime's on the same file, which quantizes A to int8 the same way."""
-    from tpp_tvm.cache_export import export_causal_lm_with_cache
     from tpp_tvm.relay_passes import shared_constants
 
-    torch.manual_seed(3)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
-    path = str(export_causal_lm_with_cache(transformers.LlamaForCausalLM(config).eval(),
-                                           tmp_path / "int4.onnx", weights="int4",
-                                           accuracy_level=4))
+    path = _int4_llama(tmp_path, seed=3, layers=1, positions=64, accuracy_level=4)
     monkeypatch.setattr(shared_constants, "MIN_SHARED_BYTES", 0)  # a tiny model's weights
     session = DecoderSession(path, target=h.tile_target(1), decode_buckets=(31,),
                              prompt_buckets=(16,))
-    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
-    first = session.prefill([prompt])
-    pooled = session.constants.nbytes
-    second = session.decode(first.argmax(-1))
-    assert pooled > 0 and session.constants.nbytes - pooled < pooled / 10
-    want = _ort_logits(path, prompt, [int(first.argmax(-1)[0])])
-    for got, ref in zip([first[0], second[0]], want, strict=True):
-        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3)
+    _prefill_and_step_like_onnxruntime(
+        session, path, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7], 1e-3)
     report = session.report()
     assert "tpp.matmul_int4_weights_tiles [int8]" in report, report
     assert "tpp.matmul_int4_weights [int8]" in report, report
