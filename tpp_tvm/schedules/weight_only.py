@@ -69,7 +69,6 @@ PANEL_BAND = 32
 ACC_REGISTERS = 24
 #: int32 lanes of the int8 kernel's dot product (``vpdpbusd`` on 512 bits: 64 u8 x s8).
 DOT_LANES = 16
-DOT = VPDPBUSD
 #: Rows of A a band of the tile kernel keeps the fp32 totals of (band x tile columns, in L1).
 TILE_BAND = 64
 
@@ -474,7 +473,7 @@ class _DotBlock:
                         u = r * p.vectors + c
                         a4 = T.reinterpret(f"int8x{wide}", _bcast(
                             self.a_words[row0 + r, word0 + h], DOT_LANES))
-                        T.buffer_store(part, T.call_llvm_pure_intrin(ivec, DOT, part[u], q8,
+                        T.buffer_store(part, T.call_llvm_pure_intrin(ivec, VPDPBUSD, part[u], q8,
                                                                      a4), [u])
         vec = f"float32x{DOT_LANES}"
         return lambda r, c: tirx.Cast(vec, part[r * p.vectors + c])
@@ -494,7 +493,6 @@ def _quantize_rows(sh: WeightOnlyShape, p: WeightOnlyPlan, a, sums, a_scale, a_w
     with rows as i, T.serial(0, sh.blocks) as b:
         top = T.alloc_buffer((lanes,), "float32", scope="local")
         total = T.alloc_buffer((lanes,), "int32", scope="local")
-        peak = T.alloc_buffer((1,), "float32", scope="local")
 
         def values(c):
             return a[i, tirx.Ramp(b * sh.block + c * lanes, 1, lanes)]
@@ -503,12 +501,12 @@ def _quantize_rows(sh: WeightOnlyShape, p: WeightOnlyPlan, a, sums, a_scale, a_w
         with T.serial(0, chunks) as c:
             T.buffer_store(top, tirx.max(top[every], tirx.abs(values(c))), [every])
         _fold_lanes(top, lanes, tirx.max)
-        T.buffer_store(peak, top[0], [0])
-        T.buffer_store(a_scale, peak[0] / tirx.const(127.0, "float32"), [i, b])
+        peak = top[0]
+        T.buffer_store(a_scale, peak / tirx.const(127.0, "float32"), [i, b])
         # 127 / max|a| as ONNX Runtime's MLAS computes it (not 1 / scale: an ulp apart,
         # which moves a code on a rounding tie); an all-zero block keeps codes 0
-        inverse = tirx.Select(peak[0] > tirx.const(0.0, "float32"),
-                              tirx.const(127.0, "float32") / peak[0],
+        inverse = tirx.Select(peak > tirx.const(0.0, "float32"),
+                              tirx.const(127.0, "float32") / peak,
                               tirx.const(0.0, "float32"))
         T.buffer_store(total, _bcast(tirx.const(0, "int32"), lanes), [every])
         with T.serial(0, chunks) as c:
