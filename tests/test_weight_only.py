@@ -21,6 +21,7 @@ from tvm import relax
 import tpp_tvm
 from tpp_tvm.errors import UnsupportedOperatorError, UnsupportedShapeError
 from tpp_tvm.frontend import from_onnx
+from tpp_tvm.frontend.cleanups import clean_model
 from tpp_tvm.frontend.weight_only import unpack_zero_points
 from tpp_tvm.intrinsics import amx_emulator
 from tpp_tvm.onnxruntime_ref import run_onnxruntime
@@ -132,28 +133,69 @@ def test_residual_add_fuses_into_the_kernel(skip, fused):
 
 
 @requires_ort
+def _projections(a_shape: list[int], columns: dict[str, int], more_nodes: list,
+                 outputs: list[str], opset: int = 17, **kwargs) -> tuple[onnx.ModelProto, dict]:
+    """One model of MatMulNBits nodes reading the same A (:func:`nbits_model`'s, ``kwargs``
+    theirs), one per (output name, N) of ``columns``, then ``more_nodes``; ``outputs`` are
+    the graph's outputs."""
+    nodes, inits, feeds = [], [], None
+    for seed, (name, n) in enumerate(columns.items(), 1):
+        single, single_feeds = nbits_model(a_shape, n, seed=seed, **kwargs)
+        feeds = feeds or single_feeds
+        node = single.graph.node[0]
+        for t in single.graph.initializer:
+            t.name = f"{name}_{t.name}"
+        node.input[1:] = [f"{name}_{i}" if i else "" for i in node.input[1:]]
+        node.output[0], node.name = name, f"{name}_proj"
+        nodes.append(node)
+        inits += single.graph.initializer
+    graph = helper.make_graph(
+        nodes + more_nodes, "projections", [single.graph.input[0]],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                   helper.make_opsetid("com.microsoft", 1)]), feeds
+
+
+#: SwiGLU as exporters write it: ``silu(g) * u``, silu as ``x * sigmoid(x)``; output "y".
+SWIGLU = [helper.make_node("Sigmoid", ["g"], ["g_sig"]),
+          helper.make_node("Mul", ["g", "g_sig"], ["g_act"]),
+          helper.make_node("Mul", ["g_act", "u"], ["y"])]
+
+
 @pytest.mark.parametrize("a_shape", [[1, 1, 64], [1, 12, 64]])  # a step, a prompt
 def test_swiglu_gate_fuses_into_the_up_projection(a_shape):
     """``silu(A Wg) * (A Wu)`` (SwiGLU, ``x * sigmoid(x)`` as exporters write silu): the up
     projection's kernel multiplies by the activated gate in its stores."""
-    gate, feeds = nbits_model(a_shape, 48, seed=1)
-    up, _ = nbits_model(a_shape, 48, seed=2)
-    for node, init, name in ((gate.graph.node[0], gate.graph.initializer, "g"),
-                             (up.graph.node[0], up.graph.initializer, "u")):
-        for t in init:
-            t.name = f"{name}_{t.name}"
-        node.input[1:] = [f"{name}_{i}" if i else "" for i in node.input[1:]]
-        node.output[0], node.name = name, f"{name}_proj"
-    nodes = [gate.graph.node[0], up.graph.node[0],
-             helper.make_node("Sigmoid", ["g"], ["g_sig"]),
-             helper.make_node("Mul", ["g", "g_sig"], ["g_act"]),
-             helper.make_node("Mul", ["g_act", "u"], ["y"])]
-    graph = helper.make_graph(nodes, "swiglu", list(gate.graph.input), list(gate.graph.output),
-                              [*gate.graph.initializer, *up.graph.initializer])
-    model = helper.make_model(graph, opset_imports=list(gate.opset_import))
+    model, feeds = _projections(a_shape, {"g": 48, "u": 48}, SWIGLU, ["y"])
     compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
     assert "tpp.matmul_int4_weights_gate: 1" in compiled.report()
     assert "tpp.matmul_int4_weights: 1" in compiled.report()
+
+
+@requires_ort
+@pytest.mark.parametrize("bits, zero_points, bias, level, opset", [
+    (4, None, False, 4, 17),       # a decoding step's Q, K, V at int8 activations
+    (4, "float", True, 0, 17),     # zero points one per block (fp32), biases
+    (8, "packed", False, 0, 11),   # Split's sizes an attribute before opset 13
+])
+def test_projections_of_one_input_run_as_one_kernel(bits, zero_points, bias, level, opset):
+    """Q, K and V of one input (N 48, 16, 16: not whole tiles) run as one packed kernel and
+    a split, like ONNX Runtime; SwiGLU's gate and up on the same input stay apart (the gate
+    fused into the up projection's stores)."""
+    kwargs = dict(bits=bits, zero_points=zero_points, bias=bias,
+                  extra_attrs={"accuracy_level": level})
+    model, feeds = _projections([1, 3, 64], {"q": 48, "k": 16, "v": 16, "g": 40, "u": 40},
+                                SWIGLU, ["q", "k", "v", "y"], opset=opset, **kwargs)
+    feeds = {"a": feeds["a"] / 16}  # silu(g) * u of 8-bit codes stays near 1, not 1e3
+    cleaned = clean_model(copy.deepcopy(model))
+    ops = [node.op_type for node in cleaned.graph.node]
+    assert (ops.count("MatMulNBits"), ops.count("Split")) == (3, 1), ops
+    compiled = assert_runs_like_onnxruntime(model, feeds, rtol=1e-4, atol=1e-4)
+    report = compiled.report()
+    name = f"tpp.matmul_int{bits}_weights" + ("_bias" if bias else "")
+    precision = " [int8]" if level == 4 else ""
+    assert f"{name}{precision}: 2" in report, report  # Q, K and V packed; the gate
+    assert f"{name}_gate{precision}: 1" in report, report  # the up projection
 
 
 # bits, block, A's shape, N, zero points: accuracy level 4 (A quantized to int8 per block).

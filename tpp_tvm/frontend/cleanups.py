@@ -16,7 +16,8 @@ what real exports contain, so the model is rewritten first, as an ordinary ONNX 
    (:func:`explicit_auto_pad`), inference-mode ``Dropout`` as ``Identity``
    (:func:`inference_dropout_as_identity`), and matmuls by blockwise-dequantized int4/int8
    weights (opset 21) as ``MatMulNBits``
-   (:func:`~.weight_only.blockwise_matmuls_as_nbits`).
+   (:func:`~.weight_only.blockwise_matmuls_as_nbits`); then the ``MatMulNBits`` reading
+   the same input packed into one (:func:`~.weight_only.packed_sibling_matmuls`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tpp_tvm.onnx_static import MAX_SHAPE_DATA, static_shapes
 from .folding import fold_once, subgraphs
 from .loading import ModelLike, check_versions, load_model, weightless
 from .shapes import graph_inputs, static_input_shapes
-from .weight_only import blockwise_matmuls_as_nbits
+from .weight_only import blockwise_matmuls_as_nbits, packed_sibling_matmuls
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def clean_model(
     explicit_auto_pad(model.graph)
     inference_dropout_as_identity(model.graph)
     blockwise_matmuls_as_nbits(model)
+    packed_sibling_matmuls(model)
     return model
 
 
