@@ -10,6 +10,7 @@ import checks
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tvm_ffi import structural_equal
 
 import tpp_tvm
 
@@ -112,6 +113,53 @@ def test_identity_casts_do_not_break_attention() -> None:
     ops = [b.value.op.name for b in drop_identity_casts(f).body.blocks[0].bindings
            if isinstance(b.value, relax.Call)]
     assert ops == ["relax.astype"]  # the fp16 cast stays, the fp32 one is gone
+
+
+@pytest.mark.requires_onnxruntime
+@pytest.mark.parametrize("mask", [False, True])
+def test_a_scaled_query_moves_onto_the_scores(mask: bool) -> None:
+    """timm's attention, ``softmax((q * c) @ kᵀ (+ mask)) @ v``, runs as one attention
+    kernel: the scale moves from Q onto the scores."""
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 3, 19, 16)).astype("float32") for _ in range(3))
+    nodes = [helper.make_node("Mul", ["q", "c"], ["qc"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qc", "kt"], ["s"]),
+             *([helper.make_node("Add", ["s", "m"], ["sm"])] if mask else []),
+             helper.make_node("Softmax", ["sm" if mask else "s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["o"])]
+    consts = [numpy_helper.from_array(np.array(0.25, "float32"), "c"),
+              numpy_helper.from_array(rng.standard_normal((1, 1, 19, 19)).astype("float32"),
+                                      "m")]
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3, 19, 16])
+            for n in ("q", "k", "v")]
+    graph = helper.make_graph(nodes, "attn", info,
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT,
+                                                             [1, 3, 19, 16])],
+                              consts[:2 if mask else 1])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = checks.assert_runs_like_onnxruntime(model, {"q": q, "k": k, "v": v},
+                                                   rtol=1e-5, atol=1e-5)
+    name = "tpp.attention_mask_mulscale" if mask else "tpp.attention_mulscale"
+    assert f"{name}: 1" in compiled.report(), compiled.report()
+
+
+def test_a_scaled_operand_of_another_matmul_stays() -> None:
+    """Only attention scores take the scale after the product: a dense layer's scaled
+    input stays as it is (after it, it would be a pass over the wider output)."""
+    from tvm.script import relax as R
+
+    from tpp_tvm.relay_passes.canonicalize import merge_operand_scales
+
+    @R.function
+    def f(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 32), "float32")
+          ) -> R.Tensor((4, 32), "float32"):
+        a = R.multiply(x, R.const(0.5, "float32"))
+        y = R.matmul(a, w)
+        z = R.nn.relu(y)
+        return z
+
+    assert structural_equal(merge_operand_scales(f), f)
 
 
 @pytest.mark.requires_onnxruntime

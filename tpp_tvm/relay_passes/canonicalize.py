@@ -198,12 +198,16 @@ def rewrite_rms_norm(func: relax.Function) -> relax.Function:
 
 
 def merge_operand_scales(func: relax.Function) -> relax.Function:
-    """``matmul(q * a, kᵀ * b)`` with scalar constants ``a``, ``b`` → ``matmul(q, kᵀ) * ab``.
+    """``matmul(q * a, kᵀ * b)`` with scalar constants ``a``, ``b`` → ``matmul(q, kᵀ) * ab``,
+    and ``matmul(q * a, kᵀ)`` → ``matmul(q, kᵀ) * a`` where a softmax reads the product
+    (through a mask's add): attention scores.
 
     torch's export of ``scaled_dot_product_attention`` (transformers' default attention)
-    scales both operands by the scale's square root; as one scale on the scores it is the
-    form the attention pattern matches (else a scaled Kᵀ is written per call: 0.23 ms per
-    layer of a 256-token GPT-2 cache, and the softmax and both matmuls run apart)."""
+    scales both operands by the scale's square root, timm's attention scales Q; as one scale
+    on the scores it is the form the attention pattern matches (else a scaled Kᵀ is written
+    per call: 0.23 ms per layer of a 256-token GPT-2 cache, and the softmax and both matmuls
+    run apart: every timm ViT, DeiT, PiT, CaiT, EVA). A matmul that is not attention keeps
+    its scaled operand (as the product's epilogue it would cost a pass over the output)."""
     q, kt, a, b = wildcard(), wildcard(), is_const(), is_const()
     pattern = is_op("relax.matmul")(is_op("relax.multiply")(q, a),
                                     is_op("relax.multiply")(kt, b))
@@ -215,7 +219,22 @@ def merge_operand_scales(func: relax.Function) -> relax.Function:
         dtype = str(orig.ty.dtype)
         return relax.op.multiply(relax.op.matmul(m[q], m[kt]), relax.const(sa * sb, dtype))
 
-    return rewrite_call(pattern, rewriter, func)
+    func = rewrite_call(pattern, rewriter, func)
+    scores = is_op("relax.matmul")(is_op("relax.multiply")(q, a), kt)
+    masked = is_op("relax.add")(scores, wildcard())
+    softmax = is_op("relax.nn.softmax")(scores | masked)
+
+    def scaled_scores(orig, m):
+        sa = scalar_value(m[a])
+        if sa is None:
+            return orig
+        z = relax.op.multiply(relax.op.matmul(m[q], m[kt]),
+                              relax.const(sa, str(m[scores].ty.dtype)))
+        if masked in m:
+            z = relax.op.add(z, m[masked].args[1])
+        return relax.op.nn.softmax(z, int(orig.attrs.axis))
+
+    return rewrite_call(softmax, scaled_scores, func)
 
 
 def drop_single_concats(func: relax.Function) -> relax.Function:
