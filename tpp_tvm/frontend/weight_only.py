@@ -322,6 +322,68 @@ def _swiglu_pairs(graph: Any, outputs: set[str]) -> set[str]:
     return paired
 
 
+def _sibling_key(node: Any, consts: dict[str, Any]) -> tuple | None:
+    """What MatMulNBits nodes must share to be packed (A, K, bits, block size, accuracy
+    level, zero points' dtype, a bias or not); None for a node that cannot be."""
+    from onnx import helper
+
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return None
+    a, b, scales, zp, g_idx, bias = (list(node.input) + [""] * 6)[:6]
+    if g_idx or any(name and name not in consts for name in (b, scales, zp, bias)):
+        return None
+    attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    return (a, int(attrs["K"]), int(attrs.get("bits", 4)), int(attrs.get("block_size", 128)),
+            int(attrs.get("accuracy_level", 0)), consts[zp].data_type if zp else None,
+            bool(bias))
+
+
+def _packed(graph: Any, consts: dict[str, Any], members: list[Any], key: tuple,
+            sizes_as_input: bool) -> list[Any]:
+    """One MatMulNBits over ``members``' columns side by side (its constants added to
+    ``graph``) and the ``Split`` that gives each member's output back."""
+    from onnx import helper, numpy_helper
+
+    a, k, bits, block, level = key[:5]
+    name = "_".join(n.name or n.output[0] for n in members)[:200] + "_packed"
+    columns = [int(next(x.i for x in n.attribute if x.name == "N")) for n in members]
+
+    def joined(slot: int, suffix: str) -> str:
+        if len(members[0].input) <= slot or not members[0].input[slot]:
+            return ""
+        arrays = [numpy_helper.to_array(consts[n.input[slot]]) for n in members]
+        value = np.concatenate([x.reshape(n, -1) for x, n in zip(arrays, columns)])
+        graph.initializer.append(numpy_helper.from_array(
+            value.reshape((-1, *arrays[0].shape[1:]) if slot == 1 else -1),
+            f"{name}_{suffix}"))
+        return f"{name}_{suffix}"
+
+    inputs = [a, joined(1, "B"), joined(2, "scales"), joined(3, "zero_points"), "",
+              joined(5, "bias")]
+    while not inputs[-1]:
+        inputs.pop()
+    node = helper.make_node("MatMulNBits", inputs, [f"{name}_Y"], name=name,
+                            domain="com.microsoft", K=k, N=sum(columns), bits=bits,
+                            block_size=block, accuracy_level=level)
+    outputs = [n.output[0] for n in members]
+    if sizes_as_input:
+        graph.initializer.append(numpy_helper.from_array(np.array(columns, np.int64),
+                                                         f"{name}_split"))
+        split = helper.make_node("Split", [f"{name}_Y", f"{name}_split"], outputs,
+                                 name=f"{name}_split", axis=-1)
+    else:
+        split = helper.make_node("Split", [f"{name}_Y"], outputs, name=f"{name}_split",
+                                 axis=-1, split=columns)
+    first = next((v for v in graph.value_info if v.name == outputs[0]), None)
+    if first is not None and first.type.tensor_type.HasField("shape"):
+        info = graph.value_info.add()
+        info.CopyFrom(first)
+        info.name = f"{name}_Y"
+        info.type.tensor_type.shape.dim[-1].Clear()
+        info.type.tensor_type.shape.dim[-1].dim_value = sum(columns)
+    return [node, split]
+
+
 def packed_sibling_matmuls(model: Any) -> int:
     """Pack the ``MatMulNBits`` that read the same A with the same K, bits, block size and
     accuracy level (a transformer's Q, K and V projections) into one over their columns
@@ -333,78 +395,25 @@ def packed_sibling_matmuls(model: Any) -> int:
     and V packed already. Not packed: SwiGLU's gate and up (:func:`_swiglu_pairs`), nodes
     with ``g_idx`` or weights computed at run time, groups mixing bias or zero-point forms.
     Returns how many nodes were packed away."""
-    from onnx import helper, numpy_helper
-
     graph = model.graph
     consts = {t.name: t for t in graph.initializer}
-
-    def group_key(node: Any) -> tuple | None:
-        if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
-            return None
-        a, b, scales, zp, g_idx, bias = (list(node.input) + [""] * 6)[:6]
-        if g_idx or any(name and name not in consts for name in (b, scales, zp, bias)):
-            return None
-        attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-        zp_type = consts[zp].data_type if zp else None
-        return (a, int(attrs["K"]), int(attrs.get("bits", 4)),
-                int(attrs.get("block_size", 128)), int(attrs.get("accuracy_level", 0)),
-                zp_type, bool(bias))
-
     nodes = list(graph.node)
     groups: dict[tuple, list[int]] = {}
     for i, node in enumerate(nodes):
-        key = group_key(node)
+        key = _sibling_key(node, consts)
         if key is not None:
             groups.setdefault(key, []).append(i)
     paired = _swiglu_pairs(graph, {nodes[i].output[0] for g in groups.values() for i in g})
-    shapes = {v.name: v for v in graph.value_info}
-    split_sizes_as_input = next((o.version for o in model.opset_import
-                                 if o.domain in ("", "ai.onnx")), 13) >= 13
+    sizes_as_input = next((o.version for o in model.opset_import
+                           if o.domain in ("", "ai.onnx")), 13) >= 13
     packed: dict[int, list[Any]] = {}  # each group's first node -> its replacement
     dropped: set[int] = set()
-    for (a, k, bits, block, level, _, _), indices in groups.items():
+    for key, indices in groups.items():
         indices = [i for i in indices if nodes[i].output[0] not in paired]
-        if len(indices) < 2:
-            continue
-        members = [nodes[i] for i in indices]
-        name = "_".join(n.name or n.output[0] for n in members)[:200] + "_packed"
-        columns = [int(next(x.i for x in n.attribute if x.name == "N")) for n in members]
-
-        def joined(slot: int, suffix: str) -> str:
-            if len(members[0].input) <= slot or not members[0].input[slot]:
-                return ""
-            arrays = [numpy_helper.to_array(consts[n.input[slot]]) for n in members]
-            value = np.concatenate([x.reshape(n, -1) for x, n in zip(arrays, columns)])
-            graph.initializer.append(numpy_helper.from_array(
-                value.reshape((-1, *arrays[0].shape[1:]) if slot == 1 else -1),
-                f"{name}_{suffix}"))
-            return f"{name}_{suffix}"
-
-        inputs = [a, joined(1, "B"), joined(2, "scales"), joined(3, "zero_points"), "",
-                  joined(5, "bias")]
-        while not inputs[-1]:
-            inputs.pop()
-        node = helper.make_node("MatMulNBits", inputs, [f"{name}_Y"], name=name,
-                                domain="com.microsoft", K=k, N=sum(columns), bits=bits,
-                                block_size=block, accuracy_level=level)
-        outputs = [n.output[0] for n in members]
-        if split_sizes_as_input:
-            graph.initializer.append(numpy_helper.from_array(
-                np.array(columns, np.int64), f"{name}_split"))
-            split = helper.make_node("Split", [f"{name}_Y", f"{name}_split"], outputs,
-                                     name=f"{name}_split", axis=-1)
-        else:
-            split = helper.make_node("Split", [f"{name}_Y"], outputs, name=f"{name}_split",
-                                     axis=-1, split=columns)
-        first = shapes.get(outputs[0])
-        if first is not None and first.type.tensor_type.HasField("shape"):
-            info = graph.value_info.add()
-            info.CopyFrom(first)
-            info.name = f"{name}_Y"
-            info.type.tensor_type.shape.dim[-1].Clear()
-            info.type.tensor_type.shape.dim[-1].dim_value = sum(columns)
-        packed[indices[0]] = [node, split]
-        dropped.update(indices[1:])
+        if len(indices) >= 2:
+            packed[indices[0]] = _packed(graph, consts, [nodes[i] for i in indices], key,
+                                         sizes_as_input)
+            dropped.update(indices[1:])
     if not packed:
         return 0
     kept = []
